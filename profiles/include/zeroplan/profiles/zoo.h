@@ -1,0 +1,100 @@
+// The model zoo: built-in models as sequences of units, each with a learnable synthetic task.
+//
+// Contract shared by the profiler (profiles/) and the executor (exec/):
+// - A model is an ordered list of units; unit i's forward takes unit i-1's output (unit 0 takes the
+//   task's input). Each unit is a torch::nn::Module whose forward maps one Tensor to one Tensor.
+// - Every parameter is owned by exactly one unit (it appears in that unit's parameters()). A unit may
+//   also *use* a parameter owned by an earlier unit (tied weights: the GPT head uses the token
+//   embedding of unit 0); such uses are listed in Unit::borrowed, and the borrowing module does NOT
+//   register the parameter, so counting parameters unit by unit counts it once.
+// - Models are deterministic from the seed: the same name, options and seed give bitwise-equal
+//   parameters on every rank and every run.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zeroplan::zoo {
+
+// A unit module: one Tensor in, one Tensor out.
+class UnitModule : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+};
+
+struct BorrowedParam {
+  int owner_unit = 0;        // index of the unit that owns (registers) the parameter
+  std::string owner_name;    // the parameter's name inside the owner, e.g. "wte.weight"
+};
+
+struct Unit {
+  std::string name;          // "embed", "block3", "head", "layer2"
+  std::string type;          // "Embedding", "TransformerBlock", "Head", "Linear", "ResNetStage", ...
+  std::shared_ptr<UnitModule> module;
+  std::vector<BorrowedParam> borrowed;
+};
+
+// One batch of the synthetic task. input feeds unit 0; target feeds Task::loss.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+// A learnable synthetic task, deterministic from (seed, step, sample index): sample j of step s is the
+// same whichever rank or micro batch draws it, so a 2-rank run and a 1-process run see the same data.
+class Task {
+ public:
+  virtual ~Task() = default;
+  // Samples [first_sample, first_sample + count) of step `step`.
+  virtual Batch batch(int64_t step, int64_t first_sample, int64_t count) const = 0;
+  // Mean loss over the batch (a scalar).
+  virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
+  // Shape of one sample's input (without the batch dimension), for profiles and --help.
+  virtual std::vector<int64_t> sample_shape() const = 0;
+};
+
+struct Model {
+  std::string name;          // "gpt", "mlp", "resnet", "torchscript"
+  std::string preset;        // "gpt2-tiny" or "" when built from options
+  std::vector<Unit> units;
+  std::unique_ptr<Task> task;
+  int64_t parameter_count() const;  // sum over units of owned parameters
+};
+
+// Options of a model, as strings from the command line (e.g. {"layers","2"},{"hidden","64"}).
+using Options = std::map<std::string, std::string>;
+
+struct OptionInfo {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+
+struct ModelInfo {
+  std::string name;
+  std::string description;                       // one line
+  std::vector<OptionInfo> options;
+  std::map<std::string, Options> presets;        // preset name -> options
+};
+
+// The registry. Errors a user can cause (unknown model, preset or option, bad value) throw
+// zeroplan::SchemaError with one line naming what is wrong and what exists.
+const std::vector<ModelInfo>& registered_models();
+const ModelInfo& model_info(const std::string& name);
+// Options from a preset (may be empty) overridden by explicit options, checked against the model's.
+Options resolve_options(const std::string& name, const std::string& preset, const Options& overrides);
+Model build_model(const std::string& name, const std::string& preset, const Options& overrides,
+                  uint64_t seed);
+
+// A scripted module whose top-level children are the units (nn.Sequential-style); sample_shape is
+// the input shape of one sample. The task regresses the output onto a fixed random target (MSE).
+Model load_torchscript(const std::string& path, const std::vector<int64_t>& sample_shape,
+                       uint64_t seed);
+
+}  // namespace zeroplan::zoo

@@ -1,0 +1,18 @@
+# zeroplan_profiles: the torch part of profiles/ (model zoo, profiler, probe). Included from
+# profiles/CMakeLists.txt when ZEROPLAN_HAVE_TORCH. Sources listed explicitly, by owner.
+add_library(zeroplan_profiles
+  # zoo (registry, mlp, gpt, resnet, torchscript)
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/registry.cpp
+  # profiler
+)
+target_include_directories(zeroplan_profiles PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+target_link_libraries(zeroplan_profiles PUBLIC zeroplan_schema zeroplan::torch zeroplan_config PRIVATE fmt::fmt)
+if(ZEROPLAN_HAVE_CUDA)
+  target_link_libraries(zeroplan_profiles PUBLIC zeroplan::torch_cuda)
+endif()
+if(ZEROPLAN_HAVE_CUPTI)
+  target_link_libraries(zeroplan_profiles PRIVATE zeroplan::cupti)
+endif()
+# torch/torch.h costs ~35 s per translation unit on this machine; precompile it once.
+target_precompile_headers(zeroplan_profiles PRIVATE <torch/torch.h>)
+zeroplan_warnings(zeroplan_profiles)
