@@ -1,0 +1,56 @@
+// The communicator: the executor's only door to other ranks. The c10d implementation (Gloo on CPU,
+// NCCL on CUDA) sits behind it, and tests wrap it to count collectives or inject delays and faults.
+//
+// Semantics follow c10d: every call is collective (all ranks call it in the same order) and returns a
+// Work handle; wait() blocks until this rank's part is done and throws CommError on failure or
+// timeout. Buffers must stay alive and unmodified until wait() returns.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zeroplan::exec {
+
+// A peer died, timed out or a collective failed. what() is one line naming the rank when known.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { kSum, kAvg };
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;  // "gloo", "nccl", "local"
+
+  // In place on `tensor`.
+  virtual std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  // output has world_size x input.numel() elements; rank r's input lands at [r*n, (r+1)*n).
+  virtual std::unique_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  // input has world_size x output.numel() elements; this rank receives the reduction of its chunk.
+  virtual std::unique_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                               ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) = 0;
+  virtual void barrier() = 0;
+
+  // What ran instead of a missing collective (e.g. "gloo reduce_scatter via all_reduce"), recorded in
+  // the RunRecord so the simulator models what really ran.
+  virtual std::vector<std::string> fallbacks() const = 0;
+};
+
+}  // namespace zeroplan::exec
