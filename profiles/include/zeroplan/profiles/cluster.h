@@ -1,0 +1,149 @@
+// ClusterProfile ("zeroplan.cluster/1"): devices, host, links and collectives of a cluster, with the
+// provenance of every number. Shipped profiles live in profiles/data/clusters/<name>.json.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zeroplan {
+
+struct DeviceSpec {
+  std::string name;                              // "NVIDIA H100 SXM5 80GB", "cpu (AMD EPYC 7B13)"
+  std::string kind;                              // "cuda" | "cpu"
+  std::int64_t mem_bytes = 0;                    // usable device memory
+  std::map<std::string, double> peak_flops;      // dtype ("fp32","tf32","fp16","bf16") -> dense FLOP/s; fp32 required
+  double mem_bw_bytes_per_s = 0;                 // device memory bandwidth
+  double launch_overhead_s = 0;                  // fixed cost per kernel (or per op on CPU)
+  double compute_efficiency = 1;                 // achieved / peak for large GEMMs (roofline), in (0, 1]
+
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+// Host-side optimizer throughput in parameters per second (all host cores).
+struct OptimizerRate {
+  double per_tensor_params_per_s = 0;  // one step per parameter tensor (torch.optim default, foreach off)
+  double flat_params_per_s = 0;        // one step over one flat buffer
+
+  bool operator==(const OptimizerRate&) const = default;
+};
+
+struct HostOptimizerRates {
+  OptimizerRate adam;
+  OptimizerRate sgd;
+
+  bool operator==(const HostOptimizerRates&) const = default;
+};
+
+struct HostSpec {
+  std::int64_t mem_bytes = 0;
+  int cores = 0;                              // physical cores per node
+  double bw_h2d_pinned_bytes_per_s = 0;       // achieved per device, one direction at a time
+  double bw_h2d_pageable_bytes_per_s = 0;
+  double bw_d2h_pinned_bytes_per_s = 0;
+  double bw_d2h_pageable_bytes_per_s = 0;
+  double memcpy_bw_bytes_per_s = 0;           // host memory to host memory
+  HostOptimizerRates optimizer;
+
+  bool operator==(const HostSpec&) const = default;
+};
+
+struct Link {
+  std::string name;               // "NVLink4", "InfiniBand NDR 8x400G", "PCIe Gen5 x16"
+  double bw_bytes_per_s = 0;      // intra_node: per device, one direction; inter_node: per node
+  double latency_s = 0;           // optional for pcie, default 0
+
+  bool operator==(const Link&) const = default;
+};
+
+struct Links {
+  Link intra_node;
+  Link inter_node;
+  Link pcie;
+
+  bool operator==(const Links&) const = default;
+};
+
+// An alpha-beta fit of one collective: time(bytes) = alpha_s + beta_s_per_byte x bytes, bytes being the
+// buffer size per rank (nccl-tests "size"), valid for world sizes listed and bytes in [min, max].
+struct CollectiveFit {
+  std::string op;         // "all_reduce" | "all_gather" | "reduce_scatter" | "broadcast" | "reduce"
+  std::string backend;    // "nccl" | "gloo"
+  std::string algorithm;  // "ring" | "tree"
+  std::string scope;      // "intra_node" | "inter_node"
+  std::vector<int> world_sizes;
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  double fit_residual = 0;      // relative RMS residual of the fit
+  std::int64_t min_bytes = 0;
+  std::int64_t max_bytes = 0;
+
+  bool operator==(const CollectiveFit&) const = default;
+};
+
+struct Provenance {
+  std::string source;    // "datasheet" | "paper" | "probe" | "estimate"
+  std::string citation;  // URL and section, or "measured by zeroplan probe on 2025-01-31"
+
+  bool operator==(const Provenance&) const = default;
+};
+
+struct ClusterProfile {
+  std::string name;                 // "a100-sxm-80gb"; "a100-sxm-80gb:128" when resolved with a node count
+  std::string description;          // one line, for --help; optional
+  int nodes = 1;
+  int devices_per_node = 1;
+  DeviceSpec device;
+  HostSpec host;
+  Links links;
+  std::vector<CollectiveFit> collectives;   // may be empty: the simulator then derives costs from links
+  bool shares_cores = false;                // compute, copies and collectives share cores (CPU clusters)
+  double allocator_overhead_factor = 1.0;   // reserved / allocated bytes of the caching allocator, >= 1
+  // Field path ("device.mem_bytes", "device.peak_flops.bf16", "collectives[0]") -> where the number came
+  // from. An entry covers its path and everything below it. Every number except `nodes` must be
+  // covered, and every entry must name an existing path.
+  std::map<std::string, Provenance> provenance;
+
+  int world_size() const { return nodes * devices_per_node; }
+
+  bool operator==(const ClusterProfile&) const = default;
+};
+
+inline constexpr const char* kClusterSchema = "zeroplan.cluster/1";
+
+// Throws SchemaError naming the field and the number: positive sizes, bandwidths and rates, known
+// kinds/dtypes/ops, compute_efficiency in (0,1], allocator_overhead_factor >= 1, collective
+// min_bytes <= max_bytes, every number covered by provenance and no provenance entry dangling.
+void validate(const ClusterProfile& cluster);
+
+// nlohmann ADL hooks. from_json is strict and validates. A document may say
+// {"schema": "zeroplan.cluster/1", "extends": "a100-sxm-80gb", "nodes": 128}: the base (a shipped name,
+// or a path, relative to the current directory here and to the extending file in read_document) is
+// loaded and the given keys override it (objects merge recursively, arrays and scalars replace).
+// An overridden number without its own provenance entry gets source "estimate".
+void to_json(nlohmann::json& j, const ClusterProfile& cluster);
+void from_json(const nlohmann::json& j, ClusterProfile& cluster);
+
+// Directory of shipped data: $ZEROPLAN_DATA_DIR if set, else ZEROPLAN_SOURCE_DIR "/profiles/data".
+std::filesystem::path shipped_data_dir();
+// shipped_data_dir() / "clusters".
+std::filesystem::path shipped_clusters_dir();
+
+struct ShippedCluster {
+  std::string name;         // file stem, usable as a spec
+  std::string description;  // one line
+};
+// Every <name>.json in shipped_clusters_dir(), sorted by name. Throws SchemaError if the dir is missing.
+std::vector<ShippedCluster> list_shipped_clusters();
+
+// A cluster from a spec string: "NAME" (shipped), "PATH" (contains '/' or ends in .json), either followed
+// by ":N" to set the node count (then name becomes "NAME:N"). Throws SchemaError listing the shipped names
+// when NAME is unknown.
+ClusterProfile resolve_cluster(std::string_view spec);
+
+}  // namespace zeroplan

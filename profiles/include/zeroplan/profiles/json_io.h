@@ -1,0 +1,45 @@
+// Reading and writing the six documents as files and strings.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/comparison.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/prediction.h"
+#include "zeroplan/profiles/run_record.h"
+
+namespace zeroplan {
+
+// T is one of ModelProfile, ClusterProfile, Plan, Prediction, RunRecord, Comparison (explicitly
+// instantiated in json_io.cpp).
+
+// Parses, checks the schema string and keys strictly, and validates. Throws SchemaError whose message
+// starts with the file name: "FILE: cannot open", "FILE:3:14: invalid JSON: ...", "FILE: plan: ...".
+// A ClusterProfile's "extends" path is relative to FILE's directory.
+template <class T>
+T read_document(const std::filesystem::path& file);
+
+// Same from text; `origin` names the source in messages (a file name, "<stdin>").
+template <class T>
+T parse_document(const std::string& text, const std::string& origin = "<string>");
+
+// The document as JSON text: 2-space indentation, keys in schema order, trailing newline.
+// Doubles are written with the shortest representation that reads back to the same value.
+template <class T>
+std::string to_json_string(const T& document);
+
+// Validates, then writes to_json_string(document) atomically: a temporary file in the same directory,
+// flushed, then renamed over FILE. Throws SchemaError ("FILE: cannot write: reason") on I/O failure.
+template <class T>
+void write_document(const std::filesystem::path& file, const T& document);
+
+// The "schema" string of a JSON document, or "" if it has none (to dispatch on an unknown file).
+std::string schema_of(const nlohmann::json& j);
+
+}  // namespace zeroplan

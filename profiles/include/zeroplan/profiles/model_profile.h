@@ -1,0 +1,82 @@
+// ModelProfile ("zeroplan.model_profile/1"): per-unit time and memory of one model, measured or derived.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zeroplan/profiles/figure.h"
+
+namespace zeroplan {
+
+// One unit of the model (transformer block, ResNet stage, embedding, head): the grain at which
+// strategies wrap, offload, checkpoint and profile. Shapes are at the profile's reference batch.
+struct UnitProfile {
+  std::string name;                  // "block", "embed", "layer3"
+  std::string type;                  // "Embedding", "TransformerBlock", "Linear", "Head", "ResNetStage"
+  int count = 1;                     // identical repetitions (96 blocks = one entry, count 96); optional
+  std::int64_t params = 0;           // parameters of ONE repetition (trainable)
+  std::int64_t bytes_param = 0;      // bytes of those parameters in the profile's dtype
+  std::int64_t bytes_buffer = 0;     // non-trainable buffers (BatchNorm stats); optional, default 0
+  std::vector<std::int64_t> input_shape;   // at the reference batch
+  std::vector<std::int64_t> output_shape;  // at the reference batch
+  // Batch-dependent figures, each for ONE repetition.
+  Figure bytes_saved;        // saved for backward by autograd
+  Figure bytes_output;       // the output activation
+  Figure time_fwd_s;         // median forward time
+  Figure time_bwd_s;         // median backward time
+  Figure time_fwd_spread_s;  // spread (p90 - p10) of forward time; optional, default 0
+  Figure time_bwd_spread_s;  // spread (p90 - p10) of backward time; optional, default 0
+  Figure bytes_peak_fwd;     // transient peak during forward above what was live before it
+  Figure bytes_peak_bwd;     // transient peak during backward above what was live before it
+  Figure flops_fwd;
+  Figure flops_bwd;
+
+  bool operator==(const UnitProfile&) const = default;
+};
+
+struct ModelProfile {
+  std::string name;       // "gpt2-tiny"
+  std::string source;     // "zoo:gpt/gpt2-tiny", "torchscript:FILE", "analytic:gpt"
+  bool measured = true;   // false for analytic profiles (figures derived, not timed)
+  std::string device;     // "cpu", "cuda:0", or a device name ("NVIDIA A100-SXM4-80GB")
+  std::string dtype;      // "fp32" | "fp16" | "bf16": dtype of parameters and activations measured
+  int threads = 1;        // intra-op threads used while profiling
+  std::map<std::string, std::string> library_versions;  // {"torch": "2.15.0", "zeroplan": "0.1.0"}; optional
+  int batch = 1;                              // reference micro batch: figures' `value`s are at this batch
+  std::int64_t seq_len = 0;                   // sequence length (0 when not a sequence model); optional
+  std::int64_t image_size = 0;                // image side (0 when not an image model); optional
+  std::vector<std::int64_t> input_shape;      // model input at the reference batch, e.g. {8, 128}
+  std::vector<int> profiled_batches;          // micro batches the fits were made from; optional
+  std::vector<UnitProfile> units;             // in execution order
+
+  // Sum over units of params x count.
+  std::int64_t total_params() const;
+  // Sum over units of bytes_param x count.
+  std::int64_t total_bytes_param() const;
+  // Sum over units of count: units after expanding repetitions.
+  int expanded_unit_count() const;
+  // Sum over units of (time_fwd_s + time_bwd_s) x count at `micro_batch`.
+  double total_compute_time_s(double micro_batch) const;
+
+  bool operator==(const ModelProfile&) const = default;
+};
+
+inline constexpr const char* kModelProfileSchema = "zeroplan.model_profile/1";
+
+// Throws SchemaError naming the field and the numbers. Checks: non-empty name/source/units,
+// dtype known, batch >= 1, counts >= 1, params/bytes/times/FLOPs >= 0, bytes_param > 0 when params > 0,
+// fit points >= 0, r2 <= 1, unit names unique, profiled_batches >= 1 and increasing.
+void validate(const ModelProfile& profile);
+
+// nlohmann ADL hooks. from_json is strict (unknown keys, missing keys, wrong schema are SchemaError)
+// and validates.
+void to_json(nlohmann::json& j, const ModelProfile& profile);
+void from_json(const nlohmann::json& j, ModelProfile& profile);
+void to_json(nlohmann::json& j, const UnitProfile& unit);
+void to_json(nlohmann::json& j, const Figure& figure);
+
+}  // namespace zeroplan

@@ -1,0 +1,157 @@
+// Plan ("zeroplan.plan/1"): one training configuration, the ZeRO family and relatives.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zeroplan {
+
+struct ModelProfile;
+
+// CPU offload of model states (ZeRO-Offload, FSDP CPUOffload) and of activations (hfai CPUOffload).
+struct Offload {
+  bool params = false;            // parameters live on the host, copied in before use
+  bool grads = false;             // gradients copied to the host for the host optimizer
+  bool optimizer = false;         // optimizer state on the host; the step runs there
+  double activations_ratio = 0;   // share of saved activations sent to the host on a side stream, [0, 1]
+
+  bool operator==(const Offload&) const = default;
+};
+
+// fairscale OffloadModel: the model lives on the host, `slices` groups of consecutive units are copied
+// to the device one at a time; the micro batch is split in `microbatches` inside each slice.
+struct OffloadModel {
+  bool enabled = false;
+  int slices = 1;
+  bool checkpoint_activation = false;  // keep only slice-boundary activations, on the host
+  int microbatches = 1;
+
+  bool operator==(const OffloadModel&) const = default;
+};
+
+// Activation checkpointing. JSON: "none" | "all" | [unit indices]. Indices are into
+// ModelProfile::units; a repeated entry (count > 1) is checkpointed in every repetition.
+struct Checkpointing {
+  enum class Mode { none, all, units };
+  Mode mode = Mode::none;
+  std::vector<int> units;  // strictly increasing, only for Mode::units
+
+  bool applies_to(int unit_index) const;
+  bool operator==(const Checkpointing&) const = default;
+};
+
+// JSON: "none" | "dynamic" | a number (static scale).
+struct LossScale {
+  enum class Mode { none, dynamic, fixed };
+  Mode mode = Mode::none;
+  double value = 0;  // only for Mode::fixed, > 0
+
+  bool operator==(const LossScale&) const = default;
+};
+
+struct Precision {
+  std::string param_dtype = "fp32";    // compute copy of the parameters: "fp32" | "fp16" | "bf16"
+  std::string compute_dtype = "fp32";  // activations and GEMMs
+  std::string reduce_dtype = "fp32";   // gradient collectives
+  bool master_fp32 = true;             // keep fp32 master weights for the optimizer
+  bool broadcast_fp16 = false;         // fairscale OSS: broadcast updated shards in fp16
+  bool fp32_reduce_scatter = false;    // fairscale FSDP: reduce-scatter gradients in fp32
+  LossScale loss_scale;
+
+  bool operator==(const Precision&) const = default;
+};
+
+struct Buckets {
+  std::int64_t all_reduce_bucket_bytes = 25LL << 20;   // DDP bucket_cap_mb default 25 MiB
+  std::int64_t reduce_buffer_elems = 1LL << 23;        // fairscale ShardedDDP reduce_buffer_size default
+  std::int64_t allgather_bucket_bytes = 25LL << 20;    // ZeRO-1/2 all-gather of updated shards
+  bool prefetch = true;                                // ZeRO-3: gather the next unit while computing
+
+  bool operator==(const Buckets&) const = default;
+};
+
+struct Optimizer {
+  std::string name = "adam";   // "adam" | "adamw" | "sgd"
+  double lr = 1e-3;
+  double momentum = 0;         // sgd only, [0, 1)
+  std::array<double, 2> betas{0.9, 0.999};  // adam/adamw, each [0, 1)
+  double eps = 1e-8;
+  double weight_decay = 0;
+
+  // Optimizer states per parameter: adam/adamw 2, sgd 1 with momentum, else 0.
+  int states_per_param() const;
+  bool operator==(const Optimizer&) const = default;
+};
+
+struct Plan {
+  int world_size = 1;
+  int global_batch = 1;
+  int micro_batch = 1;
+  int microbatches = 1;         // gradient accumulation steps (and GPipe microbatches)
+  int pipeline_stages = 1;      // GPipe stages; data-parallel size = world_size / pipeline_stages; optional
+  int zero_stage = 0;           // 0 DDP, 1 OSS (optimizer state), 2 SDP (+ grads), 3 FSDP (+ params)
+  bool reshard_after_forward = false;  // stage 3 only; JSON default: true at stage 3, false below
+  Offload offload;
+  OffloadModel offload_model;
+  Checkpointing checkpointing;
+  int localsgd_frequency = 0;   // average parameters every N steps instead of gradients every step; 0/1 off
+  double slowmo_momentum = 0;   // SlowMo slow momentum beta, [0, 1)
+  int slowmo_frequency = 0;     // SlowMo slow update every N steps; 0 off
+  bool adascale = false;        // AdaScale learning-rate gain (one extra small all-reduce)
+  Precision precision;
+  Buckets buckets;
+  bool flat_params = false;     // optimizer steps on one flat buffer per unit instead of per tensor
+  Optimizer optimizer;
+  std::uint64_t seed = 0;
+
+  int data_parallel_size() const { return world_size / pipeline_stages; }
+  bool localsgd() const { return localsgd_frequency > 1; }
+
+  // Plain data parallel: stage 0, micro_batch = global_batch / world_size, one microbatch, Adam fp32.
+  // Throws SchemaError if global_batch is not a positive multiple of world_size.
+  static Plan default_ddp(int world_size, int global_batch);
+
+  bool operator==(const Plan&) const = default;
+};
+
+inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
+
+// Throws SchemaError naming the field and the numbers. The rules, each with its message shape:
+//  - world_size, micro_batch, microbatches, pipeline_stages >= 1; world_size % pipeline_stages == 0
+//  - global_batch == micro_batch x microbatches x world_size (x data-parallel size with pipelining):
+//    "plan: global_batch 33 != micro_batch 17 x microbatches 2 x world_size 2 (= 68)"
+//  - zero_stage in 0..3
+//  - reshard_after_forward requires zero_stage 3 (FSDP FULL_SHARD; SHARD_GRAD_OP never reshards)
+//  - offload.params requires zero_stage 3 (DeepSpeed offload_param, FSDP CPUOffload)
+//  - offload.optimizer requires zero_stage >= 1 (DeepSpeed offload_optimizer: stages 1-3)
+//  - offload.grads requires offload.optimizer (the host optimizer consumes them)
+//  - offload.activations_ratio in [0, 1]
+//  - offload_model (when enabled): slices >= 1, microbatches >= 1 dividing micro_batch, zero_stage 0,
+//    no offload.params/grads/optimizer (it owns parameter placement), pipeline_stages 1
+//  - checkpointing units: >= 0, strictly increasing, non-empty in "units" mode
+//  - localsgd_frequency >= 0; localsgd (> 1) requires zero_stage 0 (every rank keeps full replicas)
+//    and pipeline_stages 1
+//  - slowmo_frequency >= 0, slowmo_momentum in [0, 1); slowmo (frequency > 0 or momentum != 0)
+//    requires localsgd
+//  - adascale requires optimizer sgd (AdaScale is validated for SGD only)
+//  - dtypes in {fp32, fp16, bf16}; loss_scale other than "none" requires compute_dtype fp16 or bf16;
+//    fixed loss_scale > 0
+//  - broadcast_fp16 requires zero_stage 1 or 2 (fairscale OSS)
+//  - fp32_reduce_scatter requires zero_stage >= 2 and reduce_dtype fp32
+//  - buckets > 0
+//  - optimizer: name known, lr > 0, eps > 0, weight_decay >= 0, momentum in [0,1) and 0 unless sgd,
+//    betas in [0, 1)
+void validate(const Plan& plan);
+
+// Checks that need the model: checkpointing unit indices < units.size(), offload_model.slices <=
+// expanded unit count, pipeline_stages <= expanded unit count.
+void validate(const Plan& plan, const ModelProfile& model);
+
+void to_json(nlohmann::json& j, const Plan& plan);
+void from_json(const nlohmann::json& j, Plan& plan);
+
+}  // namespace zeroplan

@@ -1,0 +1,80 @@
+// Prediction ("zeroplan.prediction/1"): what the simulator says one training step of a plan costs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zeroplan/profiles/plan.h"
+
+namespace zeroplan {
+
+// One thing resident in a pool at its peak.
+struct ResidentItem {
+  std::string category;  // "params" | "grads" | "optimizer" | "activations" | "buffers" | "overhead"
+  std::string name;      // "block[3].params", "bucket 2", "fp16 compute copy"
+  std::int64_t bytes = 0;
+
+  bool operator==(const ResidentItem&) const = default;
+};
+
+// Peak of one memory pool (per rank). peak_bytes = sum of resident bytes (allocations); the caching
+// allocator's overhead is reported separately and is not in peak_bytes.
+struct PoolPeak {
+  std::int64_t peak_bytes = 0;
+  std::int64_t allocator_overhead_bytes = 0;
+  std::int64_t capacity_bytes = 0;     // pool size from the cluster (device.mem_bytes, host.mem_bytes)
+  double at_s = 0;                     // time of the peak from the start of the step
+  std::vector<ResidentItem> resident;  // what is live at the peak, largest first
+
+  std::int64_t total_bytes() const { return peak_bytes + allocator_overhead_bytes; }
+  bool fits() const { return total_bytes() <= capacity_bytes; }
+  bool operator==(const PoolPeak&) const = default;
+};
+
+// Timing of one (expanded) unit in the step; for several microbatches, of the first one.
+struct UnitTiming {
+  std::string name;       // "block[3]"
+  double fwd_start_s = 0;
+  double fwd_s = 0;
+  double bwd_start_s = 0;
+  double bwd_s = 0;
+
+  bool operator==(const UnitTiming&) const = default;
+};
+
+struct Prediction {
+  std::string model;         // ModelProfile::name
+  std::string cluster;       // ClusterProfile::name
+  Plan plan;
+  double step_time_s = 0;       // one optimizer step (averaged over the LocalSGD period if any)
+  double sync_step_time_s = 0;  // a step that synchronises across nodes (LocalSGD); = step_time_s otherwise
+  double samples_per_s = 0;     // global_batch / step_time_s
+  double lower_bound_s = 0;     // max over resources of busy time, and the critical path of compute
+  PoolPeak device;
+  PoolPeak host;
+  std::map<std::string, double> resource_busy_s;  // "compute", "h2d", "d2h", "comm.intra", "host_optimizer"
+  double exposed_comm_s = 0;     // communication on the critical path
+  double overlapped_comm_s = 0;  // communication hidden under compute
+  std::string bound;             // "compute" | "communication" | "copies" | "host_optimizer"
+  std::vector<UnitTiming> units;
+  std::string trace_path;        // Chrome trace of the simulated step; optional, "" when none
+  std::vector<std::string> notes;  // assumptions the simulator made; optional
+
+  bool fits() const { return device.fits() && host.fits(); }
+  bool operator==(const Prediction&) const = default;
+};
+
+inline constexpr const char* kPredictionSchema = "zeroplan.prediction/1";
+
+// Throws SchemaError: times >= 0, step_time_s > 0, lower_bound_s <= step_time_s, samples_per_s ==
+// plan.global_batch / step_time_s (relative 1e-9), bytes >= 0, known categories and bound, the plan valid.
+void validate(const Prediction& prediction);
+
+void to_json(nlohmann::json& j, const Prediction& prediction);
+void from_json(const nlohmann::json& j, Prediction& prediction);
+
+}  // namespace zeroplan

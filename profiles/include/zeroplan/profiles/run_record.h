@@ -1,0 +1,83 @@
+// RunRecord ("zeroplan.run_record/1"): what a real run of a plan measured.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zeroplan/profiles/plan.h"
+
+namespace zeroplan {
+
+struct RunEnvironment {
+  std::string hostname;
+  std::string backend;          // "gloo" | "nccl"
+  std::string device;           // "cpu", "cuda", device name
+  int threads_per_rank = 1;
+  std::string torch_version;
+  std::string zeroplan_version;
+  int ranks = 1;
+
+  bool operator==(const RunEnvironment&) const = default;
+};
+
+// Peak bytes of each pool on one rank.
+struct RankPeak {
+  int rank = 0;
+  std::int64_t device_peak_bytes = 0;
+  std::int64_t host_peak_bytes = 0;
+
+  bool operator==(const RankPeak&) const = default;
+};
+
+// Median forward/backward time of one unit (optional per-unit measurement).
+struct UnitPhaseTime {
+  std::string name;
+  double fwd_s = 0;
+  double bwd_s = 0;
+
+  bool operator==(const UnitPhaseTime&) const = default;
+};
+
+struct RunRecord {
+  std::string model;                 // ModelProfile::name / zoo name
+  Plan plan;
+  RunEnvironment environment;
+  int warmup_steps = 0;              // the first warmup_steps entries of step_times_s are warm-up
+  std::vector<double> step_times_s;  // every step, warm-up included
+  double step_time_median_s = 0;     // over the steps after warm-up
+  double step_time_p10_s = 0;
+  double step_time_p90_s = 0;
+  std::map<std::string, double> phase_times_s;  // phase ("forward", "backward", "optimizer", ...) -> median s/step
+  std::vector<RankPeak> peaks;       // one per rank, by rank
+  std::vector<double> losses;        // per step (NaN allowed, written as null)
+  std::vector<UnitPhaseTime> units;  // optional
+  std::vector<std::string> fallbacks;     // "gloo reduce_scatter via all_reduce"
+  std::vector<std::string> trace_paths;   // one per rank, or empty
+
+  // step_times_s after warm-up.
+  std::vector<double> measured_step_times_s() const;
+  // Sets median/p10/p90 from measured_step_times_s() (linear interpolation between order statistics,
+  // as numpy.percentile). REQUIRES: at least one measured step.
+  void compute_step_statistics();
+
+  bool operator==(const RunRecord&) const;
+};
+
+inline constexpr const char* kRunRecordSchema = "zeroplan.run_record/1";
+
+// Percentile q in [0, 100] of `values` with linear interpolation (numpy default). REQUIRES: non-empty.
+double percentile(std::vector<double> values, double q);
+
+// Throws SchemaError: warmup_steps in [0, steps), at least one measured step, times > 0,
+// p10 <= median <= p90, environment.ranks == plan.world_size, one peak per rank (ranks 0..n-1),
+// trace_paths empty or one per rank, losses at most one per step, known backend.
+void validate(const RunRecord& record);
+
+void to_json(nlohmann::json& j, const RunRecord& record);
+void from_json(const nlohmann::json& j, RunRecord& record);
+
+}  // namespace zeroplan
