@@ -1,0 +1,126 @@
+// The task graph of one simulated step: resources (streams), shared-bandwidth groups, memory pools,
+// tasks with dependencies and memory effects. Built by lowering, run by sim::run (engine.h).
+// Everything is a flat vector indexed by a 32-bit id; names are interned once.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace zeroplan::sim {
+
+using TaskId = std::uint32_t;
+using ResourceId = std::uint32_t;
+using GroupId = std::uint32_t;
+using PoolId = std::uint32_t;
+using NameId = std::uint32_t;
+using AllocId = std::uint32_t;
+inline constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+// What a byte of memory is for; --explain groups the peak by these.
+enum class MemCategory : std::uint8_t { params, grads, optimizer, activations, buffers, overhead };
+inline constexpr int kNumMemCategories = 6;
+std::string_view to_string(MemCategory c);
+
+enum class ResourceKind : std::uint8_t { compute, copy_h2d, copy_d2h, comm, host_optimizer, host_memcpy, other };
+std::string_view to_string(ResourceKind k);
+
+// A task's or an allocation's display name: "<name>", "<name> u<unit>", "<name> u<unit> mb<mb>".
+struct Label {
+  NameId name = 0;
+  std::int32_t unit = -1;
+  std::int32_t microbatch = -1;
+};
+
+// A resource runs its tasks one at a time in the order they were added (a CUDA stream, a channel).
+struct Resource {
+  std::string name;
+  ResourceKind kind = ResourceKind::other;
+  GroupId group = kNone;  // shared-bandwidth group, or kNone
+};
+
+// Contention model (a progress-rate model as in SimGrid's constant-share network): the running tasks of
+// all resources in a group split `capacity` equally, each progressing at rate min(1, capacity / n) of its
+// stand-alone speed, where n is how many run in the group now. Rates change only at events, so the model
+// is exact and deterministic. capacity 1: two concurrent copies on one PCIe link each take twice as long;
+// capacity 2: two run at full speed, a third slows all three to 2/3.
+struct SharedGroup {
+  std::string name;
+  double capacity = 1.0;
+};
+
+struct Pool {
+  std::string name;
+  std::int64_t capacity_bytes = 0;  // informational (0: unknown); the engine never refuses an allocation
+};
+
+struct Task {
+  Label label;
+  ResourceId resource = 0;
+  double duration_s = 0;  // stand-alone time; longer under contention
+  NameId category = 0;    // trace "cat"
+};
+
+// `bytes` on `pool` are allocated when `owner` starts (owner kNone: resident from t = 0) and freed when
+// `free_at` ends (free_at == owner: at the owner's end; kNone: never, resident to the end of the step).
+struct Alloc {
+  PoolId pool = 0;
+  MemCategory category = MemCategory::buffers;
+  Label label;
+  std::int64_t bytes = 0;
+  TaskId owner = kNone;
+  TaskId free_at = kNone;
+};
+
+class TaskGraph {
+ public:
+  TaskGraph();
+
+  NameId intern(std::string_view name);
+  std::string_view name(NameId id) const { return names_[id]; }
+  std::string label_text(const Label& l) const;
+
+  GroupId add_group(std::string name, double capacity);
+  ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone);
+  PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0);
+
+  // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
+  TaskId add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps = {},
+                  NameId category = 0);
+  // `task` cannot start before `depends_on` has finished. kNone is ignored, so optional deps read simply.
+  void add_dep(TaskId task, TaskId depends_on);
+
+  // Allocate at the start of `owner`, free at the end of `free_at` (default: owner's own end).
+  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label);
+  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at);
+  // Resident from t = 0; freed at the end of `free_at` (kNone: never).
+  AllocId resident(PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at = kNone);
+  void set_free_at(AllocId a, TaskId free_at);
+
+  void reserve(std::size_t tasks, std::size_t deps, std::size_t allocs);
+
+  std::size_t num_tasks() const { return tasks_.size(); }
+  const std::vector<Task>& tasks() const { return tasks_; }
+  const std::vector<std::pair<TaskId, TaskId>>& deps() const { return deps_; }  // (task, depends_on)
+  const std::vector<Resource>& resources() const { return resources_; }
+  const std::vector<SharedGroup>& groups() const { return groups_; }
+  const std::vector<Pool>& pools() const { return pools_; }
+  const std::vector<Alloc>& allocs() const { return allocs_; }
+  std::string task_name(TaskId t) const { return label_text(tasks_[t].label); }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<Resource> resources_;
+  std::vector<SharedGroup> groups_;
+  std::vector<Pool> pools_;
+  std::vector<Task> tasks_;
+  std::vector<std::pair<TaskId, TaskId>> deps_;
+  std::vector<Alloc> allocs_;
+};
+
+}  // namespace zeroplan::sim

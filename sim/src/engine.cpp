@@ -1,0 +1,154 @@
+// The event loop, SimGrid style: start what can start, find the next completion, move the clock there,
+// fire the completions in resource order, repeat. Resources run their tasks in the order they were added.
+#include "zeroplan/sim/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+
+#include "csr.h"
+#include "pool_tracker.h"
+#include "zeroplan/sim/graph.h"
+
+namespace zeroplan::sim {
+
+namespace {
+
+struct Running {
+  TaskId task = kNone;
+  double rate = 1;       // fraction of stand-alone speed
+  double remaining = 0;  // stand-alone seconds of work left at `last`
+  double last = 0;
+  double finish = 0;
+};
+
+[[noreturn]] void report_deadlock(const TaskGraph& g, const detail::Csr& queue, const std::vector<std::uint32_t>& head,
+                                  const std::vector<double>& end, double now) {
+  const auto& res = g.resources();
+  for (ResourceId r = 0; r < res.size(); ++r) {
+    if (head[r] >= queue.row(r).size()) continue;
+    const TaskId t = queue.row(r)[head[r]];
+    for (const auto& [task, dep] : g.deps()) {
+      if (task != t || end[dep] >= 0) continue;
+      const ResourceId dr = g.tasks()[dep].resource;
+      const TaskId blocker = queue.row(dr)[head[dr]];
+      const std::string where = blocker == dep ? fmt::format("next on \"{}\" and itself waiting", res[dr].name)
+                                               : fmt::format("queued on \"{}\" behind \"{}\"", res[dr].name,
+                                                             g.task_name(blocker));
+      throw DeadlockError(fmt::format("simulate: deadlock at t={:.6f} s: task \"{}\" on \"{}\" can never start: it "
+                                      "waits for \"{}\", {}",
+                                      now, g.task_name(t), res[r].name, g.task_name(dep), where));
+    }
+  }
+  assert(false && "deadlock without a blocked head");
+  throw DeadlockError("simulate: deadlock");
+}
+
+}  // namespace
+
+SimResult run(const TaskGraph& g, bool check_cycles) {
+  if (check_cycles) check_acyclic(g);
+  const auto& tasks = g.tasks();
+  const auto& deps = g.deps();
+  const auto n = static_cast<std::uint32_t>(tasks.size());
+  const auto n_res = static_cast<std::uint32_t>(g.resources().size());
+  const auto n_groups = static_cast<std::uint32_t>(g.groups().size());
+
+  const auto queue = detail::Csr::build(n_res, n, [&](std::uint32_t i) { return tasks[i].resource; },
+                                        [](std::uint32_t i) { return i; });
+  const auto succ = detail::Csr::build(n, static_cast<std::uint32_t>(deps.size()),
+                                       [&](std::uint32_t i) { return deps[i].second; },
+                                       [&](std::uint32_t i) { return deps[i].first; });
+  const auto members = detail::Csr::build(n_groups, n_res, [&](std::uint32_t r) { return g.resources()[r].group; },
+                                          [](std::uint32_t r) { return r; }, kNone);
+  std::vector<std::uint32_t> pending(n, 0);
+  for (const auto& d : deps) ++pending[d.first];
+
+  SimResult out;
+  out.start_s.assign(n, -1.0);
+  out.end_s.assign(n, -1.0);
+  out.resources.resize(n_res);
+  for (ResourceId r = 0; r < n_res; ++r) out.resources[r].name = g.resources()[r].name;
+
+  detail::PoolTracker mem(g);
+  mem.start_resident();
+  std::vector<std::uint32_t> head(n_res, 0);
+  std::vector<Running> run(n_res);
+  std::vector<std::uint32_t> group_count(n_groups, 0);
+  std::vector<char> group_dirty(n_groups, 0);
+  std::uint32_t n_running = 0;
+  std::uint32_t n_done = 0;
+  double now = 0;
+
+  auto start_ready = [&] {
+    for (ResourceId r = 0; r < n_res; ++r) {
+      if (run[r].task != kNone || head[r] >= queue.row(r).size()) continue;
+      const TaskId t = queue.row(r)[head[r]];
+      if (pending[t] != 0) continue;
+      ++head[r];
+      run[r] = {t, 1.0, tasks[t].duration_s, now, now + tasks[t].duration_s};
+      out.start_s[t] = now;
+      mem.on_start(t, now);
+      ++n_running;
+      if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+        ++group_count[gr];
+        group_dirty[gr] = 1;
+      }
+    }
+  };
+  // Re-rate the running tasks of groups whose membership changed at `now` (progress-rate sharing).
+  auto rerate = [&] {
+    for (GroupId gr = 0; gr < n_groups; ++gr) {
+      if (!group_dirty[gr]) continue;
+      group_dirty[gr] = 0;
+      const double rate = std::min(1.0, g.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count[gr]));
+      for (std::uint32_t r : members.row(gr)) {
+        Running& x = run[r];
+        if (x.task == kNone) continue;
+        x.remaining = std::max(0.0, x.remaining - x.rate * (now - x.last));
+        x.last = now;
+        x.rate = rate;
+        x.finish = now + x.remaining / rate;
+      }
+    }
+  };
+
+  start_ready();
+  rerate();
+  while (n_running > 0) {
+    double next = std::numeric_limits<double>::infinity();
+    for (ResourceId r = 0; r < n_res; ++r) {
+      if (run[r].task != kNone) next = std::min(next, run[r].finish);
+    }
+    now = next;
+    ++out.events;
+    for (ResourceId r = 0; r < n_res; ++r) {
+      Running& x = run[r];
+      if (x.task == kNone || x.finish > now) continue;
+      const TaskId t = x.task;
+      out.end_s[t] = now;
+      out.resources[r].busy_s += now - out.start_s[t];
+      out.resources[r].work_s += tasks[t].duration_s;
+      ++out.resources[r].tasks;
+      x.task = kNone;
+      --n_running;
+      ++n_done;
+      if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+        --group_count[gr];
+        group_dirty[gr] = 1;
+      }
+      mem.on_end(t, now);
+      for (std::uint32_t s : succ.row(t)) --pending[s];
+    }
+    start_ready();
+    rerate();
+  }
+  if (n_done != n) report_deadlock(g, queue, head, out.end_s, now);
+  out.makespan_s = now;
+  out.pools = mem.results();
+  return out;
+}
+
+}  // namespace zeroplan::sim

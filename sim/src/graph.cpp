@@ -1,0 +1,97 @@
+#include "zeroplan/sim/graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
+#include <boost/graph/depth_first_search.hpp>
+#include <boost/graph/topological_sort.hpp>
+#include <iterator>
+
+#include "zeroplan/sim/errors.h"
+
+namespace zeroplan::sim {
+
+namespace {
+
+// Edges point from a dependency to the task that waits for it.
+using Csr = boost::compressed_sparse_row_graph<boost::directedS>;
+
+Csr make_graph(const TaskGraph& g) {
+  std::vector<std::pair<std::size_t, std::size_t>> edges;
+  edges.reserve(g.deps().size());
+  for (const auto& [task, dep] : g.deps()) edges.emplace_back(dep, task);
+  return Csr(boost::edges_are_unsorted_multi_pass, edges.begin(), edges.end(), g.num_tasks());
+}
+
+struct FoundCycle {
+  std::size_t from, to;
+};
+
+struct CycleVisitor : boost::default_dfs_visitor {
+  template <class Edge, class Graph>
+  void back_edge(Edge e, const Graph& gr) {
+    throw FoundCycle{boost::source(e, gr), boost::target(e, gr)};
+  }
+};
+
+}  // namespace
+
+void check_acyclic(const TaskGraph& g) {
+  const Csr gr = make_graph(g);
+  std::vector<boost::default_color_type> color(g.num_tasks());
+  try {
+    boost::depth_first_search(
+        gr, boost::visitor(CycleVisitor{}).color_map(boost::make_iterator_property_map(color.begin(),
+                                                                                       boost::get(boost::vertex_index, gr))));
+  } catch (const FoundCycle& c) {
+    // c.to waits for c.from, and c.from (through others) waits for c.to.
+    const std::string waiting = g.task_name(static_cast<TaskId>(c.to));
+    throw CycleError(fmt::format("simulate: dependency cycle: task \"{}\" waits for \"{}\", which (through others) "
+                                 "waits for \"{}\"",
+                                 waiting, g.task_name(static_cast<TaskId>(c.from)), waiting));
+  }
+}
+
+CriticalPath critical_path(const TaskGraph& g) {
+  const Csr gr = make_graph(g);
+  std::vector<std::size_t> order;
+  order.reserve(g.num_tasks());
+  boost::topological_sort(gr, std::back_inserter(order));  // reverse topological order
+  const auto& tasks = g.tasks();
+  std::vector<double> finish(g.num_tasks(), 0.0);  // longest chain ending at v, including v
+  std::vector<TaskId> prev(g.num_tasks(), kNone);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const std::size_t v = *it;
+    finish[v] += tasks[v].duration_s;
+    for (auto [e, end] = boost::out_edges(v, gr); e != end; ++e) {
+      const std::size_t w = boost::target(*e, gr);
+      if (finish[v] > finish[w]) {  // finish[w] holds its best start until w is visited
+        finish[w] = finish[v];
+        prev[w] = static_cast<TaskId>(v);
+      }
+    }
+  }
+  CriticalPath cp;
+  if (g.num_tasks() == 0) return cp;
+  auto last = static_cast<TaskId>(std::max_element(finish.begin(), finish.end()) - finish.begin());
+  cp.length_s = finish[last];
+  for (TaskId v = last; v != kNone; v = prev[v]) cp.tasks.push_back(v);
+  std::reverse(cp.tasks.begin(), cp.tasks.end());
+  return cp;
+}
+
+double makespan_lower_bound(const TaskGraph& g) {
+  double bound = critical_path(g).length_s;
+  std::vector<double> per_resource(g.resources().size(), 0.0);
+  for (const Task& t : g.tasks()) per_resource[t.resource] += t.duration_s;
+  std::vector<double> per_group(g.groups().size(), 0.0);
+  for (std::size_t r = 0; r < per_resource.size(); ++r) {
+    bound = std::max(bound, per_resource[r]);
+    if (const GroupId gr = g.resources()[r].group; gr != kNone) per_group[gr] += per_resource[r];
+  }
+  for (std::size_t i = 0; i < per_group.size(); ++i) bound = std::max(bound, per_group[i] / g.groups()[i].capacity);
+  return bound;
+}
+
+}  // namespace zeroplan::sim

@@ -1,0 +1,117 @@
+#include "pool_tracker.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "zeroplan/sim/errors.h"
+
+namespace zeroplan::sim::detail {
+
+namespace {
+constexpr std::uint32_t kFreeBit = 0x80000000u;
+}
+
+PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
+  const auto& allocs = g.allocs();
+  const auto n_tasks = static_cast<std::uint32_t>(g.num_tasks());
+  const auto n_allocs = static_cast<std::uint32_t>(allocs.size());
+  by_owner_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].owner; },
+                         [](std::uint32_t i) { return i; }, kNone);
+  by_free_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].free_at; },
+                        [](std::uint32_t i) { return i; }, kNone);
+  const std::size_t pools = g.pools().size();
+  state_.assign(n_allocs, State::pending);
+  current_.assign(pools, 0);
+  peak_.assign(pools, 0);
+  peak_time_.assign(pools, 0);
+  peak_log_end_.assign(pools, 0);
+  timeline_.assign(pools, {});
+  for (auto& t : timeline_) t.emplace_back(0.0, 0);
+  log_.reserve(2 * n_allocs);
+}
+
+void PoolTracker::apply(AllocId a, bool allocate, double now) {
+  const Alloc& al = g_.allocs()[a];
+  const PoolId p = al.pool;
+  if (allocate) {
+    state_[a] = State::live;
+    current_[p] += al.bytes;
+    log_.push_back(a);
+    if (current_[p] > peak_[p]) {
+      peak_[p] = current_[p];
+      peak_time_[p] = now;
+      peak_log_end_[p] = log_.size();
+    }
+  } else {
+    if (state_[a] != State::live) {
+      const std::string owner = al.owner == kNone ? "t=0" : fmt::format("\"{}\"", g_.task_name(al.owner));
+      throw SimError(fmt::format("simulate: memory \"{}\" on pool \"{}\" is freed by \"{}\" before {} allocates it",
+                                 g_.label_text(al.label), g_.pools()[p].name, g_.task_name(al.free_at), owner));
+    }
+    state_[a] = State::freed;
+    current_[p] -= al.bytes;
+    log_.push_back(a | kFreeBit);
+  }
+  auto& tl = timeline_[p];
+  if (tl.back().first == now) {
+    tl.back().second = current_[p];
+  } else {
+    tl.emplace_back(now, current_[p]);
+  }
+}
+
+void PoolTracker::start_resident() {
+  const auto& allocs = g_.allocs();
+  for (AllocId a = 0; a < allocs.size(); ++a) {
+    if (allocs[a].owner == kNone) apply(a, true, 0.0);
+  }
+}
+
+void PoolTracker::on_start(TaskId t, double now) {
+  for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
+}
+
+void PoolTracker::on_end(TaskId t, double now) {
+  for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
+}
+
+std::vector<PoolResult> PoolTracker::results() const {
+  const auto& allocs = g_.allocs();
+  std::vector<PoolResult> out(g_.pools().size());
+  std::vector<char> live(allocs.size());
+  for (PoolId p = 0; p < out.size(); ++p) {
+    PoolResult& r = out[p];
+    r.name = g_.pools()[p].name;
+    r.peak_bytes = peak_[p];
+    r.peak_time_s = peak_time_[p];
+    r.end_bytes = current_[p];
+    r.timeline = timeline_[p];
+    std::fill(live.begin(), live.end(), 0);
+    for (std::size_t i = 0; i < peak_log_end_[p]; ++i) {
+      const std::uint32_t a = log_[i] & ~kFreeBit;
+      if (allocs[a].pool == p) live[a] = (log_[i] & kFreeBit) == 0;
+    }
+    // (category, name) -> (bytes, count); std::map gives a fixed order before the final sort.
+    std::map<std::pair<int, NameId>, std::pair<std::int64_t, std::int32_t>> groups;
+    for (AllocId a = 0; a < allocs.size(); ++a) {
+      if (!live[a]) continue;
+      auto& e = groups[{static_cast<int>(allocs[a].category), allocs[a].label.name}];
+      e.first += allocs[a].bytes;
+      e.second += 1;
+      r.peak_by_category[static_cast<std::size_t>(allocs[a].category)] += allocs[a].bytes;
+    }
+    for (const auto& [key, val] : groups) {
+      r.resident_at_peak.push_back({static_cast<MemCategory>(key.first), std::string(g_.name(key.second)), val.first,
+                                    val.second});
+    }
+    std::stable_sort(r.resident_at_peak.begin(), r.resident_at_peak.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.category, b.bytes, a.name) < std::tie(b.category, a.bytes, b.name);
+    });
+  }
+  return out;
+}
+
+}  // namespace zeroplan::sim::detail

@@ -1,0 +1,38 @@
+// Memory accounting for the engine: applies each task's allocations and frees, keeps every pool's
+// timeline and peak, and reconstructs what was resident at the peak by replaying the log.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "csr.h"
+#include "zeroplan/sim/engine.h"
+#include "zeroplan/sim/task_graph.h"
+
+namespace zeroplan::sim::detail {
+
+class PoolTracker {
+ public:
+  explicit PoolTracker(const TaskGraph& g);
+  void start_resident();                 // allocations resident from t = 0
+  void on_start(TaskId t, double now);   // allocations owned by t
+  void on_end(TaskId t, double now);     // allocations freed at t's end
+  std::vector<PoolResult> results() const;
+
+ private:
+  enum class State : std::uint8_t { pending, live, freed };
+  void apply(AllocId a, bool allocate, double now);
+
+  const TaskGraph& g_;
+  Csr by_owner_;
+  Csr by_free_;
+  std::vector<State> state_;
+  std::vector<std::int64_t> current_;
+  std::vector<std::int64_t> peak_;
+  std::vector<double> peak_time_;
+  std::vector<std::size_t> peak_log_end_;
+  std::vector<std::uint32_t> log_;  // alloc id, high bit set for a free
+  std::vector<std::vector<std::pair<double, std::int64_t>>> timeline_;
+};
+
+}  // namespace zeroplan::sim::detail

@@ -1,0 +1,117 @@
+#include "zeroplan/sim/task_graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+namespace zeroplan::sim {
+
+std::string_view to_string(MemCategory c) {
+  switch (c) {
+    case MemCategory::params: return "params";
+    case MemCategory::grads: return "grads";
+    case MemCategory::optimizer: return "optimizer";
+    case MemCategory::activations: return "activations";
+    case MemCategory::buffers: return "buffers";
+    case MemCategory::overhead: return "overhead";
+  }
+  return "?";
+}
+
+std::string_view to_string(ResourceKind k) {
+  switch (k) {
+    case ResourceKind::compute: return "compute";
+    case ResourceKind::copy_h2d: return "copy_h2d";
+    case ResourceKind::copy_d2h: return "copy_d2h";
+    case ResourceKind::comm: return "comm";
+    case ResourceKind::host_optimizer: return "host_optimizer";
+    case ResourceKind::host_memcpy: return "host_memcpy";
+    case ResourceKind::other: return "other";
+  }
+  return "?";
+}
+
+TaskGraph::TaskGraph() { names_.emplace_back("task"); }
+
+NameId TaskGraph::intern(std::string_view name) {
+  // Few distinct names (one per kind of task), so a linear scan beats a map and keeps ids in first-use order.
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return static_cast<NameId>(i);
+  }
+  names_.emplace_back(name);
+  return static_cast<NameId>(names_.size() - 1);
+}
+
+std::string TaskGraph::label_text(const Label& l) const {
+  std::string s(names_[l.name]);
+  if (l.unit >= 0) s += fmt::format(" u{}", l.unit);
+  if (l.microbatch >= 0) s += fmt::format(" mb{}", l.microbatch);
+  return s;
+}
+
+GroupId TaskGraph::add_group(std::string name, double capacity) {
+  assert(capacity > 0);
+  groups_.push_back({std::move(name), capacity});
+  return static_cast<GroupId>(groups_.size() - 1);
+}
+
+ResourceId TaskGraph::add_resource(std::string name, ResourceKind kind, GroupId group) {
+  assert(group == kNone || group < groups_.size());
+  resources_.push_back({std::move(name), kind, group});
+  return static_cast<ResourceId>(resources_.size() - 1);
+}
+
+PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes) {
+  pools_.push_back({std::move(name), capacity_bytes});
+  return static_cast<PoolId>(pools_.size() - 1);
+}
+
+TaskId TaskGraph::add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps,
+                           NameId category) {
+  assert(resource < resources_.size());
+  assert(duration_s >= 0 && std::isfinite(duration_s));
+  tasks_.push_back({label, resource, duration_s, category});
+  const auto id = static_cast<TaskId>(tasks_.size() - 1);
+  for (TaskId d : deps) add_dep(id, d);
+  return id;
+}
+
+void TaskGraph::add_dep(TaskId task, TaskId depends_on) {
+  if (depends_on == kNone) return;
+  assert(task < tasks_.size() && depends_on < tasks_.size());
+  deps_.emplace_back(task, depends_on);
+}
+
+AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label) {
+  return alloc(owner, pool, bytes, cat, label, owner);
+}
+
+AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label,
+                         TaskId free_at) {
+  assert(owner < tasks_.size() && pool < pools_.size() && bytes >= 0);
+  assert(free_at == kNone || free_at < tasks_.size());
+  allocs_.push_back({pool, cat, label, bytes, owner, free_at});
+  return static_cast<AllocId>(allocs_.size() - 1);
+}
+
+AllocId TaskGraph::resident(PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at) {
+  assert(pool < pools_.size() && bytes >= 0);
+  assert(free_at == kNone || free_at < tasks_.size());
+  allocs_.push_back({pool, cat, label, bytes, kNone, free_at});
+  return static_cast<AllocId>(allocs_.size() - 1);
+}
+
+void TaskGraph::set_free_at(AllocId a, TaskId free_at) {
+  assert(a < allocs_.size() && (free_at == kNone || free_at < tasks_.size()));
+  allocs_[a].free_at = free_at;
+}
+
+void TaskGraph::reserve(std::size_t tasks, std::size_t deps, std::size_t allocs) {
+  tasks_.reserve(tasks);
+  deps_.reserve(deps);
+  allocs_.reserve(allocs);
+}
+
+}  // namespace zeroplan::sim

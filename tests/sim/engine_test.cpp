@@ -1,0 +1,230 @@
+#include "zeroplan/sim/engine.h"
+
+#include <gtest/gtest.h>
+
+#include "zeroplan/sim/graph.h"
+#include "zeroplan/sim/trace.h"
+
+namespace zeroplan::sim {
+namespace {
+
+struct TwoStreams : ::testing::Test {
+  TaskGraph g;
+  ResourceId compute = g.add_resource("compute", ResourceKind::compute);
+  ResourceId comm = g.add_resource("comm", ResourceKind::comm);
+  PoolId dev = g.add_pool("device");
+  NameId n = g.intern("t");
+  Label L(int unit = -1) { return {n, unit, -1}; }
+};
+
+TEST_F(TwoStreams, ChainOnOneResourceSumsDurations) {
+  g.add_task(compute, 1.0, L(0));
+  g.add_task(compute, 2.0, L(1));
+  g.add_task(compute, 0.5, L(2));
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.makespan_s, 3.5);
+  EXPECT_DOUBLE_EQ(r.start_s[2], 3.0);
+  EXPECT_DOUBLE_EQ(r.resources[compute].busy_s, 3.5);
+}
+
+TEST_F(TwoStreams, FullOverlapHidesTheShorterStream) {
+  g.add_task(compute, 3.0, L());
+  g.add_task(comm, 2.0, L());
+  EXPECT_DOUBLE_EQ(run(g).makespan_s, 3.0);
+}
+
+TEST_F(TwoStreams, DependencyAcrossResourcesSerialises) {
+  const TaskId a = g.add_task(compute, 1.0, L());
+  const TaskId b = g.add_task(comm, 2.0, L(), {a});
+  g.add_task(compute, 1.0, L(), {b});
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.makespan_s, 4.0);
+  EXPECT_DOUBLE_EQ(r.start_s[b], 1.0);
+}
+
+TEST_F(TwoStreams, FifoOrderHoldsEvenWhenALaterTaskIsReady) {
+  // Like a CUDA stream: the second comm task is ready at t=0 but waits behind the first.
+  const TaskId a = g.add_task(compute, 2.0, L());
+  const TaskId c1 = g.add_task(comm, 1.0, L(), {a});
+  const TaskId c2 = g.add_task(comm, 1.0, L());
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.start_s[c1], 2.0);
+  EXPECT_DOUBLE_EQ(r.start_s[c2], 3.0);
+  EXPECT_DOUBLE_EQ(r.makespan_s, 4.0);
+}
+
+TEST_F(TwoStreams, ZeroDurationTasksRun) {
+  const TaskId a = g.add_task(compute, 0.0, L());
+  const TaskId b = g.add_task(comm, 0.0, L(), {a});
+  g.add_task(compute, 1.0, L(), {b});
+  EXPECT_DOUBLE_EQ(run(g).makespan_s, 1.0);
+}
+
+TEST_F(TwoStreams, DeadlockNamesTheTaskThatCannotStart) {
+  // "wait" heads compute and needs "late", which is queued on comm behind "blocked", which needs "after"
+  // queued on compute behind "wait".
+  const TaskId wait = g.add_task(compute, 1.0, {g.intern("wait")});
+  const TaskId after = g.add_task(compute, 1.0, {g.intern("after")});
+  g.add_task(comm, 1.0, {g.intern("blocked")}, {after});
+  const TaskId late = g.add_task(comm, 1.0, {g.intern("late")});
+  g.add_dep(wait, late);
+  try {
+    (void)run(g);
+    FAIL() << "expected DeadlockError";
+  } catch (const DeadlockError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"wait\" on \"compute\" can never start"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"late\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("behind \"blocked\""), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos);
+  }
+}
+
+TEST_F(TwoStreams, CycleIsReportedWithATaskOnIt) {
+  const TaskId a = g.add_task(compute, 1.0, {g.intern("a")});
+  const TaskId b = g.add_task(comm, 1.0, {g.intern("b")}, {a});
+  g.add_task(compute, 1.0, {g.intern("c")});
+  g.add_dep(a, b);
+  try {
+    (void)run(g);
+    FAIL() << "expected CycleError";
+  } catch (const CycleError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cycle"), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("\"a\"") != std::string::npos && msg.find("\"b\"") != std::string::npos) << msg;
+  }
+}
+
+TEST_F(TwoStreams, MemoryAllocAtStartFreeAtEndOrLater) {
+  const NameId act = g.intern("act");
+  const NameId w = g.intern("weights");
+  g.resident(dev, 100, MemCategory::params, {w});
+  const TaskId f = g.add_task(compute, 1.0, L());
+  const TaskId x = g.add_task(compute, 1.0, L());
+  const TaskId b = g.add_task(compute, 1.0, L());
+  g.alloc(f, dev, 50, MemCategory::activations, {act, 0, -1}, b);  // kept until backward ends
+  g.alloc(x, dev, 30, MemCategory::buffers, {g.intern("tmp")});      // transient
+  const SimResult r = run(g);
+  const PoolResult& p = r.pools[dev];
+  EXPECT_EQ(p.peak_bytes, 180);
+  EXPECT_DOUBLE_EQ(p.peak_time_s, 1.0);
+  EXPECT_EQ(p.end_bytes, 100);
+  EXPECT_EQ(p.peak_by_category[static_cast<int>(MemCategory::params)], 100);
+  EXPECT_EQ(p.peak_by_category[static_cast<int>(MemCategory::activations)], 50);
+  EXPECT_EQ(p.peak_by_category[static_cast<int>(MemCategory::buffers)], 30);
+  ASSERT_EQ(p.resident_at_peak.size(), 3u);
+  EXPECT_EQ(p.resident_at_peak[0].name, "weights");
+  EXPECT_EQ(p.resident_at_peak[1].name, "act");
+  EXPECT_EQ(p.resident_at_peak[2].name, "tmp");
+  // Timeline: 100 at 0, 150 at 0 (collapsed), 180 at 1 after the free of nothing, 150 at 2, 100 at 3.
+  ASSERT_FALSE(p.timeline.empty());
+  EXPECT_EQ(p.timeline.front(), (std::pair<double, std::int64_t>{0.0, 150}));
+  EXPECT_EQ(p.timeline.back(), (std::pair<double, std::int64_t>{3.0, 100}));
+}
+
+TEST_F(TwoStreams, FreesBeforeAllocationsAtOneInstant) {
+  const NameId m = g.intern("m");
+  const TaskId a = g.add_task(compute, 1.0, L());
+  const TaskId b = g.add_task(compute, 1.0, L());
+  g.alloc(a, dev, 10, MemCategory::buffers, {m});
+  g.alloc(b, dev, 10, MemCategory::buffers, {m});
+  EXPECT_EQ(run(g).pools[dev].peak_bytes, 10);
+}
+
+TEST_F(TwoStreams, FreeBeforeAllocationIsAnError) {
+  const TaskId a = g.add_task(compute, 1.0, L());
+  const TaskId b = g.add_task(compute, 1.0, L());
+  g.alloc(b, dev, 10, MemCategory::buffers, {g.intern("m")}, a);
+  EXPECT_THROW((void)run(g), SimError);
+}
+
+TEST_F(TwoStreams, ResidentAtPeakGroupsByCategoryAndName) {
+  const NameId act = g.intern("act");
+  TaskId prev = kNone;
+  std::vector<TaskId> fw;
+  for (int u = 0; u < 4; ++u) {
+    prev = g.add_task(compute, 1.0, L(u), {prev});
+    fw.push_back(prev);
+  }
+  for (int u = 3; u >= 0; --u) {
+    prev = g.add_task(compute, 1.0, L(u), {prev});
+    g.alloc(fw[static_cast<std::size_t>(u)], dev, 10, MemCategory::activations, {act, u, -1}, prev);
+  }
+  const PoolResult p = run(g).pools[dev];
+  EXPECT_EQ(p.peak_bytes, 40);
+  ASSERT_EQ(p.resident_at_peak.size(), 1u);
+  EXPECT_EQ(p.resident_at_peak[0].count, 4);
+  EXPECT_EQ(p.resident_at_peak[0].bytes, 40);
+}
+
+// Contention: two copies on one shared link of capacity 1 each run at half speed.
+TEST(SharedGroup, ConcurrentTasksSplitTheCapacity) {
+  TaskGraph g;
+  const GroupId pcie = g.add_group("pcie", 1.0);
+  const ResourceId h2d = g.add_resource("h2d", ResourceKind::copy_h2d, pcie);
+  const ResourceId comm = g.add_resource("comm", ResourceKind::comm, pcie);
+  const TaskId a = g.add_task(h2d, 2.0, {});
+  const TaskId b = g.add_task(comm, 1.0, {});
+  const SimResult r = run(g);
+  // Both at rate 1/2 until b finishes at t=2 (1 s of work); a has 1 s left, at full rate: ends at 3.
+  EXPECT_DOUBLE_EQ(r.end_s[b], 2.0);
+  EXPECT_DOUBLE_EQ(r.end_s[a], 3.0);
+  EXPECT_DOUBLE_EQ(r.resources[h2d].work_s, 2.0);
+  EXPECT_DOUBLE_EQ(r.resources[h2d].busy_s, 3.0);
+  EXPECT_DOUBLE_EQ(makespan_lower_bound(g), 3.0);
+}
+
+TEST(SharedGroup, CapacityTwoRunsTwoAtFullSpeed) {
+  TaskGraph g;
+  const GroupId cores = g.add_group("cores", 2.0);
+  const ResourceId x = g.add_resource("x", ResourceKind::compute, cores);
+  const ResourceId y = g.add_resource("y", ResourceKind::comm, cores);
+  const ResourceId z = g.add_resource("z", ResourceKind::copy_d2h, cores);
+  g.add_task(x, 1.0, {});
+  g.add_task(y, 1.0, {});
+  EXPECT_DOUBLE_EQ(run(g).makespan_s, 1.0);
+  g.add_task(z, 1.0, {});
+  EXPECT_DOUBLE_EQ(run(g).makespan_s, 1.5);  // three at 2/3 speed
+}
+
+TEST(Graph, CriticalPathFollowsTheLongestChain) {
+  TaskGraph g;
+  const ResourceId r0 = g.add_resource("a", ResourceKind::compute);
+  const ResourceId r1 = g.add_resource("b", ResourceKind::comm);
+  const TaskId a = g.add_task(r0, 1.0, {});
+  const TaskId b = g.add_task(r1, 5.0, {}, {a});
+  const TaskId c = g.add_task(r0, 2.0, {}, {a});
+  const TaskId d = g.add_task(r0, 1.0, {}, {b, c});
+  const CriticalPath cp = critical_path(g);
+  EXPECT_DOUBLE_EQ(cp.length_s, 7.0);
+  EXPECT_EQ(cp.tasks, (std::vector<TaskId>{a, b, d}));
+  EXPECT_DOUBLE_EQ(makespan_lower_bound(g), 7.0);
+  EXPECT_GE(run(g).makespan_s, makespan_lower_bound(g));
+}
+
+TEST(Trace, ByteIdenticalAndWellFormed) {
+  auto build = [] {
+    TaskGraph g;
+    const ResourceId r0 = g.add_resource("compute", ResourceKind::compute);
+    const ResourceId r1 = g.add_resource("comm \"nccl\"", ResourceKind::comm);
+    const PoolId p = g.add_pool("device");
+    const NameId cat = g.intern("fwd");
+    const TaskId a = g.add_task(r0, 1e-3, {cat, 0, 1}, {}, cat);
+    const TaskId b = g.add_task(r1, 2.5e-3, {g.intern("ag")}, {a});
+    g.alloc(a, p, 1000, MemCategory::activations, {cat}, b);
+    return g;
+  };
+  const TaskGraph g1 = build();
+  const TaskGraph g2 = build();
+  const std::string t1 = chrome_trace_json(g1, run(g1));
+  const std::string t2 = chrome_trace_json(g2, run(g2));
+  EXPECT_EQ(t1, t2);
+  EXPECT_NE(t1.find("\"ph\":\"X\",\"ts\":0.000,\"dur\":1000.000"), std::string::npos) << t1;
+  EXPECT_NE(t1.find("\"ph\":\"C\""), std::string::npos);
+  EXPECT_NE(t1.find("comm \\\"nccl\\\""), std::string::npos);
+  EXPECT_NE(t1.find("\"name\":\"fwd u0 mb1\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zeroplan::sim
