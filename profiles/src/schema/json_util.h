@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -107,5 +108,33 @@ ojson write_array(const std::vector<T>& v, F&& write_one) {
   for (const T& x : v) a.push_back(write_one(x));
   return a;
 }
+
+// Each document in key order for writing (defined beside its from_json).
+struct ModelProfile;
+struct ClusterProfile;
+struct Plan;
+struct Prediction;
+struct RunRecord;
+struct Comparison;
+ojson to_ordered_json(const ModelProfile& document);
+ojson to_ordered_json(const ClusterProfile& document);
+ojson to_ordered_json(const Plan& document);
+ojson to_ordered_json(const Prediction& document);
+ojson to_ordered_json(const RunRecord& document);
+ojson to_ordered_json(const Comparison& document);
+
+// Parses a JSON file; SchemaError "FILE: cannot open" / "FILE:LINE:COL: invalid JSON: ..." (json_io.cpp).
+nlohmann::json parse_json_file(const std::filesystem::path& file);
+nlohmann::json parse_json_text(const std::string& text, const std::string& origin);
+
+// Replaces a cluster document's "extends" by the merged base, recursively (cluster.cpp). Relative base
+// paths are relative to `base_dir`; `origin` names the extending document in provenance citations.
+nlohmann::json resolve_cluster_extends(const nlohmann::json& j, const std::filesystem::path& base_dir,
+                                       const std::string& origin, int depth = 0);
+// Reads a cluster document that has no "extends" (cluster.cpp); validates.
+void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& cluster);
+
+// A Plan nested in another document (Prediction, RunRecord); validates it.
+void read_value(const nlohmann::json& j, Plan& plan, const std::string& path);
 
 }  // namespace zeroplan

@@ -1,0 +1,125 @@
+#include "zeroplan/profiles/comparison.h"
+
+#include <cmath>
+#include <set>
+
+#include "json_util.h"
+
+namespace zeroplan {
+
+namespace {
+
+constexpr const char* kWhere = "comparison";
+
+[[noreturn]] void comparison_error(const std::string& message) { fail(kWhere, message); }
+
+ojson write_metric(const Metric& m) {
+  ojson j;
+  j["name"] = m.name;
+  j["predicted"] = m.predicted;
+  j["measured"] = m.measured;
+  j["rel_error"] = m.rel_error;
+  j["gating"] = m.gating;
+  return j;
+}
+
+ojson write_unit(const UnitComparison& u) {
+  ojson j;
+  j["name"] = u.name;
+  j["metrics"] = write_array(u.metrics, write_metric);
+  return j;
+}
+
+void check_metrics(const std::string& where, const std::vector<Metric>& metrics) {
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    const Metric& m = metrics[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (m.name.empty()) comparison_error(at + ".name is empty");
+    if (!names.insert(m.name).second) comparison_error(at + ".name " + quote_json(m.name) + " is not unique");
+    const double expected = relative_error(m.predicted, m.measured);
+    if (!(std::fabs(m.rel_error - expected) <= 1e-9 * std::max(1.0, std::fabs(expected))))
+      comparison_error(at + " (" + m.name + ").rel_error " + num(m.rel_error) + " != (predicted " + num(m.predicted) +
+                       " - measured " + num(m.measured) + ") / measured (= " + num(expected) + ")");
+  }
+}
+
+}  // namespace
+
+void read_value(const nlohmann::json& j, Metric& m, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("name", m.name);
+  r.req("predicted", m.predicted);
+  r.req("measured", m.measured);
+  r.req("rel_error", m.rel_error);
+  r.opt("gating", m.gating);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, UnitComparison& u, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("name", u.name);
+  r.req("metrics", u.metrics);
+  r.finish();
+}
+
+double relative_error(double predicted, double measured) {
+  if (measured == 0) return predicted == 0 ? 0.0 : std::copysign(1.0, predicted);
+  return (predicted - measured) / std::fabs(measured);
+}
+
+std::string verdict_for(const std::vector<Metric>& metrics, double tolerance) {
+  for (const Metric& m : metrics)
+    if (m.gating && !(std::fabs(m.rel_error) <= tolerance)) return "fail";
+  return "pass";
+}
+
+Metric make_metric(std::string name, double predicted, double measured, bool gating) {
+  return Metric{std::move(name), predicted, measured, relative_error(predicted, measured), gating};
+}
+
+ojson to_ordered_json(const Comparison& c) {
+  ojson j;
+  j["schema"] = kComparisonSchema;
+  j["predicted"] = c.predicted;
+  j["measured"] = c.measured;
+  j["tolerance"] = c.tolerance;
+  j["verdict"] = c.verdict;
+  j["metrics"] = write_array(c.metrics, write_metric);
+  j["units"] = write_array(c.units, write_unit);
+  j["largest_error_sources"] = c.largest_error_sources;
+  j["warnings"] = c.warnings;
+  return j;
+}
+
+void validate(const Comparison& c) {
+  if (!(c.tolerance > 0)) comparison_error("tolerance must be > 0 (got " + num(c.tolerance) + ")");
+  check_metrics("metrics", c.metrics);
+  for (std::size_t i = 0; i < c.units.size(); ++i) check_metrics("units[" + std::to_string(i) + "].metrics", c.units[i].metrics);
+  if (c.verdict != "pass" && c.verdict != "fail")
+    comparison_error("verdict must be \"pass\" or \"fail\" (got " + quote_json(c.verdict) + ")");
+  const std::string expected = verdict_for(c.metrics, c.tolerance);
+  if (c.verdict != expected)
+    comparison_error("verdict " + quote_json(c.verdict) + " but the gating metrics at tolerance " + num(c.tolerance) +
+                     " give " + quote_json(expected));
+}
+
+void to_json(nlohmann::json& j, const Comparison& c) { j = to_plain(to_ordered_json(c)); }
+
+void from_json(const nlohmann::json& j, Comparison& c) {
+  ObjectReader r(j, kWhere);
+  check_schema(r, kComparisonSchema);
+  c = Comparison{};
+  r.req("predicted", c.predicted);
+  r.req("measured", c.measured);
+  r.req("tolerance", c.tolerance);
+  r.req("verdict", c.verdict);
+  r.req("metrics", c.metrics);
+  r.opt("units", c.units);
+  r.opt("largest_error_sources", c.largest_error_sources);
+  r.opt("warnings", c.warnings);
+  r.finish();
+  validate(c);
+}
+
+}  // namespace zeroplan

@@ -1,0 +1,154 @@
+#include "zeroplan/profiles/json_io.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "json_util.h"
+
+namespace zeroplan {
+
+namespace {
+
+std::string one_line(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
+std::string read_text(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw SchemaError(file.string() + ": cannot open: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw SchemaError(file.string() + ": cannot read");
+  return text.str();
+}
+
+template <class T>
+T from_parsed(const nlohmann::json& j, const std::filesystem::path& base_dir, const std::string& origin) {
+  T document;
+  if constexpr (std::is_same_v<T, ClusterProfile>) {
+    read_resolved_cluster(resolve_cluster_extends(j, base_dir, origin), document);
+  } else {
+    (void)base_dir;
+    (void)origin;
+    from_json(j, document);
+  }
+  return document;
+}
+
+template <class T>
+T convert(const nlohmann::json& j, const std::filesystem::path& base_dir, const std::string& origin) {
+  try {
+    return from_parsed<T>(j, base_dir, origin);
+  } catch (const SchemaError& e) {
+    const std::string message = e.what();
+    if (message.rfind(origin + ":", 0) == 0) throw;  // already names it (a nested extends)
+    throw SchemaError(origin + ": " + message);
+  } catch (const nlohmann::json::exception& e) {
+    throw SchemaError(origin + ": " + one_line(e.what()));
+  }
+}
+
+}  // namespace
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Line and column of the byte where parsing failed (e.byte is 1-based).
+    std::size_t line = 1, column = 1;
+    const std::size_t end = std::min(text.size(), e.byte > 0 ? e.byte - 1 : 0);
+    for (std::size_t i = 0; i < end; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    std::string what = e.what();
+    const std::size_t column_at = what.find("column ");
+    const std::size_t colon = column_at == std::string::npos ? what.find("] ") : what.find(": ", column_at);
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    throw SchemaError(origin + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                      ": invalid JSON: " + one_line(what));
+  }
+}
+
+nlohmann::json parse_json_file(const std::filesystem::path& file) {
+  return parse_json_text(read_text(file), file.string());
+}
+
+template <class T>
+T read_document(const std::filesystem::path& file) {
+  const nlohmann::json j = parse_json_file(file);
+  return convert<T>(j, file.parent_path(), file.string());
+}
+
+template <class T>
+T parse_document(const std::string& text, const std::string& origin) {
+  return convert<T>(parse_json_text(text, origin), std::filesystem::current_path(), origin);
+}
+
+template <class T>
+std::string to_json_string(const T& document) {
+  return to_ordered_json(document).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+template <class T>
+void write_document(const std::filesystem::path& file, const T& document) {
+  try {
+    validate(document);
+  } catch (const SchemaError& e) {
+    throw SchemaError(file.string() + ": not written: " + e.what());
+  }
+  const std::string text = to_json_string(document);
+  const std::filesystem::path dir = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+  const std::filesystem::path temp =
+      dir / ("." + file.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+  auto cannot = [&](const std::string& what) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+    throw SchemaError(file.string() + ": cannot write: " + what);
+  };
+  std::FILE* out = std::fopen(temp.c_str(), "wb");
+  if (out == nullptr) cannot(std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size() && std::fflush(out) == 0 &&
+                       ::fsync(::fileno(out)) == 0;
+  const int write_errno = errno;
+  if (std::fclose(out) != 0 || !written) cannot(std::strerror(written ? errno : write_errno));
+  std::error_code ec;
+  std::filesystem::rename(temp, file, ec);
+  if (ec) cannot(ec.message());
+}
+
+std::string schema_of(const nlohmann::json& j) {
+  if (j.is_object()) {
+    const auto it = j.find("schema");
+    if (it != j.end() && it->is_string()) return it->get<std::string>();
+  }
+  return "";
+}
+
+#define ZEROPLAN_DOCUMENT(T)                                                        \
+  template T read_document<T>(const std::filesystem::path&);                        \
+  template T parse_document<T>(const std::string&, const std::string&);             \
+  template std::string to_json_string<T>(const T&);                                 \
+  template void write_document<T>(const std::filesystem::path&, const T&);
+
+ZEROPLAN_DOCUMENT(ModelProfile)
+ZEROPLAN_DOCUMENT(ClusterProfile)
+ZEROPLAN_DOCUMENT(Plan)
+ZEROPLAN_DOCUMENT(Prediction)
+ZEROPLAN_DOCUMENT(RunRecord)
+ZEROPLAN_DOCUMENT(Comparison)
+
+#undef ZEROPLAN_DOCUMENT
+
+}  // namespace zeroplan

@@ -1,0 +1,208 @@
+#include "zeroplan/profiles/model_profile.h"
+
+#include <set>
+
+#include "json_util.h"
+
+namespace zeroplan {
+
+namespace {
+
+constexpr const char* kWhere = "model_profile";
+
+ojson write_figure(const Figure& f) {
+  ojson j;
+  j["value"] = f.value;
+  j["intercept"] = f.fit.intercept;
+  j["per_sample"] = f.fit.per_sample;
+  j["r2"] = f.fit.r2;
+  j["points"] = f.fit.points;
+  return j;
+}
+
+ojson write_unit(const UnitProfile& u) {
+  ojson j;
+  j["name"] = u.name;
+  j["type"] = u.type;
+  j["count"] = u.count;
+  j["params"] = u.params;
+  j["bytes_param"] = u.bytes_param;
+  j["bytes_buffer"] = u.bytes_buffer;
+  j["input_shape"] = u.input_shape;
+  j["output_shape"] = u.output_shape;
+  j["bytes_saved"] = write_figure(u.bytes_saved);
+  j["bytes_output"] = write_figure(u.bytes_output);
+  j["time_fwd_s"] = write_figure(u.time_fwd_s);
+  j["time_bwd_s"] = write_figure(u.time_bwd_s);
+  j["time_fwd_spread_s"] = write_figure(u.time_fwd_spread_s);
+  j["time_bwd_spread_s"] = write_figure(u.time_bwd_spread_s);
+  j["bytes_peak_fwd"] = write_figure(u.bytes_peak_fwd);
+  j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
+  j["flops_fwd"] = write_figure(u.flops_fwd);
+  j["flops_bwd"] = write_figure(u.flops_bwd);
+  return j;
+}
+
+}  // namespace
+
+ojson to_ordered_json(const ModelProfile& m) {
+  ojson j;
+  j["schema"] = kModelProfileSchema;
+  j["name"] = m.name;
+  j["source"] = m.source;
+  j["measured"] = m.measured;
+  j["device"] = m.device;
+  j["dtype"] = m.dtype;
+  j["threads"] = m.threads;
+  j["library_versions"] = m.library_versions;
+  j["batch"] = m.batch;
+  j["seq_len"] = m.seq_len;
+  j["image_size"] = m.image_size;
+  j["input_shape"] = m.input_shape;
+  j["profiled_batches"] = m.profiled_batches;
+  j["units"] = write_array(m.units, write_unit);
+  return j;
+}
+
+namespace {
+
+[[noreturn]] void model_error(const std::string& message) { fail(kWhere, message); }
+
+void check_figure(const std::string& where, const Figure& f) {
+  if (!(f.value >= 0)) model_error(where + " must be >= 0 (got " + num(f.value) + ")");
+  if (f.fit.points < 0) model_error(where + ".points must be >= 0 (got " + num(f.fit.points) + ")");
+  if (!(f.fit.r2 <= 1)) model_error(where + ".r2 must be <= 1 (got " + num(f.fit.r2) + ")");
+}
+
+}  // namespace
+
+void read_value(const nlohmann::json& j, Figure& f, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("value", f.value);
+  f.fit = Fit{f.value, 0, 1, 0};
+  r.opt("intercept", f.fit.intercept);
+  r.opt("per_sample", f.fit.per_sample);
+  r.opt("r2", f.fit.r2);
+  r.opt("points", f.fit.points);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("name", u.name);
+  r.req("type", u.type);
+  r.opt("count", u.count);
+  r.req("params", u.params);
+  r.req("bytes_param", u.bytes_param);
+  r.opt("bytes_buffer", u.bytes_buffer);
+  r.req("input_shape", u.input_shape);
+  r.req("output_shape", u.output_shape);
+  r.req("bytes_saved", u.bytes_saved);
+  r.req("bytes_output", u.bytes_output);
+  r.req("time_fwd_s", u.time_fwd_s);
+  r.req("time_bwd_s", u.time_bwd_s);
+  r.opt("time_fwd_spread_s", u.time_fwd_spread_s);
+  r.opt("time_bwd_spread_s", u.time_bwd_spread_s);
+  r.req("bytes_peak_fwd", u.bytes_peak_fwd);
+  r.req("bytes_peak_bwd", u.bytes_peak_bwd);
+  r.req("flops_fwd", u.flops_fwd);
+  r.req("flops_bwd", u.flops_bwd);
+  r.finish();
+}
+
+std::int64_t ModelProfile::total_params() const {
+  std::int64_t total = 0;
+  for (const UnitProfile& u : units) total += u.params * u.count;
+  return total;
+}
+
+std::int64_t ModelProfile::total_bytes_param() const {
+  std::int64_t total = 0;
+  for (const UnitProfile& u : units) total += u.bytes_param * u.count;
+  return total;
+}
+
+int ModelProfile::expanded_unit_count() const {
+  int total = 0;
+  for (const UnitProfile& u : units) total += u.count;
+  return total;
+}
+
+double ModelProfile::total_compute_time_s(double micro_batch) const {
+  double total = 0;
+  for (const UnitProfile& u : units)
+    total += (u.time_fwd_s.at(micro_batch, batch) + u.time_bwd_s.at(micro_batch, batch)) * u.count;
+  return total;
+}
+
+void validate(const ModelProfile& m) {
+  if (m.name.empty()) model_error("name is empty");
+  if (m.source.empty()) model_error("source is empty");
+  if (m.dtype != "fp32" && m.dtype != "fp16" && m.dtype != "bf16")
+    model_error("dtype must be \"fp32\", \"fp16\" or \"bf16\" (got " + quote_json(m.dtype) + ")");
+  if (m.threads < 1) model_error("threads must be >= 1 (got " + num(m.threads) + ")");
+  if (m.batch < 1) model_error("batch must be >= 1 (got " + num(m.batch) + ")");
+  if (m.seq_len < 0) model_error("seq_len must be >= 0 (got " + num(m.seq_len) + ")");
+  if (m.image_size < 0) model_error("image_size must be >= 0 (got " + num(m.image_size) + ")");
+  for (std::size_t i = 0; i < m.profiled_batches.size(); ++i) {
+    if (m.profiled_batches[i] < 1)
+      model_error("profiled_batches[" + num(static_cast<std::int64_t>(i)) + "] must be >= 1 (got " +
+                  num(m.profiled_batches[i]) + ")");
+    if (i > 0 && m.profiled_batches[i] <= m.profiled_batches[i - 1])
+      model_error("profiled_batches must be increasing (" + num(m.profiled_batches[i - 1]) + " then " +
+                  num(m.profiled_batches[i]) + ")");
+  }
+  if (m.units.empty()) model_error("no units");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < m.units.size(); ++i) {
+    const UnitProfile& u = m.units[i];
+    const std::string where = "units[" + std::to_string(i) + "]";
+    if (u.name.empty()) model_error(where + ".name is empty");
+    if (!names.insert(u.name).second) model_error(where + ".name " + quote_json(u.name) + " is not unique");
+    const std::string at = where + " (" + u.name + ")";
+    if (u.type.empty()) model_error(at + ".type is empty");
+    if (u.count < 1) model_error(at + ".count must be >= 1 (got " + num(u.count) + ")");
+    if (u.params < 0) model_error(at + ".params must be >= 0 (got " + num(u.params) + ")");
+    if (u.bytes_param < 0) model_error(at + ".bytes_param must be >= 0 (got " + num(u.bytes_param) + ")");
+    if (u.params > 0 && u.bytes_param == 0)
+      model_error(at + ".bytes_param is 0 but params is " + num(u.params));
+    if (u.bytes_buffer < 0) model_error(at + ".bytes_buffer must be >= 0 (got " + num(u.bytes_buffer) + ")");
+    check_figure(at + ".bytes_saved", u.bytes_saved);
+    check_figure(at + ".bytes_output", u.bytes_output);
+    check_figure(at + ".time_fwd_s", u.time_fwd_s);
+    check_figure(at + ".time_bwd_s", u.time_bwd_s);
+    check_figure(at + ".time_fwd_spread_s", u.time_fwd_spread_s);
+    check_figure(at + ".time_bwd_spread_s", u.time_bwd_spread_s);
+    check_figure(at + ".bytes_peak_fwd", u.bytes_peak_fwd);
+    check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
+    check_figure(at + ".flops_fwd", u.flops_fwd);
+    check_figure(at + ".flops_bwd", u.flops_bwd);
+  }
+}
+
+void to_json(nlohmann::json& j, const Figure& f) { j = to_plain(write_figure(f)); }
+void to_json(nlohmann::json& j, const UnitProfile& u) { j = to_plain(write_unit(u)); }
+void to_json(nlohmann::json& j, const ModelProfile& m) { j = to_plain(to_ordered_json(m)); }
+
+void from_json(const nlohmann::json& j, ModelProfile& m) {
+  ObjectReader r(j, kWhere);
+  check_schema(r, kModelProfileSchema);
+  m = ModelProfile{};
+  r.req("name", m.name);
+  r.req("source", m.source);
+  r.req("measured", m.measured);
+  r.req("device", m.device);
+  r.req("dtype", m.dtype);
+  r.req("threads", m.threads);
+  r.opt("library_versions", m.library_versions);
+  r.req("batch", m.batch);
+  r.opt("seq_len", m.seq_len);
+  r.opt("image_size", m.image_size);
+  r.req("input_shape", m.input_shape);
+  r.opt("profiled_batches", m.profiled_batches);
+  r.req("units", m.units);
+  r.finish();
+  validate(m);
+}
+
+}  // namespace zeroplan

@@ -1,0 +1,406 @@
+#include "zeroplan/profiles/plan.h"
+
+#include <algorithm>
+
+#include "json_util.h"
+#include "zeroplan/profiles/model_profile.h"
+
+namespace zeroplan {
+
+namespace {
+
+constexpr const char* kWhere = "plan";
+
+[[noreturn]] void plan_error(const std::string& message) { fail(kWhere, message); }
+
+bool is_dtype(const std::string& d) { return d == "fp32" || d == "fp16" || d == "bf16"; }
+
+ojson write_offload(const Offload& o) {
+  ojson j;
+  j["params"] = o.params;
+  j["grads"] = o.grads;
+  j["optimizer"] = o.optimizer;
+  j["activations_ratio"] = o.activations_ratio;
+  return j;
+}
+
+ojson write_offload_model(const OffloadModel& o) {
+  ojson j;
+  j["enabled"] = o.enabled;
+  j["slices"] = o.slices;
+  j["checkpoint_activation"] = o.checkpoint_activation;
+  j["microbatches"] = o.microbatches;
+  return j;
+}
+
+ojson write_checkpointing(const Checkpointing& c) {
+  switch (c.mode) {
+    case Checkpointing::Mode::none: return "none";
+    case Checkpointing::Mode::all: return "all";
+    case Checkpointing::Mode::units: return c.units;
+  }
+  return "none";
+}
+
+ojson write_loss_scale(const LossScale& s) {
+  switch (s.mode) {
+    case LossScale::Mode::none: return "none";
+    case LossScale::Mode::dynamic: return "dynamic";
+    case LossScale::Mode::fixed: return s.value;
+  }
+  return "none";
+}
+
+ojson write_precision(const Precision& p) {
+  ojson j;
+  j["param_dtype"] = p.param_dtype;
+  j["compute_dtype"] = p.compute_dtype;
+  j["reduce_dtype"] = p.reduce_dtype;
+  j["master_fp32"] = p.master_fp32;
+  j["broadcast_fp16"] = p.broadcast_fp16;
+  j["fp32_reduce_scatter"] = p.fp32_reduce_scatter;
+  j["loss_scale"] = write_loss_scale(p.loss_scale);
+  return j;
+}
+
+ojson write_buckets(const Buckets& b) {
+  ojson j;
+  j["all_reduce_bucket_bytes"] = b.all_reduce_bucket_bytes;
+  j["reduce_buffer_elems"] = b.reduce_buffer_elems;
+  j["allgather_bucket_bytes"] = b.allgather_bucket_bytes;
+  j["prefetch"] = b.prefetch;
+  return j;
+}
+
+ojson write_optimizer(const Optimizer& o) {
+  ojson j;
+  j["name"] = o.name;
+  j["lr"] = o.lr;
+  j["momentum"] = o.momentum;
+  j["betas"] = o.betas;
+  j["eps"] = o.eps;
+  j["weight_decay"] = o.weight_decay;
+  return j;
+}
+
+}  // namespace
+
+// Readers of the sub-structures, found by ObjectReader through ADL.
+void read_value(const nlohmann::json& j, Offload& o, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("params", o.params);
+  r.opt("grads", o.grads);
+  r.opt("optimizer", o.optimizer);
+  r.opt("activations_ratio", o.activations_ratio);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, OffloadModel& o, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("enabled", o.enabled);
+  r.opt("slices", o.slices);
+  r.opt("checkpoint_activation", o.checkpoint_activation);
+  r.opt("microbatches", o.microbatches);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, Checkpointing& c, const std::string& path) {
+  if (j.is_string()) {
+    const std::string s = j.get<std::string>();
+    if (s == "none") {
+      c = Checkpointing{};
+      return;
+    }
+    if (s == "all") {
+      c = Checkpointing{Checkpointing::Mode::all, {}};
+      return;
+    }
+  } else if (j.is_array()) {
+    c.mode = Checkpointing::Mode::units;
+    read_value(j, c.units, path);
+    return;
+  }
+  fail(path, "expected \"none\", \"all\" or an array of unit indices, got " + describe(j));
+}
+
+void read_value(const nlohmann::json& j, LossScale& s, const std::string& path) {
+  if (j.is_string()) {
+    const std::string v = j.get<std::string>();
+    if (v == "none") {
+      s = LossScale{};
+      return;
+    }
+    if (v == "dynamic") {
+      s = LossScale{LossScale::Mode::dynamic, 0};
+      return;
+    }
+  } else if (j.is_number()) {
+    s = LossScale{LossScale::Mode::fixed, j.get<double>()};
+    return;
+  }
+  fail(path, "expected \"none\", \"dynamic\" or a number, got " + describe(j));
+}
+
+void read_value(const nlohmann::json& j, Precision& p, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("param_dtype", p.param_dtype);
+  r.opt("compute_dtype", p.compute_dtype);
+  r.opt("reduce_dtype", p.reduce_dtype);
+  r.opt("master_fp32", p.master_fp32);
+  r.opt("broadcast_fp16", p.broadcast_fp16);
+  r.opt("fp32_reduce_scatter", p.fp32_reduce_scatter);
+  r.opt("loss_scale", p.loss_scale);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, Buckets& b, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("all_reduce_bucket_bytes", b.all_reduce_bucket_bytes);
+  r.opt("reduce_buffer_elems", b.reduce_buffer_elems);
+  r.opt("allgather_bucket_bytes", b.allgather_bucket_bytes);
+  r.opt("prefetch", b.prefetch);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, Optimizer& o, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("name", o.name);
+  r.opt("lr", o.lr);
+  r.opt("momentum", o.momentum);
+  r.opt("betas", o.betas);
+  r.opt("eps", o.eps);
+  r.opt("weight_decay", o.weight_decay);
+  r.finish();
+}
+
+// A Plan nested in another document (Prediction, RunRecord): same rules, its own path.
+void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
+  ObjectReader r(j, path);
+  check_schema(r, kPlanSchema);
+  p = Plan{};
+  r.req("world_size", p.world_size);
+  r.req("global_batch", p.global_batch);
+  r.req("micro_batch", p.micro_batch);
+  r.req("microbatches", p.microbatches);
+  r.opt("pipeline_stages", p.pipeline_stages);
+  r.req("zero_stage", p.zero_stage);
+  p.reshard_after_forward = p.zero_stage == 3;
+  r.opt("reshard_after_forward", p.reshard_after_forward);
+  r.opt("offload", p.offload);
+  r.opt("offload_model", p.offload_model);
+  r.opt("checkpointing", p.checkpointing);
+  r.opt("localsgd_frequency", p.localsgd_frequency);
+  r.opt("slowmo_momentum", p.slowmo_momentum);
+  r.opt("slowmo_frequency", p.slowmo_frequency);
+  r.opt("adascale", p.adascale);
+  r.opt("precision", p.precision);
+  r.opt("buckets", p.buckets);
+  r.opt("flat_params", p.flat_params);
+  r.opt("optimizer", p.optimizer);
+  r.opt("seed", p.seed);
+  r.finish();
+  validate(p);
+}
+
+ojson to_ordered_json(const Plan& p) {
+  ojson j;
+  j["schema"] = kPlanSchema;
+  j["world_size"] = p.world_size;
+  j["global_batch"] = p.global_batch;
+  j["micro_batch"] = p.micro_batch;
+  j["microbatches"] = p.microbatches;
+  j["pipeline_stages"] = p.pipeline_stages;
+  j["zero_stage"] = p.zero_stage;
+  j["reshard_after_forward"] = p.reshard_after_forward;
+  j["offload"] = write_offload(p.offload);
+  j["offload_model"] = write_offload_model(p.offload_model);
+  j["checkpointing"] = write_checkpointing(p.checkpointing);
+  j["localsgd_frequency"] = p.localsgd_frequency;
+  j["slowmo_momentum"] = p.slowmo_momentum;
+  j["slowmo_frequency"] = p.slowmo_frequency;
+  j["adascale"] = p.adascale;
+  j["precision"] = write_precision(p.precision);
+  j["buckets"] = write_buckets(p.buckets);
+  j["flat_params"] = p.flat_params;
+  j["optimizer"] = write_optimizer(p.optimizer);
+  j["seed"] = p.seed;
+  return j;
+}
+
+bool Checkpointing::applies_to(int unit_index) const {
+  switch (mode) {
+    case Mode::none: return false;
+    case Mode::all: return true;
+    case Mode::units: return std::binary_search(units.begin(), units.end(), unit_index);
+  }
+  return false;
+}
+
+int Optimizer::states_per_param() const {
+  if (name == "adam" || name == "adamw") return 2;
+  if (name == "sgd") return momentum != 0 ? 1 : 0;
+  return 0;
+}
+
+Plan Plan::default_ddp(int world_size, int global_batch) {
+  if (world_size < 1) plan_error("world_size must be >= 1 (got " + num(world_size) + ")");
+  if (global_batch < 1 || global_batch % world_size != 0)
+    plan_error("global_batch " + num(global_batch) + " is not a positive multiple of world_size " +
+               num(world_size));
+  Plan p;
+  p.world_size = world_size;
+  p.global_batch = global_batch;
+  p.micro_batch = global_batch / world_size;
+  p.microbatches = 1;
+  return p;
+}
+
+void validate(const Plan& p) {
+  auto at_least_one = [](const char* field, int v) {
+    if (v < 1) plan_error(std::string(field) + " must be >= 1 (got " + num(v) + ")");
+  };
+  at_least_one("world_size", p.world_size);
+  at_least_one("micro_batch", p.micro_batch);
+  at_least_one("microbatches", p.microbatches);
+  at_least_one("pipeline_stages", p.pipeline_stages);
+  if (p.world_size % p.pipeline_stages != 0)
+    plan_error("world_size " + num(p.world_size) + " is not a multiple of pipeline_stages " +
+               num(p.pipeline_stages));
+  const std::int64_t dp = p.data_parallel_size();
+  const std::int64_t product = std::int64_t{p.micro_batch} * p.microbatches * dp;
+  if (p.global_batch != product) {
+    const std::string ranks = p.pipeline_stages == 1
+                                  ? "world_size " + num(p.world_size)
+                                  : "data-parallel size " + num(dp) + " (world_size " + num(p.world_size) +
+                                        " / pipeline_stages " + num(p.pipeline_stages) + ")";
+    plan_error("global_batch " + num(p.global_batch) + " != micro_batch " + num(p.micro_batch) +
+               " x microbatches " + num(p.microbatches) + " x " + ranks + " (= " + num(product) + ")");
+  }
+  if (p.zero_stage < 0 || p.zero_stage > 3) plan_error("zero_stage must be 0, 1, 2 or 3 (got " + num(p.zero_stage) + ")");
+  if (p.reshard_after_forward && p.zero_stage != 3)
+    plan_error("reshard_after_forward requires zero_stage 3 (got " + num(p.zero_stage) + ")");
+
+  // Offload of model states.
+  if (p.offload.params && p.zero_stage != 3)
+    plan_error("offload.params requires zero_stage 3 (got " + num(p.zero_stage) + ")");
+  if (p.offload.optimizer && p.zero_stage < 1)
+    plan_error("offload.optimizer requires zero_stage 1, 2 or 3 (got " + num(p.zero_stage) + ")");
+  if (p.offload.grads && !p.offload.optimizer)
+    plan_error("offload.grads requires offload.optimizer (the host optimizer consumes the gradients)");
+  if (!(p.offload.activations_ratio >= 0 && p.offload.activations_ratio <= 1))
+    plan_error("offload.activations_ratio must be in [0, 1] (got " + num(p.offload.activations_ratio) + ")");
+
+  // OffloadModel.
+  if (p.offload_model.enabled) {
+    const OffloadModel& om = p.offload_model;
+    if (om.slices < 1) plan_error("offload_model.slices must be >= 1 (got " + num(om.slices) + ")");
+    if (om.microbatches < 1)
+      plan_error("offload_model.microbatches must be >= 1 (got " + num(om.microbatches) + ")");
+    if (p.micro_batch % om.microbatches != 0)
+      plan_error("offload_model.microbatches " + num(om.microbatches) + " does not divide micro_batch " +
+                 num(p.micro_batch));
+    if (p.zero_stage != 0)
+      plan_error("offload_model requires zero_stage 0 (got " + num(p.zero_stage) + ")");
+    if (p.offload.params || p.offload.grads || p.offload.optimizer)
+      plan_error("offload_model cannot be combined with offload.params, offload.grads or offload.optimizer");
+    if (p.pipeline_stages != 1)
+      plan_error("offload_model requires pipeline_stages 1 (got " + num(p.pipeline_stages) + ")");
+  }
+
+  // Activation checkpointing.
+  if (p.checkpointing.mode == Checkpointing::Mode::units) {
+    const std::vector<int>& u = p.checkpointing.units;
+    if (u.empty()) plan_error("checkpointing: empty list of units (use \"none\")");
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      if (u[i] < 0) plan_error("checkpointing: unit index " + num(u[i]) + " is negative");
+      if (i > 0 && u[i] <= u[i - 1])
+        plan_error("checkpointing: unit indices must be strictly increasing (" + num(u[i - 1]) + " then " +
+                   num(u[i]) + ")");
+    }
+  } else if (!p.checkpointing.units.empty()) {
+    plan_error("checkpointing: unit list given with mode none or all");
+  }
+
+  // LocalSGD and SlowMo.
+  if (p.localsgd_frequency < 0)
+    plan_error("localsgd_frequency must be >= 0 (got " + num(p.localsgd_frequency) + ")");
+  if (p.localsgd() && p.zero_stage != 0)
+    plan_error("localsgd_frequency " + num(p.localsgd_frequency) + " requires zero_stage 0 (got " +
+               num(p.zero_stage) + ")");
+  if (p.localsgd() && p.pipeline_stages != 1)
+    plan_error("localsgd_frequency " + num(p.localsgd_frequency) + " requires pipeline_stages 1 (got " +
+               num(p.pipeline_stages) + ")");
+  if (p.slowmo_frequency < 0)
+    plan_error("slowmo_frequency must be >= 0 (got " + num(p.slowmo_frequency) + ")");
+  if (!(p.slowmo_momentum >= 0 && p.slowmo_momentum < 1))
+    plan_error("slowmo_momentum must be in [0, 1) (got " + num(p.slowmo_momentum) + ")");
+  if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0) && !p.localsgd())
+    plan_error("slowmo (slowmo_frequency " + num(p.slowmo_frequency) + ", slowmo_momentum " +
+               num(p.slowmo_momentum) + ") requires localsgd_frequency > 1 (got " + num(p.localsgd_frequency) +
+               ")");
+
+  // Optimizer.
+  const Optimizer& o = p.optimizer;
+  if (o.name != "adam" && o.name != "adamw" && o.name != "sgd")
+    plan_error("optimizer.name must be \"adam\", \"adamw\" or \"sgd\" (got " + quote_json(o.name) + ")");
+  if (!(o.lr > 0)) plan_error("optimizer.lr must be > 0 (got " + num(o.lr) + ")");
+  if (!(o.eps > 0)) plan_error("optimizer.eps must be > 0 (got " + num(o.eps) + ")");
+  if (!(o.weight_decay >= 0)) plan_error("optimizer.weight_decay must be >= 0 (got " + num(o.weight_decay) + ")");
+  if (!(o.momentum >= 0 && o.momentum < 1))
+    plan_error("optimizer.momentum must be in [0, 1) (got " + num(o.momentum) + ")");
+  if (o.momentum != 0 && o.name != "sgd")
+    plan_error("optimizer.momentum " + num(o.momentum) + " is only used by sgd (got " + quote_json(o.name) + ")");
+  for (int i = 0; i < 2; ++i)
+    if (!(o.betas[i] >= 0 && o.betas[i] < 1))
+      plan_error("optimizer.betas[" + num(i) + "] must be in [0, 1) (got " + num(o.betas[i]) + ")");
+  if (p.adascale && o.name != "sgd")
+    plan_error("adascale requires optimizer sgd (got " + quote_json(o.name) + ")");
+
+  // Precision.
+  const Precision& pr = p.precision;
+  for (const auto& [field, dtype] : {std::pair{"param_dtype", &pr.param_dtype}, std::pair{"compute_dtype", &pr.compute_dtype},
+                                     std::pair{"reduce_dtype", &pr.reduce_dtype}})
+    if (!is_dtype(*dtype))
+      plan_error(std::string("precision.") + field + " must be \"fp32\", \"fp16\" or \"bf16\" (got " +
+                 quote_json(*dtype) + ")");
+  if (pr.loss_scale.mode != LossScale::Mode::none && pr.compute_dtype == "fp32")
+    plan_error("precision.loss_scale " + write_loss_scale(pr.loss_scale).dump() +
+               " requires compute_dtype fp16 or bf16 (got \"fp32\")");
+  if (pr.loss_scale.mode == LossScale::Mode::fixed && !(pr.loss_scale.value > 0))
+    plan_error("precision.loss_scale must be > 0 (got " + num(pr.loss_scale.value) + ")");
+  if (pr.broadcast_fp16 && p.zero_stage != 1 && p.zero_stage != 2)
+    plan_error("precision.broadcast_fp16 requires zero_stage 1 or 2 (got " + num(p.zero_stage) + ")");
+  if (pr.fp32_reduce_scatter && p.zero_stage < 2)
+    plan_error("precision.fp32_reduce_scatter requires zero_stage 2 or 3 (got " + num(p.zero_stage) + ")");
+  if (pr.fp32_reduce_scatter && pr.reduce_dtype != "fp32")
+    plan_error("precision.fp32_reduce_scatter requires reduce_dtype fp32 (got " + quote_json(pr.reduce_dtype) + ")");
+
+  // Buckets.
+  const Buckets& b = p.buckets;
+  for (const auto& [field, v] : {std::pair{"all_reduce_bucket_bytes", b.all_reduce_bucket_bytes},
+                                 std::pair{"reduce_buffer_elems", b.reduce_buffer_elems},
+                                 std::pair{"allgather_bucket_bytes", b.allgather_bucket_bytes}})
+    if (v < 1) plan_error(std::string("buckets.") + field + " must be >= 1 (got " + num(v) + ")");
+}
+
+void validate(const Plan& p, const ModelProfile& model) {
+  validate(p);
+  const int entries = static_cast<int>(model.units.size());
+  const int expanded = model.expanded_unit_count();
+  if (p.checkpointing.mode == Checkpointing::Mode::units && !p.checkpointing.units.empty() &&
+      p.checkpointing.units.back() >= entries)
+    plan_error("checkpointing: unit index " + num(p.checkpointing.units.back()) + " but model " +
+               quote_json(model.name) + " has " + num(entries) + " unit entries");
+  if (p.offload_model.enabled && p.offload_model.slices > expanded)
+    plan_error("offload_model.slices " + num(p.offload_model.slices) + " > " + num(expanded) + " units of model " +
+               quote_json(model.name));
+  if (p.pipeline_stages > expanded)
+    plan_error("pipeline_stages " + num(p.pipeline_stages) + " > " + num(expanded) + " units of model " +
+               quote_json(model.name));
+}
+
+void to_json(nlohmann::json& j, const Plan& p) { j = to_plain(to_ordered_json(p)); }
+
+void from_json(const nlohmann::json& j, Plan& p) { read_value(j, p, kWhere); }
+
+}  // namespace zeroplan

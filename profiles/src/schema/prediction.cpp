@@ -1,0 +1,177 @@
+#include "zeroplan/profiles/prediction.h"
+
+#include <cmath>
+
+#include "json_util.h"
+
+namespace zeroplan {
+
+namespace {
+
+constexpr const char* kWhere = "prediction";
+
+[[noreturn]] void prediction_error(const std::string& message) { fail(kWhere, message); }
+
+ojson write_item(const ResidentItem& r) {
+  ojson j;
+  j["category"] = r.category;
+  j["name"] = r.name;
+  j["bytes"] = r.bytes;
+  return j;
+}
+
+ojson write_pool(const PoolPeak& p) {
+  ojson j;
+  j["peak_bytes"] = p.peak_bytes;
+  j["allocator_overhead_bytes"] = p.allocator_overhead_bytes;
+  j["capacity_bytes"] = p.capacity_bytes;
+  j["at_s"] = p.at_s;
+  j["resident"] = write_array(p.resident, write_item);
+  return j;
+}
+
+ojson write_unit(const UnitTiming& u) {
+  ojson j;
+  j["name"] = u.name;
+  j["fwd_start_s"] = u.fwd_start_s;
+  j["fwd_s"] = u.fwd_s;
+  j["bwd_start_s"] = u.bwd_start_s;
+  j["bwd_s"] = u.bwd_s;
+  return j;
+}
+
+void check_non_negative(const std::string& field, double v) {
+  if (!(v >= 0)) prediction_error(field + " must be >= 0 (got " + num(v) + ")");
+}
+
+void check_pool(const std::string& pool, const PoolPeak& p) {
+  check_non_negative(pool + ".peak_bytes", static_cast<double>(p.peak_bytes));
+  check_non_negative(pool + ".allocator_overhead_bytes", static_cast<double>(p.allocator_overhead_bytes));
+  check_non_negative(pool + ".capacity_bytes", static_cast<double>(p.capacity_bytes));
+  check_non_negative(pool + ".at_s", p.at_s);
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < p.resident.size(); ++i) {
+    const ResidentItem& r = p.resident[i];
+    const std::string at = pool + ".resident[" + std::to_string(i) + "]";
+    if (r.category != "params" && r.category != "grads" && r.category != "optimizer" &&
+        r.category != "activations" && r.category != "buffers" && r.category != "overhead")
+      prediction_error(at + ".category must be one of \"params\", \"grads\", \"optimizer\", \"activations\", "
+                       "\"buffers\", \"overhead\" (got " + quote_json(r.category) + ")");
+    check_non_negative(at + ".bytes", static_cast<double>(r.bytes));
+    sum += r.bytes;
+  }
+  if (sum > p.peak_bytes)
+    prediction_error(pool + ": resident bytes sum to " + num(sum) + " > peak_bytes " + num(p.peak_bytes));
+}
+
+}  // namespace
+
+void read_value(const nlohmann::json& j, ResidentItem& item, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("category", item.category);
+  r.req("name", item.name);
+  r.req("bytes", item.bytes);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, PoolPeak& p, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("peak_bytes", p.peak_bytes);
+  r.opt("allocator_overhead_bytes", p.allocator_overhead_bytes);
+  r.req("capacity_bytes", p.capacity_bytes);
+  r.opt("at_s", p.at_s);
+  r.opt("resident", p.resident);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, UnitTiming& u, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("name", u.name);
+  r.req("fwd_start_s", u.fwd_start_s);
+  r.req("fwd_s", u.fwd_s);
+  r.req("bwd_start_s", u.bwd_start_s);
+  r.req("bwd_s", u.bwd_s);
+  r.finish();
+}
+
+ojson to_ordered_json(const Prediction& p) {
+  ojson j;
+  j["schema"] = kPredictionSchema;
+  j["model"] = p.model;
+  j["cluster"] = p.cluster;
+  j["step_time_s"] = p.step_time_s;
+  j["sync_step_time_s"] = p.sync_step_time_s;
+  j["samples_per_s"] = p.samples_per_s;
+  j["lower_bound_s"] = p.lower_bound_s;
+  j["bound"] = p.bound;
+  j["exposed_comm_s"] = p.exposed_comm_s;
+  j["overlapped_comm_s"] = p.overlapped_comm_s;
+  j["device"] = write_pool(p.device);
+  j["host"] = write_pool(p.host);
+  j["resource_busy_s"] = p.resource_busy_s;
+  j["units"] = write_array(p.units, write_unit);
+  j["trace_path"] = p.trace_path;
+  j["notes"] = p.notes;
+  j["plan"] = to_ordered_json(p.plan);
+  return j;
+}
+
+void validate(const Prediction& p) {
+  validate(p.plan);
+  if (p.model.empty()) prediction_error("model is empty");
+  if (p.cluster.empty()) prediction_error("cluster is empty");
+  if (!(p.step_time_s > 0)) prediction_error("step_time_s must be > 0 (got " + num(p.step_time_s) + ")");
+  check_non_negative("sync_step_time_s", p.sync_step_time_s);
+  check_non_negative("lower_bound_s", p.lower_bound_s);
+  if (p.lower_bound_s > p.step_time_s * (1 + 1e-9))
+    prediction_error("lower_bound_s " + num(p.lower_bound_s) + " > step_time_s " + num(p.step_time_s));
+  const double expected = p.plan.global_batch / p.step_time_s;
+  if (!(std::fabs(p.samples_per_s - expected) <= 1e-9 * expected))
+    prediction_error("samples_per_s " + num(p.samples_per_s) + " != global_batch " + num(p.plan.global_batch) +
+                     " / step_time_s " + num(p.step_time_s) + " (= " + num(expected) + ")");
+  if (p.bound != "compute" && p.bound != "communication" && p.bound != "copies" && p.bound != "host_optimizer")
+    prediction_error("bound must be one of \"compute\", \"communication\", \"copies\", \"host_optimizer\" (got " +
+                     quote_json(p.bound) + ")");
+  check_non_negative("exposed_comm_s", p.exposed_comm_s);
+  check_non_negative("overlapped_comm_s", p.overlapped_comm_s);
+  check_pool("device", p.device);
+  check_pool("host", p.host);
+  for (const auto& [resource, busy] : p.resource_busy_s) check_non_negative("resource_busy_s." + resource, busy);
+  for (std::size_t i = 0; i < p.units.size(); ++i) {
+    const UnitTiming& u = p.units[i];
+    const std::string at = "units[" + std::to_string(i) + "]";
+    check_non_negative(at + ".fwd_start_s", u.fwd_start_s);
+    check_non_negative(at + ".fwd_s", u.fwd_s);
+    check_non_negative(at + ".bwd_start_s", u.bwd_start_s);
+    check_non_negative(at + ".bwd_s", u.bwd_s);
+  }
+}
+
+void to_json(nlohmann::json& j, const Prediction& p) { j = to_plain(to_ordered_json(p)); }
+
+void from_json(const nlohmann::json& j, Prediction& p) {
+  ObjectReader r(j, kWhere);
+  check_schema(r, kPredictionSchema);
+  p = Prediction{};
+  r.req("model", p.model);
+  r.req("cluster", p.cluster);
+  r.req("step_time_s", p.step_time_s);
+  r.opt("sync_step_time_s", p.sync_step_time_s);
+  if (!r.has("sync_step_time_s")) p.sync_step_time_s = p.step_time_s;
+  r.req("samples_per_s", p.samples_per_s);
+  r.req("lower_bound_s", p.lower_bound_s);
+  r.req("bound", p.bound);
+  r.req("exposed_comm_s", p.exposed_comm_s);
+  r.req("overlapped_comm_s", p.overlapped_comm_s);
+  r.req("device", p.device);
+  r.req("host", p.host);
+  r.opt("resource_busy_s", p.resource_busy_s);
+  r.opt("units", p.units);
+  r.opt("trace_path", p.trace_path);
+  r.opt("notes", p.notes);
+  r.req("plan", p.plan);
+  r.finish();
+  validate(p);
+}
+
+}  // namespace zeroplan
