@@ -93,6 +93,9 @@ void check_enum(const std::string& field, const std::string& v, std::initializer
 void check_positive(const std::string& field, double v) {
   if (!(v > 0)) cluster_error(field + " must be > 0 (got " + num(v) + ")");
 }
+void check_positive(const std::string& field, std::int64_t v) {
+  if (v <= 0) cluster_error(field + " must be > 0 (got " + num(v) + ")");
+}
 void check_non_negative(const std::string& field, double v) {
   if (!(v >= 0)) cluster_error(field + " must be >= 0 (got " + num(v) + ")");
 }
@@ -280,7 +283,7 @@ void validate(const ClusterProfile& c) {
   const DeviceSpec& d = c.device;
   if (d.name.empty()) cluster_error("device.name is empty");
   check_enum("device.kind", d.kind, {"cuda", "cpu"});
-  check_positive("device.mem_bytes", static_cast<double>(d.mem_bytes));
+  check_positive("device.mem_bytes", d.mem_bytes);
   if (!d.peak_flops.count("fp32")) cluster_error("device.peak_flops has no \"fp32\" entry");
   for (const auto& [dtype, flops] : d.peak_flops) {
     check_enum("device.peak_flops key", dtype, {"fp32", "tf32", "fp16", "bf16"});
@@ -292,7 +295,7 @@ void validate(const ClusterProfile& c) {
     cluster_error("device.compute_efficiency must be in (0, 1] (got " + num(d.compute_efficiency) + ")");
 
   const HostSpec& h = c.host;
-  check_positive("host.mem_bytes", static_cast<double>(h.mem_bytes));
+  check_positive("host.mem_bytes", h.mem_bytes);
   if (h.cores < 1) cluster_error("host.cores must be >= 1 (got " + num(h.cores) + ")");
   check_positive("host.bw_h2d_pinned_bytes_per_s", h.bw_h2d_pinned_bytes_per_s);
   check_positive("host.bw_h2d_pageable_bytes_per_s", h.bw_h2d_pageable_bytes_per_s);
@@ -325,7 +328,7 @@ void validate(const ClusterProfile& c) {
     check_non_negative(at + ".alpha_s", f.alpha_s);
     check_non_negative(at + ".beta_s_per_byte", f.beta_s_per_byte);
     check_non_negative(at + ".fit_residual", f.fit_residual);
-    check_non_negative(at + ".min_bytes", static_cast<double>(f.min_bytes));
+    if (f.min_bytes < 0) cluster_error(at + ".min_bytes must be >= 0 (got " + num(f.min_bytes) + ")");
     if (f.min_bytes > f.max_bytes)
       cluster_error(at + ".min_bytes " + num(f.min_bytes) + " > max_bytes " + num(f.max_bytes));
   }

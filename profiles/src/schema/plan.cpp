@@ -299,10 +299,9 @@ void validate(const Plan& p) {
     if (p.micro_batch % om.microbatches != 0)
       plan_error("offload_model.microbatches " + num(om.microbatches) + " does not divide micro_batch " +
                  num(p.micro_batch));
+    // Stage 0 also excludes offload.params/grads/optimizer, which need stage >= 1.
     if (p.zero_stage != 0)
       plan_error("offload_model requires zero_stage 0 (got " + num(p.zero_stage) + ")");
-    if (p.offload.params || p.offload.grads || p.offload.optimizer)
-      plan_error("offload_model cannot be combined with offload.params, offload.grads or offload.optimizer");
     if (p.pipeline_stages != 1)
       plan_error("offload_model requires pipeline_stages 1 (got " + num(p.pipeline_stages) + ")");
   }

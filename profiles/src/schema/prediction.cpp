@@ -44,10 +44,14 @@ void check_non_negative(const std::string& field, double v) {
   if (!(v >= 0)) prediction_error(field + " must be >= 0 (got " + num(v) + ")");
 }
 
+void check_non_negative(const std::string& field, std::int64_t v) {
+  if (v < 0) prediction_error(field + " must be >= 0 (got " + num(v) + ")");
+}
+
 void check_pool(const std::string& pool, const PoolPeak& p) {
-  check_non_negative(pool + ".peak_bytes", static_cast<double>(p.peak_bytes));
-  check_non_negative(pool + ".allocator_overhead_bytes", static_cast<double>(p.allocator_overhead_bytes));
-  check_non_negative(pool + ".capacity_bytes", static_cast<double>(p.capacity_bytes));
+  check_non_negative(pool + ".peak_bytes", p.peak_bytes);
+  check_non_negative(pool + ".allocator_overhead_bytes", p.allocator_overhead_bytes);
+  check_non_negative(pool + ".capacity_bytes", p.capacity_bytes);
   check_non_negative(pool + ".at_s", p.at_s);
   std::int64_t sum = 0;
   for (std::size_t i = 0; i < p.resident.size(); ++i) {
@@ -57,7 +61,7 @@ void check_pool(const std::string& pool, const PoolPeak& p) {
         r.category != "activations" && r.category != "buffers" && r.category != "overhead")
       prediction_error(at + ".category must be one of \"params\", \"grads\", \"optimizer\", \"activations\", "
                        "\"buffers\", \"overhead\" (got " + quote_json(r.category) + ")");
-    check_non_negative(at + ".bytes", static_cast<double>(r.bytes));
+    check_non_negative(at + ".bytes", r.bytes);
     sum += r.bytes;
   }
   if (sum > p.peak_bytes)

@@ -1,1 +1,337 @@
-#include <gtest/gtest.h>
+#include "zeroplan/profiles/cluster.h"
+
+#include <cstdlib>
+
+#include "schema_test_util.h"
+
+namespace zeroplan {
+namespace {
+
+using testing::expect_error;
+using testing::expect_error_containing;
+using testing::TempDir;
+using testing::write_file;
+
+const char* const kShipped[] = {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "v100-sxm2-32gb"};
+
+ClusterProfile a100() { return resolve_cluster("a100-sxm-80gb"); }
+
+TEST(Cluster, ShippedListAndDescriptions) {
+  const std::vector<ShippedCluster> list = list_shipped_clusters();
+  ASSERT_EQ(list.size(), std::size(kShipped));
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    EXPECT_EQ(list[i].name, kShipped[i]);
+    EXPECT_FALSE(list[i].description.empty());
+    EXPECT_EQ(list[i].description.find('\n'), std::string::npos);
+  }
+}
+
+// Every shipped file loads, validates (which checks provenance for every number), is written in
+// canonical form, and cites a source for each number.
+TEST(Cluster, ShippedFilesLoadWithProvenanceForEveryNumber) {
+  for (const char* name : kShipped) {
+    SCOPED_TRACE(name);
+    const std::filesystem::path file = shipped_clusters_dir() / (std::string(name) + ".json");
+    const ClusterProfile c = read_document<ClusterProfile>(file);
+    EXPECT_EQ(c.name, name);
+    EXPECT_EQ(c.nodes, 1);
+    EXPECT_EQ(c.devices_per_node, 8);
+    EXPECT_EQ(c.device.kind, "cuda");
+    EXPECT_FALSE(c.shares_cores);
+    EXPECT_EQ(to_json_string(c), testing::read_file(file)) << "not in canonical form";
+    for (const auto& [path, p] : c.provenance) {
+      if (p.source == "datasheet" || p.source == "paper") {
+        EXPECT_NE(p.citation.find("https://"), std::string::npos) << path;
+      }
+    }
+  }
+}
+
+TEST(Cluster, DatasheetValues) {
+  const ClusterProfile a80 = a100();
+  EXPECT_EQ(a80.device.peak_flops.at("fp32"), 19.5e12);
+  EXPECT_EQ(a80.device.peak_flops.at("tf32"), 156e12);
+  EXPECT_EQ(a80.device.peak_flops.at("fp16"), 312e12);
+  EXPECT_EQ(a80.device.peak_flops.at("bf16"), 312e12);
+  EXPECT_EQ(a80.device.mem_bw_bytes_per_s, 2039e9);
+  EXPECT_EQ(a80.device.mem_bytes, 80LL << 30);
+  EXPECT_EQ(a80.links.intra_node.bw_bytes_per_s, 300e9);  // 600 GB/s both directions
+  EXPECT_EQ(resolve_cluster("a100-sxm-40gb").device.mem_bw_bytes_per_s, 1555e9);
+  const ClusterProfile h = resolve_cluster("h100-sxm-80gb");
+  EXPECT_EQ(h.device.peak_flops.at("fp32"), 67e12);
+  EXPECT_EQ(h.device.peak_flops.at("tf32"), 494.7e12);
+  EXPECT_EQ(h.device.peak_flops.at("bf16"), 989.4e12);
+  EXPECT_EQ(h.device.mem_bw_bytes_per_s, 3.35e12);
+  EXPECT_EQ(h.links.intra_node.bw_bytes_per_s, 450e9);  // 900 GB/s both directions
+  const ClusterProfile v = resolve_cluster("v100-sxm2-32gb");
+  EXPECT_EQ(v.device.peak_flops.at("fp32"), 15.7e12);
+  EXPECT_EQ(v.device.peak_flops.at("fp16"), 125e12);
+  EXPECT_EQ(v.device.peak_flops.count("bf16"), 0u);
+  EXPECT_EQ(v.device.mem_bw_bytes_per_s, 900e9);
+  EXPECT_EQ(v.links.intra_node.bw_bytes_per_s, 150e9);  // 300 GB/s both directions
+}
+
+TEST(Cluster, RoundTrip) {
+  ClusterProfile c = a100();
+  c.collectives.push_back(CollectiveFit{"all_reduce", "nccl", "ring", "intra_node", {2, 4, 8}, 1.2e-5, 3.4e-12, 0.03,
+                                        1024, 1LL << 30});
+  c.provenance["collectives"] = Provenance{"probe", "measured by zeroplan probe on 2025-01-31"};
+  validate(c);
+  testing::expect_round_trip(c);
+}
+
+TEST(Cluster, SpecWithNodes) {
+  const ClusterProfile c = resolve_cluster("a100-sxm-80gb:128");
+  EXPECT_EQ(c.nodes, 128);
+  EXPECT_EQ(c.world_size(), 1024);
+  EXPECT_EQ(c.name, "a100-sxm-80gb:128");
+  const ClusterProfile path = resolve_cluster((shipped_clusters_dir() / "h100-sxm-80gb.json").string() + ":2");
+  EXPECT_EQ(path.nodes, 2);
+  EXPECT_EQ(path.name, "h100-sxm-80gb:2");
+  expect_error([] { resolve_cluster("a100-sxm-80gb:0"); },
+               "cluster: bad cluster spec \"a100-sxm-80gb:0\": node count 0 must be in 1..999999");
+  expect_error([] { resolve_cluster("a100-sxm-80gb:x"); },
+               "cluster: bad cluster spec \"a100-sxm-80gb:x\": expected NAME, PATH, NAME:NODES or PATH:NODES");
+  expect_error([] { resolve_cluster(""); }, "cluster: empty cluster spec");
+}
+
+TEST(Cluster, UnknownNameListsShipped) {
+  expect_error([] { resolve_cluster("a100-sxm-80g:4"); },
+               "cluster: unknown cluster \"a100-sxm-80g\" (did you mean \"a100-sxm-80gb\"?); shipped: a100-sxm-40gb, "
+               "a100-sxm-80gb, h100-sxm-80gb, v100-sxm2-32gb; or give a path to a .json file");
+  expect_error_containing([] { resolve_cluster("no/such/file.json"); }, "no/such/file.json: cannot open");
+}
+
+TEST(Cluster, ExtendsShippedName) {
+  TempDir dir;
+  write_file(dir.path() / "big.json", R"({"schema": "zeroplan.cluster/1", "extends": "a100-sxm-80gb", "nodes": 128})");
+  const ClusterProfile c = read_document<ClusterProfile>(dir.path() / "big.json");
+  ClusterProfile expected = a100();
+  expected.nodes = 128;
+  expected.name = "a100-sxm-80gb:128";
+  EXPECT_TRUE(c == expected);
+  // The same through a spec, with the node count overridden again.
+  EXPECT_EQ(resolve_cluster((dir.path() / "big.json").string() + ":4").name, "a100-sxm-80gb:4");
+}
+
+TEST(Cluster, ExtendsPathOverridesAndMarksEstimates) {
+  TempDir dir;
+  write_file(dir.path() / "base.json", testing::read_file(shipped_clusters_dir() / "h100-sxm-80gb.json"));
+  std::filesystem::create_directories(dir.path() / "sub");
+  write_file(dir.path() / "sub" / "mine.json", R"({
+    "schema": "zeroplan.cluster/1", "extends": "../base.json", "name": "my-h100",
+    "host": {"bw_h2d_pinned_bytes_per_s": 5.1e10, "cores": 96},
+    "provenance": {"host.cores": {"source": "probe", "citation": "lscpu on 2025-02-01"}}})");
+  const ClusterProfile c = read_document<ClusterProfile>(dir.path() / "sub" / "mine.json");
+  EXPECT_EQ(c.name, "my-h100");
+  EXPECT_EQ(c.host.bw_h2d_pinned_bytes_per_s, 5.1e10);
+  EXPECT_EQ(c.host.cores, 96);
+  EXPECT_EQ(c.host.mem_bytes, 2048LL << 30);  // kept from the base
+  EXPECT_EQ(c.provenance.at("host.cores").source, "probe");
+  EXPECT_EQ(c.provenance.at("host.bw_h2d_pinned_bytes_per_s").source, "estimate");
+  EXPECT_NE(c.provenance.at("host.bw_h2d_pinned_bytes_per_s").citation.find("mine.json"), std::string::npos);
+}
+
+TEST(Cluster, ExtendsErrors) {
+  TempDir dir;
+  write_file(dir.path() / "a.json", R"({"schema": "zeroplan.cluster/1", "extends": "b.json"})");
+  write_file(dir.path() / "b.json", R"({"schema": "zeroplan.cluster/1", "extends": "a.json"})");
+  expect_error_containing([&] { read_document<ClusterProfile>(dir.path() / "a.json"); },
+                          "cluster: \"extends\" nested deeper than 8 (a cycle?)");
+  write_file(dir.path() / "c.json", R"({"schema": "zeroplan.cluster/1", "extends": "a100-sxm-80gb", "nodez": 2})");
+  expect_error([&] { read_document<ClusterProfile>(dir.path() / "c.json"); },
+               (dir.path() / "c.json").string() + ": cluster: unknown key \"nodez\" (did you mean \"nodes\"?)");
+  write_file(dir.path() / "d.json", R"({"extends": "a100-sxm-80gb", "nodes": 2})");
+  expect_error([&] { read_document<ClusterProfile>(dir.path() / "d.json"); },
+               (dir.path() / "d.json").string() + ": cluster: missing \"schema\" (expected \"zeroplan.cluster/1\")");
+  write_file(dir.path() / "e.json", R"({"schema": "zeroplan.cluster/1", "extends": "tpu-v4"})");
+  expect_error_containing([&] { read_document<ClusterProfile>(dir.path() / "e.json"); },
+                          "e.json: cluster: unknown cluster \"tpu-v4\"");
+}
+
+TEST(Cluster, DataDirFromEnvironment) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() / "clusters");
+  write_file(dir.path() / "clusters" / "tiny.json", testing::read_file(shipped_clusters_dir() / "v100-sxm2-32gb.json"));
+  ::setenv("ZEROPLAN_DATA_DIR", dir.path().c_str(), 1);
+  const std::vector<ShippedCluster> list = list_shipped_clusters();
+  const ClusterProfile c = resolve_cluster("tiny:2");
+  ::unsetenv("ZEROPLAN_DATA_DIR");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].name, "tiny");
+  EXPECT_EQ(c.name, "v100-sxm2-32gb:2");
+}
+
+TEST(Cluster, StrictKeys) {
+  nlohmann::json j = a100();
+  j["device"]["mem_byte"] = 1;
+  expect_error([&] { j.get<ClusterProfile>(); },
+               "cluster.device: unknown key \"mem_byte\" (did you mean \"mem_bytes\"?)");
+  nlohmann::json k = a100();
+  k["links"].erase("pcie");
+  expect_error([&] { k.get<ClusterProfile>(); }, "cluster.links: missing required key \"pcie\"");
+  nlohmann::json s = a100();
+  s["schema"] = "zeroplan.plan/1";
+  expect_error([&] { s.get<ClusterProfile>(); },
+               "cluster: schema is string \"zeroplan.plan/1\", expected \"zeroplan.cluster/1\"");
+}
+
+struct Rule {
+  const char* name;
+  std::function<void(ClusterProfile&)> mutate;
+  const char* message;
+};
+
+class ClusterRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ClusterRule, MessageIsExact) {
+  ClusterProfile c = a100();
+  GetParam().mutate(c);
+  expect_error([&] { validate(c); }, GetParam().message);
+  const nlohmann::json j = c;
+  expect_error([&] { j.get<ClusterProfile>(); }, GetParam().message);
+}
+
+CollectiveFit fit() {
+  return CollectiveFit{"all_gather", "gloo", "ring", "inter_node", {2}, 1e-4, 1e-9, 0.1, 0, 1 << 20};
+}
+
+const Rule kRules[] = {
+    {"Name", [](ClusterProfile& c) { c.name.clear(); }, "cluster: name is empty"},
+    {"Nodes", [](ClusterProfile& c) { c.nodes = 0; }, "cluster: nodes must be >= 1 (got 0)"},
+    {"DevicesPerNode", [](ClusterProfile& c) { c.devices_per_node = 0; }, "cluster: devices_per_node must be >= 1 (got 0)"},
+    {"DeviceName", [](ClusterProfile& c) { c.device.name.clear(); }, "cluster: device.name is empty"},
+    {"DeviceKind", [](ClusterProfile& c) { c.device.kind = "rocm"; },
+     "cluster: device.kind must be one of \"cuda\", \"cpu\" (got \"rocm\")"},
+    {"DeviceMem", [](ClusterProfile& c) { c.device.mem_bytes = 0; }, "cluster: device.mem_bytes must be > 0 (got 0)"},
+    {"PeakFp32Required", [](ClusterProfile& c) { c.device.peak_flops.erase("fp32"); },
+     "cluster: device.peak_flops has no \"fp32\" entry"},
+    {"PeakDtype", [](ClusterProfile& c) { c.device.peak_flops["fp8"] = 1e15; },
+     "cluster: device.peak_flops key must be one of \"fp32\", \"tf32\", \"fp16\", \"bf16\" (got \"fp8\")"},
+    {"PeakPositive", [](ClusterProfile& c) { c.device.peak_flops["tf32"] = 0; },
+     "cluster: device.peak_flops.tf32 must be > 0 (got 0.0)"},
+    {"MemBw", [](ClusterProfile& c) { c.device.mem_bw_bytes_per_s = -1; },
+     "cluster: device.mem_bw_bytes_per_s must be > 0 (got -1.0)"},
+    {"Launch", [](ClusterProfile& c) { c.device.launch_overhead_s = -1e-6; },
+     "cluster: device.launch_overhead_s must be >= 0 (got -1e-06)"},
+    {"Efficiency", [](ClusterProfile& c) { c.device.compute_efficiency = 1.2; },
+     "cluster: device.compute_efficiency must be in (0, 1] (got 1.2)"},
+    {"HostMem", [](ClusterProfile& c) { c.host.mem_bytes = 0; }, "cluster: host.mem_bytes must be > 0 (got 0)"},
+    {"HostCores", [](ClusterProfile& c) { c.host.cores = 0; }, "cluster: host.cores must be >= 1 (got 0)"},
+    {"H2dPinned", [](ClusterProfile& c) { c.host.bw_h2d_pinned_bytes_per_s = 0; },
+     "cluster: host.bw_h2d_pinned_bytes_per_s must be > 0 (got 0.0)"},
+    {"H2dPageable", [](ClusterProfile& c) { c.host.bw_h2d_pageable_bytes_per_s = 0; },
+     "cluster: host.bw_h2d_pageable_bytes_per_s must be > 0 (got 0.0)"},
+    {"D2hPinned", [](ClusterProfile& c) { c.host.bw_d2h_pinned_bytes_per_s = 0; },
+     "cluster: host.bw_d2h_pinned_bytes_per_s must be > 0 (got 0.0)"},
+    {"D2hPageable", [](ClusterProfile& c) { c.host.bw_d2h_pageable_bytes_per_s = 0; },
+     "cluster: host.bw_d2h_pageable_bytes_per_s must be > 0 (got 0.0)"},
+    {"Memcpy", [](ClusterProfile& c) { c.host.memcpy_bw_bytes_per_s = 0; },
+     "cluster: host.memcpy_bw_bytes_per_s must be > 0 (got 0.0)"},
+    {"AdamRate", [](ClusterProfile& c) { c.host.optimizer.adam.flat_params_per_s = 0; },
+     "cluster: host.optimizer.adam.flat_params_per_s must be > 0 (got 0.0)"},
+    {"SgdRate", [](ClusterProfile& c) { c.host.optimizer.sgd.per_tensor_params_per_s = 0; },
+     "cluster: host.optimizer.sgd.per_tensor_params_per_s must be > 0 (got 0.0)"},
+    {"LinkName", [](ClusterProfile& c) { c.links.inter_node.name.clear(); }, "cluster: links.inter_node.name is empty"},
+    {"LinkBw", [](ClusterProfile& c) { c.links.pcie.bw_bytes_per_s = 0; },
+     "cluster: links.pcie.bw_bytes_per_s must be > 0 (got 0.0)"},
+    {"LinkLatency", [](ClusterProfile& c) { c.links.intra_node.latency_s = -1; },
+     "cluster: links.intra_node.latency_s must be >= 0 (got -1.0)"},
+    {"CollectiveOp",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].op = "all_to_all";
+       c.provenance["collectives"] = {"probe", "measured"};
+     },
+     "cluster: collectives[0].op must be one of \"all_reduce\", \"all_gather\", \"reduce_scatter\", \"broadcast\", "
+     "\"reduce\" (got \"all_to_all\")"},
+    {"CollectiveBackend",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].backend = "mpi";
+     },
+     "cluster: collectives[0].backend must be one of \"nccl\", \"gloo\" (got \"mpi\")"},
+    {"CollectiveAlgorithm",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].algorithm = "nvls";
+     },
+     "cluster: collectives[0].algorithm must be one of \"ring\", \"tree\" (got \"nvls\")"},
+    {"CollectiveScope",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].scope = "rack";
+     },
+     "cluster: collectives[0].scope must be one of \"intra_node\", \"inter_node\" (got \"rack\")"},
+    {"CollectiveWorldSizesEmpty",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].world_sizes.clear();
+     },
+     "cluster: collectives[0].world_sizes is empty"},
+    {"CollectiveWorldSize",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].world_sizes = {1};
+     },
+     "cluster: collectives[0].world_sizes has 1 (must be >= 2)"},
+    {"CollectiveAlpha",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].alpha_s = -1;
+     },
+     "cluster: collectives[0].alpha_s must be >= 0 (got -1.0)"},
+    {"CollectiveBeta",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].beta_s_per_byte = -1;
+     },
+     "cluster: collectives[0].beta_s_per_byte must be >= 0 (got -1.0)"},
+    {"CollectiveResidual",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].fit_residual = -1;
+     },
+     "cluster: collectives[0].fit_residual must be >= 0 (got -1.0)"},
+    {"CollectiveMinBytes",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].min_bytes = -1;
+     },
+     "cluster: collectives[0].min_bytes must be >= 0 (got -1)"},
+    {"CollectiveRange",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].min_bytes = 1 << 21;
+     },
+     "cluster: collectives[0].min_bytes 2097152 > max_bytes 1048576"},
+    {"AllocatorFactor", [](ClusterProfile& c) { c.allocator_overhead_factor = 0.9; },
+     "cluster: allocator_overhead_factor must be >= 1 (got 0.9)"},
+    {"ProvenanceSource", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].source = "vendor"; },
+     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"probe\", \"estimate\" "
+     "(got \"vendor\")"},
+    {"ProvenanceCitation", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].citation.clear(); },
+     "cluster: provenance.device.mem_bytes.citation is empty"},
+    {"ProvenanceDangling", [](ClusterProfile& c) { c.provenance["device.mem_byte"] = {"estimate", "typo"}; },
+     "cluster: provenance names \"device.mem_byte\", which is not a field (did you mean \"device.mem_bytes\"?)"},
+    {"ProvenanceMissing", [](ClusterProfile& c) { c.provenance.erase("host.memcpy_bw_bytes_per_s"); },
+     "cluster: no provenance for host.memcpy_bw_bytes_per_s"},
+    {"ProvenanceMissingCollective", [](ClusterProfile& c) { c.collectives = {fit()}; },
+     "cluster: no provenance for collectives[0].world_sizes[0]"},
+    {"ProvenanceMissingPeak", [](ClusterProfile& c) { c.provenance.erase("device.peak_flops.tf32"); },
+     "cluster: no provenance for device.peak_flops.tf32"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Rules, ClusterRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+TEST(Cluster, ProvenanceCoversSubtrees) {
+  ClusterProfile c = a100();
+  c.provenance.erase("host.optimizer");
+  expect_error([&] { validate(c); }, "cluster: no provenance for host.optimizer.adam.per_tensor_params_per_s");
+  c.provenance["host"] = Provenance{"probe", "measured by zeroplan probe on 2025-01-31"};
+  validate(c);
+}
+
+}  // namespace
+}  // namespace zeroplan

@@ -1,1 +1,73 @@
-#include <gtest/gtest.h>
+#include "zeroplan/profiles/comparison.h"
+
+#include "schema_test_util.h"
+
+namespace zeroplan {
+namespace {
+
+using testing::expect_error;
+using testing::sample_comparison;
+
+TEST(Comparison, RoundTrip) {
+  validate(sample_comparison());
+  testing::expect_round_trip(sample_comparison());
+}
+
+TEST(Comparison, RelativeErrorAndVerdict) {
+  EXPECT_NEAR(relative_error(0.21, 0.2), 0.05, 1e-12);
+  EXPECT_DOUBLE_EQ(relative_error(0.1, 0.2), -0.5);
+  EXPECT_EQ(relative_error(0, 0), 0);
+  EXPECT_EQ(relative_error(3, 0), 1);
+  EXPECT_EQ(relative_error(-3, 0), -1);
+  const Comparison c = sample_comparison();
+  EXPECT_EQ(c.verdict, "pass");  // the -75% optimizer phase does not gate
+  std::vector<Metric> metrics = c.metrics;
+  metrics[2].gating = true;
+  EXPECT_EQ(verdict_for(metrics, 0.2), "fail");
+  EXPECT_EQ(verdict_for(metrics, 0.75), "pass");
+}
+
+TEST(Comparison, StrictKeys) {
+  nlohmann::json j = sample_comparison();
+  j["metrics"][0]["rel_err"] = 0;
+  expect_error([&] { j.get<Comparison>(); },
+               "comparison.metrics[0]: unknown key \"rel_err\" (did you mean \"rel_error\"?)");
+}
+
+struct Rule {
+  const char* name;
+  std::function<void(Comparison&)> mutate;
+  const char* message;
+};
+
+class ComparisonRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ComparisonRule, MessageIsExact) {
+  Comparison c = sample_comparison();
+  GetParam().mutate(c);
+  expect_error([&] { validate(c); }, GetParam().message);
+  const nlohmann::json j = c;
+  expect_error([&] { j.get<Comparison>(); }, GetParam().message);
+}
+
+const Rule kRules[] = {
+    {"Tolerance", [](Comparison& c) { c.tolerance = 0; }, "comparison: tolerance must be > 0 (got 0.0)"},
+    {"MetricName", [](Comparison& c) { c.metrics[1].name.clear(); }, "comparison: metrics[1].name is empty"},
+    {"MetricUnique", [](Comparison& c) { c.metrics[1].name = "step_time_s"; },
+     "comparison: metrics[1].name \"step_time_s\" is not unique"},
+    {"RelError", [](Comparison& c) { c.metrics[0].rel_error = 0.5; },
+     "comparison: metrics[0] (step_time_s).rel_error 0.5 != (predicted 0.21 - measured 0.2) / measured (= "
+     "0.049999999999999906)"},
+    {"UnitRelError", [](Comparison& c) { c.units[0].metrics[0].rel_error = 0; },
+     "comparison: units[0].metrics[0] (fwd_s).rel_error 0.0 != (predicted 0.001 - measured 0.0012) / measured (= "
+     "-0.16666666666666657)"},
+    {"Verdict", [](Comparison& c) { c.verdict = "ok"; }, "comparison: verdict must be \"pass\" or \"fail\" (got \"ok\")"},
+    {"VerdictConsistent", [](Comparison& c) { c.verdict = "fail"; },
+     "comparison: verdict \"fail\" but the gating metrics at tolerance 0.2 give \"pass\""},
+};
+
+INSTANTIATE_TEST_SUITE_P(Rules, ComparisonRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace zeroplan

@@ -1,1 +1,107 @@
-#include <gtest/gtest.h>
+#include "zeroplan/profiles/json_io.h"
+
+#include "schema_test_util.h"
+
+namespace zeroplan {
+namespace {
+
+using testing::expect_error;
+using testing::read_file;
+using testing::TempDir;
+using testing::write_file;
+
+// File -> object -> file is byte-identical, for every document kind.
+template <class T>
+void expect_file_round_trip(const T& document, const std::filesystem::path& file) {
+  write_document(file, document);
+  const std::string first = read_file(file);
+  const T back = read_document<T>(file);
+  EXPECT_TRUE(back == document);
+  write_document(file, back);
+  EXPECT_EQ(read_file(file), first);
+}
+
+TEST(JsonIo, FileRoundTripIsByteIdentical) {
+  TempDir dir;
+  expect_file_round_trip(testing::sample_model(), dir.path() / "model.json");
+  expect_file_round_trip(resolve_cluster("h100-sxm-80gb:16"), dir.path() / "cluster.json");
+  expect_file_round_trip(testing::sample_plan(), dir.path() / "plan.json");
+  expect_file_round_trip(testing::sample_prediction(), dir.path() / "prediction.json");
+  expect_file_round_trip(testing::sample_run_record(), dir.path() / "run.json");
+  expect_file_round_trip(testing::sample_comparison(), dir.path() / "comparison.json");
+}
+
+TEST(JsonIo, DoublesRoundTripExactly) {
+  Plan p = Plan::default_ddp(1, 1);
+  for (double v : {0.1 + 0.2, 1.0 / 3.0, 5e-324, 1.7976931348623157e308, 123456789.123456789}) {
+    p.optimizer.lr = v;
+    EXPECT_EQ(parse_document<Plan>(to_json_string(p)).optimizer.lr, v);
+  }
+}
+
+TEST(JsonIo, FormatIsTwoSpacesInSchemaOrder) {
+  const std::string text = to_json_string(Plan::default_ddp(2, 8));
+  EXPECT_EQ(text.rfind("{\n  \"schema\": \"zeroplan.plan/1\",\n  \"world_size\": 2,\n  \"global_batch\": 8,\n", 0), 0u)
+      << text;
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(schema_of(nlohmann::json::parse(text)), "zeroplan.plan/1");
+  EXPECT_EQ(schema_of(nlohmann::json::array()), "");
+}
+
+TEST(JsonIo, ParseErrorGivesLineAndColumn) {
+  TempDir dir;
+  const std::filesystem::path file = dir.path() / "bad.json";
+  write_file(file, "{\n  \"schema\": \"zeroplan.plan/1\",\n  \"world_size\": 2,,\n}\n");
+  expect_error([&] { read_document<Plan>(file); },
+               file.string() +
+                   ":3:19: invalid JSON: syntax error while parsing object key - unexpected ','; expected string "
+                   "literal");
+  write_file(file, "");
+  expect_error([&] { read_document<Plan>(file); },
+               file.string() +
+                   ":1:1: invalid JSON: syntax error while parsing value - unexpected end of input; expected '[', '{', "
+                   "or a literal");
+}
+
+TEST(JsonIo, ErrorsNameTheFile) {
+  TempDir dir;
+  const std::filesystem::path file = dir.path() / "plan.json";
+  expect_error([&] { read_document<Plan>(file); }, file.string() + ": cannot open: No such file or directory");
+  write_file(file, R"({"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 33, "micro_batch": 17,
+                       "microbatches": 2, "zero_stage": 0})");
+  expect_error([&] { read_document<Plan>(file); },
+               file.string() + ": plan: global_batch 33 != micro_batch 17 x microbatches 2 x world_size 2 (= 68)");
+  write_file(file, "[1, 2]");
+  expect_error([&] { read_document<Plan>(file); }, file.string() + ": plan: expected an object, got array");
+}
+
+TEST(JsonIo, WriteIsAtomicAndValidates) {
+  TempDir dir;
+  const std::filesystem::path file = dir.path() / "plan.json";
+  write_document(file, Plan::default_ddp(2, 8));
+  const std::string before = read_file(file);
+  Plan bad = Plan::default_ddp(2, 8);
+  bad.global_batch = 9;
+  expect_error([&] { write_document(file, bad); },
+               file.string() + ": not written: plan: global_batch 9 != micro_batch 4 x microbatches 1 x world_size 2 (= 8)");
+  EXPECT_EQ(read_file(file), before);
+  // Nothing but the document is left in the directory (no temporary files).
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+  EXPECT_EQ(entries, 1u);
+  expect_error([&] { write_document(dir.path() / "no" / "such" / "dir.json", Plan::default_ddp(1, 1)); },
+               (dir.path() / "no" / "such" / "dir.json").string() + ": cannot write: No such file or directory");
+}
+
+TEST(JsonIo, ErrorMessagesAreOneLine) {
+  try {
+    parse_document<Plan>("{\n\"schema\": \"zeroplan.plan/1\",\n\"world_size\": tru\n}", "x.json");
+    FAIL();
+  } catch (const SchemaError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("x.json:3:", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan

@@ -1,1 +1,131 @@
-#include <gtest/gtest.h>
+#include "zeroplan/profiles/model_profile.h"
+
+#include "schema_test_util.h"
+
+namespace zeroplan {
+namespace {
+
+using testing::expect_error;
+using testing::sample_model;
+
+TEST(ModelProfile, RoundTrip) {
+  validate(sample_model());
+  testing::expect_round_trip(sample_model());
+}
+
+TEST(ModelProfile, Totals) {
+  const ModelProfile m = sample_model();
+  EXPECT_EQ(m.total_params(), 1000 + 4 * 50000 + 2000);
+  EXPECT_EQ(m.total_bytes_param(), 4000 + 4 * 200000 + 8000);
+  EXPECT_EQ(m.expanded_unit_count(), 6);
+  // At the reference batch the measured values; elsewhere the fit.
+  const double at_ref = 6 * (1.1e-4 + 2.3e-4);
+  EXPECT_DOUBLE_EQ(m.total_compute_time_s(8), at_ref);
+  const double fwd2 = 1.1e-4 / 3 + 1.1e-4 / 7 * 2, bwd2 = 2.3e-4 / 3 + 2.3e-4 / 7 * 2;
+  EXPECT_DOUBLE_EQ(m.total_compute_time_s(2), 6 * (fwd2 + bwd2));
+}
+
+TEST(ModelProfile, Figures) {
+  EXPECT_DOUBLE_EQ(Figure::constant(5).at(100, 8), 5);
+  EXPECT_DOUBLE_EQ(Figure::proportional(80, 8).at(2, 8), 20);
+  EXPECT_DOUBLE_EQ(Figure::proportional(80, 8).at(8, 8), 80);
+  const Figure f{10, Fit{1, 1, 0.9, 3}};
+  EXPECT_DOUBLE_EQ(f.at(8, 8), 10);  // measured value wins at the reference batch
+  EXPECT_DOUBLE_EQ(f.at(4, 8), 5);
+}
+
+TEST(ModelProfile, FigureWithoutFitIsConstant) {
+  nlohmann::json j = sample_model();
+  j["units"][0]["time_fwd_s"] = {{"value", 0.5}};
+  const ModelProfile m = j.get<ModelProfile>();
+  EXPECT_EQ(m.units[0].time_fwd_s, Figure::constant(0.5));
+}
+
+TEST(ModelProfile, OptionalKeysDefault) {
+  nlohmann::json j = sample_model();
+  for (const char* key : {"library_versions", "seq_len", "image_size", "profiled_batches"}) j.erase(key);
+  for (const char* key : {"count", "bytes_buffer", "time_fwd_spread_s", "time_bwd_spread_s"}) j["units"][0].erase(key);
+  const ModelProfile m = j.get<ModelProfile>();
+  EXPECT_TRUE(m.library_versions.empty());
+  EXPECT_EQ(m.seq_len, 0);
+  EXPECT_EQ(m.units[0].count, 1);
+  EXPECT_EQ(m.units[0].time_fwd_spread_s, Figure{});
+}
+
+TEST(ModelProfile, StrictKeys) {
+  nlohmann::json j = sample_model();
+  j["units"][1]["time_fwd"] = j["units"][1]["time_fwd_s"];
+  j["units"][1].erase("time_fwd_s");
+  expect_error([&] { j.get<ModelProfile>(); },
+               "model_profile.units[1]: unknown key \"time_fwd\" (did you mean \"time_fwd_s\"?)");
+  nlohmann::json k = sample_model();
+  k["units"][0]["bytes_saved"]["slope"] = 1;
+  expect_error([&] { k.get<ModelProfile>(); },
+               "model_profile.units[0].bytes_saved: unknown key \"slope\"");
+  nlohmann::json m = sample_model();
+  m["units"][2].erase("params");
+  m["units"][2].erase("flops_bwd");
+  expect_error([&] { m.get<ModelProfile>(); }, "model_profile.units[2]: missing required keys \"params\", \"flops_bwd\"");
+  nlohmann::json s = sample_model();
+  s["schema"] = "zeroplan.model_profile/2";
+  expect_error([&] { s.get<ModelProfile>(); },
+               "model_profile: schema is string \"zeroplan.model_profile/2\", expected \"zeroplan.model_profile/1\"");
+}
+
+struct Rule {
+  const char* name;
+  std::function<void(ModelProfile&)> mutate;
+  const char* message;
+};
+
+class ModelRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ModelRule, MessageIsExact) {
+  ModelProfile m = sample_model();
+  GetParam().mutate(m);
+  expect_error([&] { validate(m); }, GetParam().message);
+  const nlohmann::json j = m;
+  expect_error([&] { j.get<ModelProfile>(); }, GetParam().message);
+}
+
+const Rule kRules[] = {
+    {"Name", [](ModelProfile& m) { m.name.clear(); }, "model_profile: name is empty"},
+    {"Source", [](ModelProfile& m) { m.source.clear(); }, "model_profile: source is empty"},
+    {"Dtype", [](ModelProfile& m) { m.dtype = "int8"; },
+     "model_profile: dtype must be \"fp32\", \"fp16\" or \"bf16\" (got \"int8\")"},
+    {"Threads", [](ModelProfile& m) { m.threads = 0; }, "model_profile: threads must be >= 1 (got 0)"},
+    {"Batch", [](ModelProfile& m) { m.batch = 0; }, "model_profile: batch must be >= 1 (got 0)"},
+    {"SeqLen", [](ModelProfile& m) { m.seq_len = -1; }, "model_profile: seq_len must be >= 0 (got -1)"},
+    {"ImageSize", [](ModelProfile& m) { m.image_size = -3; }, "model_profile: image_size must be >= 0 (got -3)"},
+    {"ProfiledBatchPositive", [](ModelProfile& m) { m.profiled_batches = {0, 2}; },
+     "model_profile: profiled_batches[0] must be >= 1 (got 0)"},
+    {"ProfiledBatchOrder", [](ModelProfile& m) { m.profiled_batches = {1, 4, 2}; },
+     "model_profile: profiled_batches must be increasing (4 then 2)"},
+    {"NoUnits", [](ModelProfile& m) { m.units.clear(); }, "model_profile: no units"},
+    {"UnitName", [](ModelProfile& m) { m.units[1].name.clear(); }, "model_profile: units[1].name is empty"},
+    {"UnitNameUnique", [](ModelProfile& m) { m.units[2].name = "embed"; },
+     "model_profile: units[2].name \"embed\" is not unique"},
+    {"UnitType", [](ModelProfile& m) { m.units[1].type.clear(); }, "model_profile: units[1] (block).type is empty"},
+    {"UnitCount", [](ModelProfile& m) { m.units[1].count = 0; },
+     "model_profile: units[1] (block).count must be >= 1 (got 0)"},
+    {"UnitParams", [](ModelProfile& m) { m.units[1].params = -5; },
+     "model_profile: units[1] (block).params must be >= 0 (got -5)"},
+    {"UnitBytesParam", [](ModelProfile& m) { m.units[1].bytes_param = -5; },
+     "model_profile: units[1] (block).bytes_param must be >= 0 (got -5)"},
+    {"UnitBytesParamZero", [](ModelProfile& m) { m.units[1].bytes_param = 0; },
+     "model_profile: units[1] (block).bytes_param is 0 but params is 50000"},
+    {"UnitBytesBuffer", [](ModelProfile& m) { m.units[2].bytes_buffer = -1; },
+     "model_profile: units[2] (head).bytes_buffer must be >= 0 (got -1)"},
+    {"FigureNegative", [](ModelProfile& m) { m.units[0].time_bwd_s.value = -1e-3; },
+     "model_profile: units[0] (embed).time_bwd_s must be >= 0 (got -0.001)"},
+    {"FigurePoints", [](ModelProfile& m) { m.units[0].flops_fwd.fit.points = -1; },
+     "model_profile: units[0] (embed).flops_fwd.points must be >= 0 (got -1)"},
+    {"FigureR2", [](ModelProfile& m) { m.units[0].bytes_saved.fit.r2 = 1.5; },
+     "model_profile: units[0] (embed).bytes_saved.r2 must be <= 1 (got 1.5)"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Rules, ModelRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace zeroplan

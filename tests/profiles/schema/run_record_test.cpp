@@ -1,1 +1,92 @@
-#include <gtest/gtest.h>
+#include "zeroplan/profiles/run_record.h"
+
+#include <cmath>
+
+#include "schema_test_util.h"
+
+namespace zeroplan {
+namespace {
+
+using testing::expect_error;
+using testing::sample_run_record;
+
+TEST(RunRecord, RoundTripWithNanLoss) {
+  const RunRecord r = sample_run_record();
+  validate(r);
+  testing::expect_round_trip(r);
+  const std::string text = to_json_string(r);
+  EXPECT_NE(text.find("null"), std::string::npos);
+  EXPECT_TRUE(std::isnan(parse_document<RunRecord>(text).losses[2]));
+}
+
+TEST(RunRecord, Statistics) {
+  // numpy.percentile([0.21, 0.2, 0.22, 0.19, 0.2], [10, 50, 90]) = [0.194, 0.2, 0.216]
+  const RunRecord r = sample_run_record();
+  EXPECT_EQ(r.measured_step_times_s().size(), 5u);
+  EXPECT_DOUBLE_EQ(r.step_time_median_s, 0.2);
+  EXPECT_NEAR(r.step_time_p10_s, 0.194, 1e-12);
+  EXPECT_NEAR(r.step_time_p90_s, 0.216, 1e-12);
+  EXPECT_DOUBLE_EQ(percentile({3, 1, 2}, 50), 2);
+  EXPECT_DOUBLE_EQ(percentile({1, 2, 3, 4}, 50), 2.5);
+  EXPECT_DOUBLE_EQ(percentile({7}, 90), 7);
+}
+
+TEST(RunRecord, StrictKeys) {
+  nlohmann::json j = sample_run_record();
+  j["environment"]["torch"] = "2.15.0";
+  j["environment"].erase("torch_version");
+  expect_error([&] { j.get<RunRecord>(); }, "run_record.environment: unknown key \"torch\"");
+  nlohmann::json k = sample_run_record();
+  k["losses"][1] = "nan";
+  expect_error([&] { k.get<RunRecord>(); }, "run_record.losses[1]: expected a number, got string \"nan\"");
+}
+
+struct Rule {
+  const char* name;
+  std::function<void(RunRecord&)> mutate;
+  const char* message;
+};
+
+class RunRecordRule : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(RunRecordRule, MessageIsExact) {
+  RunRecord r = sample_run_record();
+  GetParam().mutate(r);
+  expect_error([&] { validate(r); }, GetParam().message);
+  const nlohmann::json j = r;
+  expect_error([&] { j.get<RunRecord>(); }, GetParam().message);
+}
+
+const Rule kRules[] = {
+    {"Plan", [](RunRecord& r) { r.plan.micro_batch = 3; },
+     "plan: global_batch 68 != micro_batch 3 x microbatches 2 x world_size 2 (= 12)"},
+    {"Model", [](RunRecord& r) { r.model.clear(); }, "run_record: model is empty"},
+    {"Backend", [](RunRecord& r) { r.environment.backend = "mpi"; },
+     "run_record: environment.backend must be \"gloo\" or \"nccl\" (got \"mpi\")"},
+    {"Threads", [](RunRecord& r) { r.environment.threads_per_rank = 0; },
+     "run_record: environment.threads_per_rank must be >= 1 (got 0)"},
+    {"Ranks", [](RunRecord& r) { r.environment.ranks = 3; }, "run_record: environment.ranks 3 != plan.world_size 2"},
+    {"Warmup", [](RunRecord& r) { r.warmup_steps = 7; }, "run_record: warmup_steps 7 leaves no measured step of 7"},
+    {"WarmupNegative", [](RunRecord& r) { r.warmup_steps = -1; },
+     "run_record: warmup_steps -1 leaves no measured step of 7"},
+    {"StepTime", [](RunRecord& r) { r.step_times_s[3] = 0; }, "run_record: step_times_s[3] must be > 0 (got 0.0)"},
+    {"Percentiles", [](RunRecord& r) { r.step_time_p90_s = 0.1; },
+     "run_record: step times: p10 0.194 <= median 0.2 <= p90 0.1 does not hold"},
+    {"Phase", [](RunRecord& r) { r.phase_times_s["forward"] = -1; },
+     "run_record: phase_times_s.forward must be >= 0 (got -1.0)"},
+    {"PeaksCount", [](RunRecord& r) { r.peaks.pop_back(); }, "run_record: peaks has 1 entries for 2 ranks"},
+    {"PeaksOrder", [](RunRecord& r) { std::swap(r.peaks[0], r.peaks[1]); },
+     "run_record: peaks[0].rank is 1 (expected 0)"},
+    {"PeaksBytes", [](RunRecord& r) { r.peaks[1].host_peak_bytes = -1; },
+     "run_record: peaks[1]: negative bytes (device 1010, host -1)"},
+    {"Losses", [](RunRecord& r) { r.losses.push_back(1.0); }, "run_record: losses has 8 entries for 7 steps"},
+    {"TracePaths", [](RunRecord& r) { r.trace_paths.pop_back(); }, "run_record: trace_paths has 1 entries for 2 ranks"},
+    {"UnitTimes", [](RunRecord& r) { r.units[0].fwd_s = -1; },
+     "run_record: units[0]: negative time (fwd_s -1.0, bwd_s 0.002)"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Rules, RunRecordRule, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace zeroplan
