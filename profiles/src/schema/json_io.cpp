@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "json_util.h"
@@ -58,8 +59,23 @@ T convert(const nlohmann::json& j, const std::filesystem::path& base_dir, const 
 }  // namespace
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
+  // JSON allows a repeated key and keeps the last one; a document with one is almost surely a mistake.
+  std::vector<std::set<std::string>> keys_per_object;
+  auto reject_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      keys_per_object.emplace_back();
+    } else if (event == Event::object_end) {
+      keys_per_object.pop_back();
+    } else if (event == Event::key && !keys_per_object.empty()) {
+      const std::string key = parsed.get<std::string>();
+      if (!keys_per_object.back().insert(key).second)
+        throw SchemaError(origin + ": duplicate key " + quote_json(key));
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, reject_duplicates);
   } catch (const nlohmann::json::parse_error& e) {
     // Line and column of the byte where parsing failed (e.byte is 1-based).
     std::size_t line = 1, column = 1;

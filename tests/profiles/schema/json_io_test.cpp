@@ -93,6 +93,20 @@ TEST(JsonIo, WriteIsAtomicAndValidates) {
                (dir.path() / "no" / "such" / "dir.json").string() + ": cannot write: No such file or directory");
 }
 
+TEST(JsonIo, DuplicateKeysAreAnError) {
+  expect_error(
+      [] {
+        parse_document<Plan>(R"({"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 8, "micro_batch": 4,
+                                 "microbatches": 1, "zero_stage": 3, "offload": {"params": true, "params": false}})",
+                             "p.json");
+      },
+      "p.json: duplicate key \"params\"");
+  // The same key in different objects is fine.
+  EXPECT_TRUE(parse_document<Plan>(R"({"schema": "zeroplan.plan/1", "world_size": 1, "global_batch": 1,
+      "micro_batch": 1, "microbatches": 1, "zero_stage": 3, "offload": {"optimizer": true},
+      "optimizer": {"name": "adam"}})").offload.optimizer);
+}
+
 TEST(JsonIo, ErrorMessagesAreOneLine) {
   try {
     parse_document<Plan>("{\n\"schema\": \"zeroplan.plan/1\",\n\"world_size\": tru\n}", "x.json");
