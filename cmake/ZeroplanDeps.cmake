@@ -24,7 +24,7 @@ if(ZEROPLAN_WITH_TORCH)
   if(NOT EXISTS "${ZEROPLAN_PYTHON}")
     message(FATAL_ERROR "zeroplan: no Python at ${ZEROPLAN_PYTHON}; run scripts/setup.sh (it installs torch==${ZEROPLAN_TORCH_PIN} into .venv), or configure with -DZEROPLAN_WITH_TORCH=OFF")
   endif()
-  execute_process(COMMAND "${ZEROPLAN_PYTHON}" -c "import torch,os;print(torch.__version__.split('+')[0]);print(torch.utils.cmake_prefix_path);print(os.path.dirname(torch.__file__));print(torch.version.cuda or '')"
+  execute_process(COMMAND "${ZEROPLAN_PYTHON}" -W ignore -c "import torch,os;print(torch.__version__.split('+')[0]);print(torch.utils.cmake_prefix_path);print(os.path.dirname(torch.__file__));print(torch.version.cuda or '')"
     OUTPUT_VARIABLE _zp_torch_info RESULT_VARIABLE _zp_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT _zp_rc EQUAL 0)
     message(FATAL_ERROR "zeroplan: ${ZEROPLAN_PYTHON} cannot import torch; run scripts/setup.sh")

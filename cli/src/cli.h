@@ -1,0 +1,58 @@
+// Shared pieces of the zeroplan command line: exit codes, the error that carries one, the --help
+// footer listing what is registered, and small parsers.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zeroplan::cli {
+
+// Fixed and documented exit codes (README, `zeroplan --help`).
+enum ExitCode : int {
+  kOk = 0,
+  kBadInput = 1,        // bad file, bad plan, unknown model or cluster, plan that cannot fit
+  kNotPossibleHere = 2, // needs hardware or a feature this build or machine does not have
+  kRunFailed = 3,       // a run started and failed: dead rank, timeout, out of device memory
+};
+
+// An error with its exit code; what() is the one line printed after "zeroplan <cmd>: ".
+class ExitError : public std::runtime_error {
+ public:
+  ExitError(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+struct Globals {
+  bool json = false;  // print the produced document on stdout
+  bool quiet = false; // no tables or progress on stderr
+  std::vector<std::string> argv;  // the whole command line (the launcher re-runs it per rank)
+};
+
+// A subcommand registers its options on `app` and returns the action run when it is chosen.
+using Action = std::function<int()>;
+using Registrar = Action (*)(CLI::App& app, const Globals& globals);
+
+// Lines listing the registered models (with presets) and shipped cluster profiles, for --help.
+std::string registry_footer();
+
+// "k=v,k2=v2" or repeated "k=v" -> map; throws ExitError(kBadInput) naming the bad item.
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,
+                                                    const std::string& what);
+
+Action add_profile(CLI::App& app, const Globals& globals);
+Action add_probe(CLI::App& app, const Globals& globals);
+Action add_simulate(CLI::App& app, const Globals& globals);
+Action add_tune(CLI::App& app, const Globals& globals);
+Action add_run(CLI::App& app, const Globals& globals);
+Action add_compare(CLI::App& app, const Globals& globals);
+Action add_autopilot(CLI::App& app, const Globals& globals);
+
+}  // namespace zeroplan::cli

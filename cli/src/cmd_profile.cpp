@@ -1,0 +1,109 @@
+// zeroplan profile: measure a built-in or scripted model unit by unit, or derive a model too large to
+// instantiate from closed forms, and write the ModelProfile.
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "cli.h"
+#include "zeroplan/profiles/analytic.h"
+#include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/profiler.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan::cli {
+namespace {
+
+struct ProfileArgs {
+  std::string model, preset, torchscript, analytic, output;
+  std::vector<std::string> sets;
+  std::vector<int64_t> input_shape;
+  std::optional<int64_t> layers, hidden, heads, seq, vocab;
+  ProfileOptions options;
+  uint64_t seed = 0;
+  bool dtype_given = false;
+};
+
+int run_profile(const ProfileArgs& a, const Globals& g) {
+  int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty();
+  if (sources != 1)
+    throw ExitError(kBadInput, fmt::format("give exactly one of --model, --torchscript, --analytic (got {})", sources));
+  ModelProfile profile;
+  if (!a.analytic.empty()) {
+    if (a.analytic != "gpt")
+      throw ExitError(kBadInput, fmt::format("--analytic {}: unknown family (families: gpt)", a.analytic));
+    AnalyticGptOptions o;
+    o.layers = a.layers.value_or(o.layers);
+    o.hidden = a.hidden.value_or(o.hidden);
+    o.heads = a.heads.value_or(o.heads);
+    o.seq = a.seq.value_or(o.seq);
+    o.vocab = a.vocab.value_or(o.vocab);
+    o.batch = a.options.batch;
+    if (a.dtype_given) o.dtype = a.options.dtype;  // else the analytic default (fp16 mixed precision)
+    auto kv = parse_key_values(a.sets, "--opt");
+    if (auto it = kv.find("tied"); it != kv.end()) o.tied_embeddings = it->second != "false" && it->second != "0";
+    profile = analytic_gpt(o);
+  } else {
+    zoo::Model model;
+    if (!a.torchscript.empty()) {
+      if (a.input_shape.empty())
+        throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
+      model = zoo::load_torchscript(a.torchscript, a.input_shape, a.seed);
+    } else {
+      auto overrides = parse_key_values(a.sets, "--opt");
+      auto put = [&](const char* key, const std::optional<int64_t>& v) {
+        if (v) overrides[key] = std::to_string(*v);
+      };
+      put("layers", a.layers); put("hidden", a.hidden); put("heads", a.heads);
+      put("seq", a.seq); put("vocab", a.vocab);
+      model = zoo::build_model(a.model, a.preset, overrides, a.seed);
+    }
+    ProfileOptions options = a.options;
+    options.progress = options.progress && !g.quiet;
+    profile = profile_model(model, options);
+  }
+  if (!g.quiet) print_profile_table(profile, stderr);
+  if (!a.output.empty()) {
+    write_document(a.output, profile);
+    if (!g.quiet) fmt::print(stderr, "wrote {}\n", a.output);
+  }
+  if (g.json) fmt::print("{}", to_json_string(profile));
+  return kOk;
+}
+
+}  // namespace
+
+Action add_profile(CLI::App& app, const Globals& globals) {
+  auto a = std::make_shared<ProfileArgs>();
+  app.add_option("--model", a->model, "Built-in model (see the list below)");
+  app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
+  app.add_option("--opt", a->sets, "Model option key=value (repeat or comma-separate), e.g. --opt layers=4");
+  app.add_option("--torchscript", a->torchscript, "Scripted nn.Sequential whose children are the units")
+      ->check(CLI::ExistingFile);
+  app.add_option("--input-shape", a->input_shape, "With --torchscript: one sample's input shape")->delimiter(',');
+  app.add_option("--analytic", a->analytic, "Closed-form profile of a family too large to build: gpt");
+  app.add_option("--layers", a->layers, "Transformer layers (gpt, analytic gpt)");
+  app.add_option("--hidden", a->hidden, "Hidden size (gpt, analytic gpt)");
+  app.add_option("--heads", a->heads, "Attention heads (gpt, analytic gpt)");
+  app.add_option("--seq", a->seq, "Sequence length (gpt, analytic gpt)");
+  app.add_option("--vocab", a->vocab, "Vocabulary size (gpt, analytic gpt)");
+  app.add_option("--batch", a->options.batch, "Reference micro batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batches", a->options.batches, "Batches to fit each figure over (default: batch, 2 x batch)")
+      ->delimiter(',');
+  app.add_option("--warmup", a->options.warmup, "Untimed iterations per unit")->capture_default_str();
+  app.add_option("--repeats", a->options.repeats, "Timed iterations per unit")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", a->options.threads, "Torch threads (0: torch's default)")->capture_default_str();
+  app.add_option("--device", a->options.device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--dtype", a->options.dtype, "fp32 | fp16 | bf16")->capture_default_str();
+  app.add_option("--seed", a->seed, "Model initialisation seed")->capture_default_str();
+  app.add_flag("--progress", a->options.progress, "One line per unit on stderr");
+  app.add_option("-o,--output", a->output, "Write the ModelProfile here");
+  return [a, &app, &globals] {
+    a->dtype_given = app.count("--dtype") > 0;
+    return run_profile(*a, globals);
+  };
+}
+
+}  // namespace zeroplan::cli

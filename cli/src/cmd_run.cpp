@@ -1,0 +1,187 @@
+// zeroplan run: train with a Plan on real ranks and measure it -> RunRecord.
+//
+// Three ways in, one code path for the ranks:
+//   zeroplan run --nproc 2 ...                      this process launches 2 local ranks, gathers their
+//                                                   results from files and writes the RunRecord;
+//   torchrun --no-python --nproc-per-node 2 zeroplan run ...   each rank joins torchrun's store; rank 0
+//                                                   gathers the results through the store;
+//   zeroplan run ...                                one process, world size 1.
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli.h"
+#include "plan_args.h"
+#include "zeroplan/exec/communicator.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/launcher.h"
+#include "zeroplan/exec/local_communicator.h"
+#include "zeroplan/exec/rendezvous.h"
+#include "zeroplan/exec/run.h"
+#include "zeroplan/profiles/json_io.h"
+
+namespace zeroplan::cli {
+namespace {
+
+struct RunArgs {
+  std::string model = "gpt", preset, output, trace;
+  std::vector<std::string> model_opts;
+  PlanArgs plan;
+  int nproc = 0;
+  int steps = 10;
+  int warmup = 1;
+  std::string device = "cpu";
+  std::int64_t device_memory_limit = 0;
+  double timeout_s = 300;
+  bool progress = false;
+  std::vector<std::string> argv;  // the full command line, for the launcher
+};
+
+exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
+  exec::RunOptions o;
+  o.model = a.model;
+  o.preset = a.preset;
+  o.model_options = parse_key_values(a.model_opts, "--opt");
+  o.plan = plan_from_args(a.plan);
+  o.steps = a.steps;
+  o.warmup_steps = a.warmup;
+  o.device = a.device;
+  o.device_memory_limit_bytes = a.device_memory_limit;
+  o.trace_path = a.trace;
+  o.progress = a.progress && !g.quiet;
+  if (o.warmup_steps >= o.steps)
+    throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", o.warmup_steps, o.steps));
+  return o;
+}
+
+void print_record(const RunRecord& r) {
+  fmt::print(stderr, "run: {} on {} rank(s) ({}), {} steps ({} warm-up)\n", r.model, r.plan.world_size,
+             r.environment.backend, r.step_times_s.size(), r.warmup_steps);
+  fmt::print(stderr, "  step time  median {:.6f} s   p10 {:.6f} s   p90 {:.6f} s\n", r.step_time_median_s,
+             r.step_time_p10_s, r.step_time_p90_s);
+  for (const auto& [phase, s] : r.phase_times_s) fmt::print(stderr, "  phase {:<22} {:.6f} s/step\n", phase, s);
+  for (const auto& p : r.peaks)
+    fmt::print(stderr, "  rank {} peak device {:>12} B   host {:>12} B\n", p.rank, p.device_peak_bytes, p.host_peak_bytes);
+  if (!r.losses.empty()) fmt::print(stderr, "  loss {:.6f} -> {:.6f}\n", r.losses.front(), r.losses.back());
+  for (const auto& f : r.fallbacks) fmt::print(stderr, "  fallback: {}\n", f);
+}
+
+void finish(const RunRecord& record, const RunArgs& a, const Globals& g) {
+  if (!g.quiet) print_record(record);
+  if (!a.output.empty()) write_document(a.output, record);
+  if (g.json) fmt::print("{}", to_json_string(record));
+}
+
+// The parent of `--nproc N`: launch, watch, gather.
+int run_parent(const RunArgs& a, const Globals& g) {
+  exec::RunOptions options = run_options(a, g);  // validates everything before any rank starts
+  if (options.plan.world_size != a.nproc)
+    throw ExitError(kBadInput, fmt::format("plan world_size {} != --nproc {}", options.plan.world_size, a.nproc));
+  exec::LaunchOptions lo;
+  lo.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  auto result = exec::launch_local(a.nproc, exec::without_option(a.argv, "--nproc"), lo);
+  if (result.exit_code != 0) throw ExitError(kRunFailed, result.message);
+  std::vector<exec::RunResult> ranks;
+  for (int r = 0; r < a.nproc; ++r) {
+    std::ifstream in(exec::rank_file(result.output_dir, r, ".json"));
+    if (!in) throw ExitError(kRunFailed, fmt::format("rank {} finished but wrote no result in {}", r, result.output_dir));
+    ranks.push_back(nlohmann::json::parse(in).get<exec::RunResult>());
+  }
+  finish(exec::merge_results(options, ranks), a, g);
+  return kOk;
+}
+
+// A rank: under launch_local, torchrun, Slurm, or alone.
+int run_rank(const RunArgs& a, const Globals& g) {
+  exec::RankContext ctx = exec::rank_context_from_env();
+  exec::RunOptions options = run_options(a, g);
+  if (options.plan.world_size != ctx.world_size)
+    throw ExitError(kBadInput, fmt::format("plan world_size {} != launched world size {} ({})",
+                                           options.plan.world_size, ctx.world_size, ctx.launcher));
+  if (ctx.world_size == 1 && !ctx.agent_store) {
+    exec::LocalCommunicator comm;
+    auto result = exec::run_rank(options, comm);
+    finish(exec::merge_results(options, {result}), a, g);
+    return kOk;
+  }
+  exec::RendezvousOptions ro;
+  ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  ro.device = a.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  auto session = exec::join(ctx, ro);
+  try {
+    options.progress = options.progress && ctx.rank == 0;
+    auto result = exec::run_rank(options, session->comm());
+    nlohmann::json mine = result;
+    if (!ctx.output_dir.empty()) {
+      // launch_local gathers the files.
+      std::ofstream out(exec::rank_file(ctx.output_dir, ctx.rank, ".json"));
+      out << mine.dump();
+    } else {
+      // torchrun, Slurm: rank 0 gathers through the store and writes the record.
+      auto store = session->store();
+      std::string text = mine.dump();
+      store->set("zeroplan/result/" + std::to_string(ctx.rank), std::vector<uint8_t>(text.begin(), text.end()));
+      if (ctx.rank == 0) {
+        std::vector<exec::RunResult> ranks;
+        for (int r = 0; r < ctx.world_size; ++r) {
+          auto bytes = store->get("zeroplan/result/" + std::to_string(r));
+          ranks.push_back(nlohmann::json::parse(std::string(bytes.begin(), bytes.end())).get<exec::RunResult>());
+        }
+        finish(exec::merge_results(options, ranks), a, g);
+      }
+    }
+    session->finish();
+  } catch (const std::exception& e) {
+    session->fail(e.what());
+    throw;
+  }
+  return kOk;
+}
+
+}  // namespace
+
+Action add_run(CLI::App& app, const Globals& globals) {
+  auto a = std::make_shared<RunArgs>();
+  app.add_option("--model", a->model, "Built-in model")->capture_default_str();
+  app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
+  app.add_option("--opt", a->model_opts, "Model option key=value, e.g. --opt layers=4");
+  app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
+  app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");
+  app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks (default: the plan's, or --nproc)");
+  app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
+  app.add_option("--nproc", a->nproc, "Start this many local ranks (Gloo on 127.0.0.1) and gather their results")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", a->steps, "Steps, warm-up included")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a->warmup, "Warm-up steps excluded from the statistics")->capture_default_str();
+  app.add_option("--device", a->device, "cpu | cuda")->capture_default_str();
+  app.add_option("--device-memory-limit", a->device_memory_limit,
+                 "Bytes the device pool may hold (CPU): past it the run fails as a GPU would");
+  app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")->capture_default_str();
+  app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)");
+  app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
+  app.add_option("-o,--output", a->output, "Write the RunRecord here");
+  return [a, &app, &globals] {
+    a->argv = globals.argv;
+    (void)app;
+    if (a->nproc > 0 && !a->plan.world_size) a->plan.world_size = a->nproc;
+    try {
+      return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);
+    } catch (const exec::OutOfDeviceMemory& e) {
+      throw ExitError(kRunFailed, e.what());
+    } catch (const exec::ExecError& e) {
+      throw ExitError(kBadInput, e.what());
+    } catch (const exec::CommError& e) {
+      throw ExitError(kRunFailed, e.what());
+    } catch (const exec::RendezvousError& e) {
+      throw ExitError(kBadInput, e.what());
+    } catch (const exec::LaunchError& e) {
+      throw ExitError(kRunFailed, e.what());
+    }
+  };
+}
+
+}  // namespace zeroplan::cli

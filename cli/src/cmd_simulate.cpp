@@ -1,0 +1,89 @@
+// zeroplan simulate: one training step of a Plan on a cluster, from a ModelProfile -> Prediction.
+#include <fmt/core.h>
+
+#include <fstream>
+#include <memory>
+
+#include "cli.h"
+#include "plan_args.h"
+#include "zeroplan/profiles/json_io.h"
+#include "zeroplan/sim/errors.h"
+#include "zeroplan/sim/simulate.h"
+
+namespace zeroplan::cli {
+namespace {
+
+struct SimulateArgs {
+  std::string model, cluster, trace, output;
+  PlanArgs plan;
+  bool explain = false;
+};
+
+std::string gib(std::int64_t bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
+
+void print_pool(const char* name, const PoolPeak& p) {
+  fmt::print(stderr, "  peak {:<6} {:>12} + allocator overhead {:>10} of {:>12}  {}\n", name,
+             gib(p.peak_bytes), gib(p.allocator_overhead_bytes), gib(p.capacity_bytes),
+             p.fits() ? "fits" : fmt::format("DOES NOT FIT (short by {})", gib(p.total_bytes() - p.capacity_bytes)));
+}
+
+void print_summary(const Prediction& p) {
+  fmt::print(stderr, "prediction: {} on {} ({} ranks), zero_stage {}\n", p.model, p.cluster,
+             p.plan.world_size, p.plan.zero_stage);
+  fmt::print(stderr, "  step time     {:.6f} s   ({:.1f} samples/s)\n", p.step_time_s, p.samples_per_s);
+  if (p.sync_step_time_s != p.step_time_s)
+    fmt::print(stderr, "  sync step     {:.6f} s   (LocalSGD/SlowMo averaging step)\n", p.sync_step_time_s);
+  fmt::print(stderr, "  lower bound   {:.6f} s   (step is {:.1f}% above it)\n", p.lower_bound_s,
+             p.lower_bound_s > 0 ? 100.0 * (p.step_time_s / p.lower_bound_s - 1.0) : 0.0);
+  fmt::print(stderr, "  bound by      {}\n", p.bound);
+  fmt::print(stderr, "  communication {:.6f} s exposed, {:.6f} s overlapped\n", p.exposed_comm_s, p.overlapped_comm_s);
+  for (const auto& [resource, busy] : p.resource_busy_s)
+    fmt::print(stderr, "  busy {:<16} {:.6f} s\n", resource, busy);
+  print_pool("device", p.device);
+  print_pool("host", p.host);
+}
+
+int run_simulate(const SimulateArgs& a, const Globals& g) {
+  auto model = read_document<ModelProfile>(a.model);
+  auto cluster = resolve_cluster(a.cluster);
+  Plan plan = cli::plan_from_args(a.plan);
+  validate(plan, model);
+  sim::Simulation s = sim::simulate_step(model, cluster, plan);
+  if (!a.trace.empty()) {
+    std::ofstream out(a.trace, std::ios::binary);
+    out << s.trace_json();
+    if (!out) throw ExitError(kBadInput, fmt::format("{}: cannot write the trace", a.trace));
+    s.prediction.trace_path = a.trace;
+  }
+  if (!g.quiet) {
+    print_summary(s.prediction);
+    if (a.explain) fmt::print(stderr, "{}", s.explain_text());
+  }
+  if (!a.output.empty()) write_document(a.output, s.prediction);
+  if (g.json) fmt::print("{}", to_json_string(s.prediction));
+  return kOk;
+}
+
+}  // namespace
+
+Action add_simulate(CLI::App& app, const Globals& globals) {
+  auto a = std::make_shared<SimulateArgs>();
+  app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->required()->check(CLI::ExistingFile);
+  app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
+  app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
+  app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");
+  app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks");
+  app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
+  app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)");
+  app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");
+  app.add_option("-o,--output", a->output, "Write the Prediction here");
+  return [a, &globals] {
+    try {
+      return run_simulate(*a, globals);
+    } catch (const sim::SimError& e) {
+      throw ExitError(kBadInput, e.what());
+    }
+  };
+}
+
+}  // namespace zeroplan::cli

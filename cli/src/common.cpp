@@ -1,0 +1,49 @@
+#include <fmt/core.h>
+
+#include "cli.h"
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan::cli {
+
+std::string registry_footer() {
+  std::string out = "Models (--model NAME [--preset P] [--set k=v]):\n";
+  for (const auto& m : zoo::registered_models()) {
+    out += fmt::format("  {:<10} {}\n", m.name, m.description);
+    if (!m.presets.empty()) {
+      std::string presets;
+      for (const auto& [name, _] : m.presets) presets += (presets.empty() ? "" : ", ") + name;
+      out += fmt::format("  {:<10}   presets: {}\n", "", presets);
+    }
+  }
+  out += "Cluster profiles (--cluster NAME[:NODES] or FILE):\n";
+  try {
+    for (const auto& c : list_shipped_clusters()) out += fmt::format("  {:<16} {}\n", c.name, c.description);
+  } catch (const std::exception& e) {
+    out += fmt::format("  (none found: {})\n", e.what());
+  }
+  return out;
+}
+
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,
+                                                    const std::string& what) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : items) {
+    size_t start = 0;
+    while (start <= item.size()) {
+      size_t comma = item.find(',', start);
+      std::string kv = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!kv.empty()) {
+        auto eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size())
+          throw ExitError(kBadInput, fmt::format("{}: expected key=value, got \"{}\"", what, kv));
+        out[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace zeroplan::cli

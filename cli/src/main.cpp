@@ -1,0 +1,87 @@
+// zeroplan: one binary, one subcommand per arrow of the data flow (DESIGN.md). Every error reaches the
+// user as one line and a fixed exit code (cli.h), never a backtrace.
+#include <fmt/core.h>
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "cli.h"
+#include "zeroplan/config.h"
+#include "zeroplan/profiles/errors.h"
+
+namespace {
+
+std::string first_line(const std::string& text) {
+  auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace zeroplan::cli;
+  CLI::App app{"zeroplan: find the memory-saving strategy that fits your model on your cluster, "
+               "predict its speed, run it, and compare.",
+               "zeroplan"};
+  app.set_version_flag("--version", std::string(ZEROPLAN_VERSION) + " (torch " + ZEROPLAN_TORCH_VERSION + ")");
+  app.require_subcommand(1);
+  Globals globals;
+  globals.argv.assign(argv, argv + argc);
+  app.add_flag("--json", globals.json, "Print the produced document (JSON) on stdout");
+  app.add_flag("-q,--quiet", globals.quiet, "No tables or progress on stderr");
+  const std::string footer = registry_footer() +
+      "\nExit codes: 0 ok, 1 bad input, 2 not possible here, 3 run failed.";
+  app.footer(footer);
+
+  struct Entry { const char* name; const char* help; Registrar add; };
+  const Entry entries[] = {
+      {"profile", "Measure a model unit by unit (or derive it analytically) -> ModelProfile", add_profile},
+      {"probe", "Measure this machine -> ClusterProfile", add_probe},
+      {"simulate", "Simulate one training step of a Plan -> Prediction", add_simulate},
+      {"tune", "Search every strategy knob for the fastest plan that fits -> ranked Plans", add_tune},
+      {"run", "Train with a Plan on real ranks (c10d: Gloo on CPU, NCCL on CUDA) -> RunRecord", add_run},
+      {"compare", "Predicted vs measured -> Comparison", add_compare},
+      {"autopilot", "Profile, probe, tune, run and compare on this machine in one command", add_autopilot},
+  };
+  Action chosen;
+  for (const auto& e : entries) {
+    CLI::App* sub = app.add_subcommand(e.name, e.help);
+    sub->footer(footer);
+    Action action = e.add(*sub, globals);
+    sub->callback([&chosen, action] { chosen = action; });
+  }
+
+  std::string where = "zeroplan";
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      return app.exit(CLI::CallForHelp());
+    } catch (const CLI::CallForAllHelp&) {
+      return app.exit(CLI::CallForAllHelp());
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      // Subcommand help comes through here as well.
+      if (e.get_exit_code() == 0) return app.exit(e);
+      throw ExitError(kBadInput, first_line(e.what()) + " (see zeroplan --help)");
+    }
+    for (auto* sub : app.get_subcommands()) where = "zeroplan " + sub->get_name();
+    return chosen ? chosen() : kBadInput;
+  } catch (const ExitError& e) {
+    fmt::print(stderr, "{}: {}\n", where, e.what());
+    return e.code();
+  } catch (const zeroplan::SchemaError& e) {
+    fmt::print(stderr, "{}: {}\n", where, first_line(e.what()));
+    return kBadInput;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "{}: torch: {}\n", where, first_line(e.what_without_backtrace()));
+    return kRunFailed;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", where, first_line(e.what()));
+    return kRunFailed;
+  }
+}
