@@ -82,20 +82,55 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
   std::uint32_t n_done = 0;
   double now = 0;
 
+  // Completes the task running on r at `now`: frees, successors, resource bookkeeping.
+  auto complete = [&](ResourceId r) {
+    Running& x = run[r];
+    const TaskId t = x.task;
+    out.end_s[t] = now;
+    out.resources[r].busy_s += now - out.start_s[t];
+    out.resources[r].work_s += tasks[t].duration_s;
+    ++out.resources[r].tasks;
+    x.task = kNone;
+    --n_running;
+    ++n_done;
+    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+      --group_count[gr];
+      group_dirty[gr] = 1;
+    }
+    mem.on_end(t, now);
+    for (std::uint32_t s : succ.row(t)) --pending[s];
+  };
+  auto start = [&](ResourceId r, TaskId t) {
+    ++head[r];
+    run[r] = {t, 1.0, tasks[t].duration_s, now, now + tasks[t].duration_s};
+    out.start_s[t] = now;
+    mem.on_start(t, now);
+    ++n_running;
+    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+      ++group_count[gr];
+      group_dirty[gr] = 1;
+    }
+  };
+  auto ready_head = [&](ResourceId r) -> TaskId {
+    if (run[r].task != kNone || head[r] >= queue.row(r).size()) return kNone;
+    const TaskId t = queue.row(r)[head[r]];
+    return pending[t] == 0 ? t : kNone;
+  };
+  // Start what can start. Tasks too short to move the clock (zero duration) run to completion first,
+  // before any longer task starts at this instant, so an instant never shows memory they would free.
   auto start_ready = [&] {
-    for (ResourceId r = 0; r < n_res; ++r) {
-      if (run[r].task != kNone || head[r] >= queue.row(r).size()) continue;
-      const TaskId t = queue.row(r)[head[r]];
-      if (pending[t] != 0) continue;
-      ++head[r];
-      run[r] = {t, 1.0, tasks[t].duration_s, now, now + tasks[t].duration_s};
-      out.start_s[t] = now;
-      mem.on_start(t, now);
-      ++n_running;
-      if (const GroupId gr = g.resources()[r].group; gr != kNone) {
-        ++group_count[gr];
-        group_dirty[gr] = 1;
+    for (bool again = true; again;) {
+      again = false;
+      for (ResourceId r = 0; r < n_res; ++r) {
+        const TaskId t = ready_head(r);
+        if (t == kNone || now + tasks[t].duration_s > now) continue;
+        start(r, t);
+        complete(r);
+        again = true;
       }
+    }
+    for (ResourceId r = 0; r < n_res; ++r) {
+      if (const TaskId t = ready_head(r); t != kNone) start(r, t);
     }
   };
   // Re-rate the running tasks of groups whose membership changed at `now` (progress-rate sharing).
@@ -125,22 +160,7 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
     now = next;
     ++out.events;
     for (ResourceId r = 0; r < n_res; ++r) {
-      Running& x = run[r];
-      if (x.task == kNone || x.finish > now) continue;
-      const TaskId t = x.task;
-      out.end_s[t] = now;
-      out.resources[r].busy_s += now - out.start_s[t];
-      out.resources[r].work_s += tasks[t].duration_s;
-      ++out.resources[r].tasks;
-      x.task = kNone;
-      --n_running;
-      ++n_done;
-      if (const GroupId gr = g.resources()[r].group; gr != kNone) {
-        --group_count[gr];
-        group_dirty[gr] = 1;
-      }
-      mem.on_end(t, now);
-      for (std::uint32_t s : succ.row(t)) --pending[s];
+      if (run[r].task != kNone && run[r].finish <= now) complete(r);
     }
     start_ready();
     rerate();

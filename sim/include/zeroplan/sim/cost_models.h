@@ -1,0 +1,101 @@
+// Cost models: how long one piece of work takes on a ClusterProfile, each a closed form. One source
+// file per model (compute_cost.cpp, collective_cost.cpp, copy_cost.cpp, optimizer_cost.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/model_profile.h"
+
+namespace zeroplan::sim {
+
+// Bytes per element of "fp32" | "fp16" | "bf16". REQUIRES: a known dtype.
+int dtype_bytes(std::string_view dtype);
+
+// ---- compute ---------------------------------------------------------------------------------------
+
+// Parameter tensors of one repetition of a unit. The ModelProfile does not carry it, so it is estimated
+// from the unit type (a transformer block has 12: 2 LayerNorms, QKV, projection, 2 MLP linears, each
+// weight + bias); it only sets launch overheads.
+int param_tensors(const UnitProfile& unit);
+
+struct ComputeTime {
+  double fwd_s = 0;
+  double bwd_s = 0;
+  bool from_profile = false;  // measured times used (else roofline)
+};
+
+// One repetition of `unit` at `micro_batch` in `compute_dtype`. Uses the profile's measured times when
+// the profile was measured on the cluster's device kind (cpu / cuda), scaled by the ratio of peak FLOP/s
+// when the compute dtype differs from the profiled one; otherwise a roofline:
+//   t = max(flops / (peak_flops[dtype] x compute_efficiency), bytes / mem_bw) + kernels x launch_overhead
+// with bytes = parameters in dtype + output + saved activations (backward: twice that), kernels =
+// param_tensors (backward: twice). Throws SimError when the unit has neither times nor FLOPs.
+ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const ClusterProfile& cluster,
+                              double micro_batch, std::string_view compute_dtype);
+
+// True when `model` was measured on the kind of device `cluster` has.
+bool measured_on_device_kind(const ModelProfile& model, const ClusterProfile& cluster);
+
+// ---- collectives -----------------------------------------------------------------------------------
+
+enum class CollOp { all_reduce, all_gather, reduce_scatter, broadcast, reduce };
+enum class CollAlgo { ring, tree, best };  // best: the faster of ring and tree for this size
+std::string_view to_string(CollOp op);
+
+// nccl-tests conventions: `bytes` is the per-rank buffer ("size"): the full buffer for all-reduce,
+// broadcast and reduce, the gathered output for all-gather, the input for reduce-scatter.
+// Ring on n ranks, link bandwidth B, latency alpha:
+//   all_reduce      2(n-1)/n x S/B + 2(n-1) alpha
+//   all_gather      (n-1)/n x S/B + (n-1) alpha          reduce_scatter: the same
+//   broadcast/reduce  S/B + (n-1) alpha                  (pipelined chain)
+// Tree (double binary tree): all_reduce 2 S/B + 2 ceil(log2 n) alpha; broadcast/reduce S/B + ceil(log2 n)
+// alpha; all-gather and reduce-scatter have no tree form and use the ring.
+// busbw factor (busbw = algbw x factor): all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,
+// broadcast and reduce 1.
+double bus_factor(CollOp op, int ranks);
+double collective_time_flat(CollOp op, double bytes, int ranks, double bw_bytes_per_s, double alpha_s,
+                            CollAlgo algo = CollAlgo::ring);
+
+struct CollectiveOptions {
+  CollAlgo algo = CollAlgo::ring;
+  std::string backend;  // "nccl" | "gloo"; "" = by device kind (cuda: nccl, cpu: gloo)
+};
+
+// Time of one collective over `ranks` consecutive ranks of `cluster` (ranks fill nodes first).
+// A CollectiveFit for this op, backend, scope and world size wins: alpha + beta x bytes. Otherwise
+// derived from the links: within a node the intra-node link; across m nodes of d devices hierarchical:
+// the intra-node phase on d ranks (NVLink) plus the inter-node phase on m nodes, where the node's
+// inter-node bandwidth is shared by its d devices (all_reduce: intra reduce-scatter + inter all-reduce
+// + intra all-gather). Gloo has no real reduce-scatter: it runs an all-reduce (see REFERENCE.md).
+double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
+                       const CollectiveOptions& options = {});
+
+// The backend the cluster uses: "nccl" on cuda devices, "gloo" on cpu.
+std::string_view default_backend(const ClusterProfile& cluster);
+
+// Extra full-size temporary a backend allocates for one reduce-scatter of `bytes` input (Gloo: the
+// clone of the whole input before its all-reduce; NCCL: 0).
+std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& cluster, std::int64_t bytes);
+
+// ---- copies ----------------------------------------------------------------------------------------
+
+enum class CopyDir { h2d, d2h };
+// bytes / bandwidth (pinned or pageable, per direction) + the PCIe link latency.
+double copy_time(const ClusterProfile& cluster, CopyDir dir, double bytes, bool pinned = true);
+
+// ---- optimizer -------------------------------------------------------------------------------------
+
+// Host optimizer step over `params` parameters: params / rate, the rate for Adam (adam, adamw) or SGD,
+// flat buffer or per tensor.
+double host_optimizer_time(const ClusterProfile& cluster, std::string_view optimizer, double params, bool flat);
+
+// Device optimizer step: on a cpu device the host rates above; on a GPU memory-bound, reading and
+// writing every byte of params, grads and states once, plus launches: per tensor 5 kernels per tensor,
+// flat 5 kernels.
+double device_optimizer_time(const ClusterProfile& cluster, std::string_view optimizer, double params,
+                             double bytes_touched, int tensors, bool flat);
+
+}  // namespace zeroplan::sim

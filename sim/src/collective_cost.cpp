@@ -1,0 +1,122 @@
+// Collective cost: alpha-beta per op and algorithm, fitted when the cluster has a fit, else derived from
+// the links, hierarchical across nodes.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+#include "zeroplan/sim/cost_models.h"
+
+namespace zeroplan::sim {
+
+std::string_view to_string(CollOp op) {
+  switch (op) {
+    case CollOp::all_reduce: return "all_reduce";
+    case CollOp::all_gather: return "all_gather";
+    case CollOp::reduce_scatter: return "reduce_scatter";
+    case CollOp::broadcast: return "broadcast";
+    case CollOp::reduce: return "reduce";
+  }
+  return "?";
+}
+
+double bus_factor(CollOp op, int n) {
+  switch (op) {
+    case CollOp::all_reduce: return 2.0 * (n - 1) / n;
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter: return static_cast<double>(n - 1) / n;
+    case CollOp::broadcast:
+    case CollOp::reduce: return 1.0;
+  }
+  return 1.0;
+}
+
+namespace {
+
+double ring_time(CollOp op, double s, int n, double bw, double alpha) {
+  switch (op) {
+    case CollOp::all_reduce: return 2.0 * (n - 1) / n * s / bw + 2.0 * (n - 1) * alpha;
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter: return static_cast<double>(n - 1) / n * s / bw + (n - 1) * alpha;
+    case CollOp::broadcast:
+    case CollOp::reduce: return s / bw + (n - 1) * alpha;
+  }
+  return 0;
+}
+
+double tree_time(CollOp op, double s, int n, double bw, double alpha) {
+  const double depth = std::ceil(std::log2(static_cast<double>(n)));
+  switch (op) {
+    case CollOp::all_reduce: return 2.0 * s / bw + 2.0 * depth * alpha;
+    case CollOp::broadcast:
+    case CollOp::reduce: return s / bw + depth * alpha;
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter: return ring_time(op, s, n, bw, alpha);
+  }
+  return 0;
+}
+
+// Fitted time for (op, backend, scope, ranks), or a negative number when no fit applies.
+double fitted_time(const ClusterProfile& c, CollOp op, std::string_view backend, std::string_view scope,
+                   double bytes, int ranks, CollAlgo algo) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const CollectiveFit& f : c.collectives) {
+    if (f.op != to_string(op) || f.backend != backend || f.scope != scope) continue;
+    if (algo == CollAlgo::ring && f.algorithm != "ring") continue;
+    if (algo == CollAlgo::tree && f.algorithm != "tree") continue;
+    if (std::find(f.world_sizes.begin(), f.world_sizes.end(), ranks) == f.world_sizes.end()) continue;
+    best = std::min(best, f.alpha_s + f.beta_s_per_byte * bytes);
+  }
+  return std::isfinite(best) ? best : -1.0;
+}
+
+}  // namespace
+
+double collective_time_flat(CollOp op, double bytes, int n, double bw, double alpha, CollAlgo algo) {
+  assert(n >= 1 && bw > 0);
+  if (n <= 1) return 0.0;
+  switch (algo) {
+    case CollAlgo::ring: return ring_time(op, bytes, n, bw, alpha);
+    case CollAlgo::tree: return tree_time(op, bytes, n, bw, alpha);
+    case CollAlgo::best: return std::min(ring_time(op, bytes, n, bw, alpha), tree_time(op, bytes, n, bw, alpha));
+  }
+  return 0.0;
+}
+
+std::string_view default_backend(const ClusterProfile& c) { return c.device.kind == "cpu" ? "gloo" : "nccl"; }
+
+std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& c, std::int64_t bytes) {
+  return default_backend(c) == "gloo" ? bytes : 0;
+}
+
+double collective_time(const ClusterProfile& c, CollOp op, double bytes, int ranks, const CollectiveOptions& o) {
+  if (ranks <= 1 || bytes <= 0) return 0.0;
+  const std::string_view backend = o.backend.empty() ? default_backend(c) : std::string_view(o.backend);
+  const int d = std::max(1, c.devices_per_node);
+  const bool intra = ranks <= d;
+  if (const double t = fitted_time(c, op, backend, intra ? "intra_node" : "inter_node", bytes, ranks, o.algo); t >= 0) {
+    return t;
+  }
+  // Gloo's reduce-scatter is an all-reduce of the whole input (then a local copy of this rank's chunk).
+  if (op == CollOp::reduce_scatter && backend == "gloo") op = CollOp::all_reduce;
+  const Link& li = c.links.intra_node;
+  if (intra) return collective_time_flat(op, bytes, ranks, li.bw_bytes_per_s, li.latency_s, o.algo);
+  const int m = (ranks + d - 1) / d;  // nodes
+  const Link& le = c.links.inter_node;
+  auto intra_t = [&](CollOp x, double s) { return collective_time_flat(x, s, d, li.bw_bytes_per_s, li.latency_s, o.algo); };
+  // The d devices of a node run d parallel inter-node rings on 1/d of the data, sharing the node's link:
+  // the same time as one ring of the full data at the node's bandwidth.
+  auto inter_t = [&](CollOp x, double s) { return collective_time_flat(x, s, m, le.bw_bytes_per_s, le.latency_s, o.algo); };
+  switch (op) {
+    case CollOp::all_reduce:
+      return intra_t(CollOp::reduce_scatter, bytes) + inter_t(CollOp::all_reduce, bytes) +
+             intra_t(CollOp::all_gather, bytes);
+    case CollOp::all_gather:
+    case CollOp::reduce_scatter:
+    case CollOp::broadcast:
+    case CollOp::reduce: return inter_t(op, bytes) + intra_t(op, bytes);
+  }
+  return 0.0;
+}
+
+}  // namespace zeroplan::sim

@@ -1,0 +1,73 @@
+// Activation policy per unit: keep the saved activations until the unit's backward; or offload a ratio
+// of them (hfai CPUOffload: D2H on its own stream after the forward, H2D prefetched before the backward,
+// the device keeps 1 - ratio); or checkpoint (keep only the unit's input, recompute the forward before
+// the backward). Forward and backward workspaces are transient allocations of their task. The forward of
+// unit u waits for the D2H of unit u-2, so at most two units' copies are pending when the copy stream
+// is slower than compute (else a higher ratio could hold more on the device, waiting to be copied).
+#include <cmath>
+
+#include "context.h"
+#include "zeroplan/sim/cost_models.h"
+
+namespace zeroplan::sim::lowering {
+
+void Activations::on_fwd(int u, int mb, TaskId fwd) {
+  if (pending_.empty()) {
+    pending_.assign(c_.units.size(), kNone);
+    offloaded_.assign(c_.units.size(), kNone);
+    host_part_.assign(c_.units.size(), kNone);
+    d2h_.assign(c_.units.size(), kNone);
+  }
+  const auto i = static_cast<std::size_t>(u);
+  const Unit& x = c_.units[i];
+  if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
+  c_.g.alloc(fwd, c_.dev, x.peak_fwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+  if (x.checkpoint) {
+    const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
+    pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+    return;
+  }
+  const double ratio = c_.plan.offload.activations_ratio;
+  const auto off = static_cast<std::int64_t>(std::llround(static_cast<double>(x.saved) * ratio));
+  pending_[i] = c_.g.alloc(fwd, c_.dev, x.saved - off, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
+  if (off <= 0) return;
+  // The offloaded part is written on the device by the forward, then copied out and freed.
+  const TaskId d2h = c_.g.add_task(c_.d2h, copy_time(c_.cluster, CopyDir::d2h, static_cast<double>(off)),
+                                   c_.label(c_.n_d2h, u, mb), {fwd}, c_.n_cat_copy);
+  c_.g.alloc(fwd, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), d2h);
+  host_part_[i] = c_.g.alloc(d2h, c_.host, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+  d2h_[i] = d2h;
+}
+
+TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
+  const auto i = static_cast<std::size_t>(u);
+  const Unit& x = c_.units[i];
+  if (x.checkpoint) {
+    const TaskId re = c_.compute_task(x.fwd_s, c_.n_recompute, u, mb);
+    c_.g.add_dep(re, params_ready);
+    c_.g.alloc(re, c_.dev, x.peak_fwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+    offloaded_[i] = c_.g.alloc(re, c_.dev, x.saved, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
+    return re;
+  }
+  if (d2h_[i] == kNone) return kNone;
+  const std::int64_t off = c_.g.allocs()[host_part_[i]].bytes;
+  // Prefetch: copy u back while the backward of u+1 runs (wait for u+2's); else after u+1's.
+  const int back = c_.opt.activation_prefetch ? 2 : 1;
+  const auto units = static_cast<int>(c_.units.size());
+  const TaskId after = u + back < units ? c_.bwd[static_cast<std::size_t>(u + back)] : kNone;
+  const TaskId h2d = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(off)),
+                                   c_.label(c_.n_h2d, u, mb), {d2h_[i], after}, c_.n_cat_copy);
+  offloaded_[i] = c_.g.alloc(h2d, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+  c_.g.set_free_at(host_part_[i], h2d);
+  return h2d;
+}
+
+void Activations::after_bwd(int u, int mb, TaskId bwd) {
+  const auto i = static_cast<std::size_t>(u);
+  c_.g.alloc(bwd, c_.dev, c_.units[i].peak_bwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+  c_.g.set_free_at(pending_[i], bwd);
+  if (offloaded_[i] != kNone) c_.g.set_free_at(offloaded_[i], bwd);
+  pending_[i] = offloaded_[i] = host_part_[i] = d2h_[i] = kNone;
+}
+
+}  // namespace zeroplan::sim::lowering

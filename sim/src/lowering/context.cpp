@@ -1,0 +1,127 @@
+#include "context.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "zeroplan/sim/cost_models.h"
+#include "zeroplan/sim/errors.h"
+
+namespace zeroplan::sim::lowering {
+
+Bytes bytes_of(const Plan& plan) {
+  Bytes b;
+  b.param = dtype_bytes(plan.precision.param_dtype);
+  b.grad = b.param;
+  b.reduce = dtype_bytes(plan.precision.reduce_dtype);
+  b.master = plan.precision.master_fp32 && b.param != 4 ? 4 : 0;
+  b.states = 4 * plan.optimizer.states_per_param();
+  b.compute = dtype_bytes(plan.precision.compute_dtype);
+  return b;
+}
+
+std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, const ClusterProfile* cluster) {
+  const int n = plan.data_parallel_size();
+  const Bytes b = bytes_of(plan);
+  const bool om = plan.offload_model.enabled;
+  const double batch = om ? static_cast<double>(plan.micro_batch) / plan.offload_model.microbatches : plan.micro_batch;
+  const double ref = model.batch;
+  // Activations scale with the compute dtype relative to the profiled one.
+  const double act_scale = static_cast<double>(b.compute) / dtype_bytes(model.dtype);
+  std::vector<Unit> units;
+  units.reserve(static_cast<std::size_t>(model.expanded_unit_count()));
+  for (int i = 0; i < static_cast<int>(model.units.size()); ++i) {
+    const UnitProfile& up = model.units[static_cast<std::size_t>(i)];
+    Unit u;
+    u.profile_index = i;
+    u.params = up.params;
+    u.shard = (up.params + n - 1) / n;
+    u.padded = u.shard * n;
+    u.tensors = param_tensors(up);
+    if (cluster != nullptr) {
+      const ComputeTime t = unit_compute_time(model, i, *cluster, batch, plan.precision.compute_dtype);
+      u.fwd_s = t.fwd_s;
+      u.bwd_s = t.bwd_s;
+    }
+    auto bytes = [&](const Figure& f) { return static_cast<std::int64_t>(std::max(0.0, f.at(batch, ref)) * act_scale); };
+    u.saved = bytes(up.bytes_saved);
+    u.output = bytes(up.bytes_output);
+    u.peak_fwd = bytes(up.bytes_peak_fwd);
+    u.peak_bwd = bytes(up.bytes_peak_bwd);
+    u.checkpoint = plan.checkpointing.applies_to(i);
+    for (int r = 0; r < up.count; ++r) {
+      u.rep = up.count > 1 ? r : -1;
+      units.push_back(u);
+    }
+  }
+  return units;
+}
+
+Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const SimOptions& o)
+    : model(mp), cluster(cp), plan(p), opt(o) {
+  if (plan.pipeline_stages > 1) {
+    throw SimError(fmt::format("simulate: pipeline_stages {} > 1 is not simulated yet (GPipe)", plan.pipeline_stages));
+  }
+  if (plan.world_size > cluster.world_size()) {
+    throw SimError(fmt::format("simulate: plan world_size {} > cluster {} nodes x {} devices (= {})", plan.world_size,
+                               cluster.nodes, cluster.devices_per_node, cluster.world_size()));
+  }
+  n = plan.data_parallel_size();
+  m = plan.microbatches;
+  b = bytes_of(plan);
+  units = expand_units(model, plan, &cluster);
+  for (const Unit& u : units) total_params += u.params;
+  if (!measured_on_device_kind(model, cluster)) {
+    notes.push_back(fmt::format("compute times from a roofline of FLOPs where the profile has them (profile measured "
+                                "on \"{}\"{}, cluster device kind \"{}\")",
+                                model.device, model.measured ? "" : ", analytic", cluster.device.kind));
+  }
+  notes.push_back("parameter tensors per unit estimated from the unit type (for launch overheads)");
+  fwd.assign(units.size(), kNone);
+  fwd0.assign(units.size(), kNone);
+  bwd0.assign(units.size(), kNone);
+  bwd.assign(units.size(), kNone);
+
+  n_fwd = g.intern("fwd");
+  n_bwd = g.intern("bwd");
+  n_recompute = g.intern("recompute");
+  n_allgather = g.intern("all_gather");
+  n_reduce_scatter = g.intern("reduce_scatter");
+  n_all_reduce = g.intern("all_reduce");
+  n_h2d = g.intern("h2d");
+  n_d2h = g.intern("d2h");
+  n_optimizer = g.intern("optimizer");
+  n_saved = g.intern("saved activations");
+  n_saved_offloaded = g.intern("offloaded activations");
+  n_input_kept = g.intern("checkpointed input");
+  n_workspace = g.intern("workspace");
+  n_gathered = g.intern("gathered params");
+  n_full_grads = g.intern("unsharded grads");
+  n_bucket = g.intern("bucket");
+  n_temp = g.intern("collective temporary");
+  n_params = g.intern("params");
+  n_grads = g.intern("grads");
+  n_master = g.intern("fp32 master params");
+  n_states = g.intern("optimizer states");
+  n_reduce_buffers = g.intern("reduce buffers");
+  n_loss_scale = g.intern("loss scale check");
+  n_shard_copy = g.intern("param shard copy");
+  n_param_sync = g.intern("param sync");
+  n_cat_compute = g.intern("compute");
+  n_cat_comm = g.intern("comm");
+  n_cat_copy = g.intern("copy");
+  n_cat_optimizer = g.intern("optimizer");
+}
+
+std::string Ctx::unit_name(int u) const {
+  const Unit& x = units[static_cast<std::size_t>(u)];
+  const std::string& name = model.units[static_cast<std::size_t>(x.profile_index)].name;
+  return x.rep >= 0 ? fmt::format("{}[{}]", name, x.rep) : name;
+}
+
+TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
+  last_compute = g.add_task(compute, s, {name, u, mb}, {}, n_cat_compute);
+  return last_compute;
+}
+
+}  // namespace zeroplan::sim::lowering

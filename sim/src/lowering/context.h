@@ -1,0 +1,162 @@
+// Shared state of the lowering pieces: the inputs, the task graph being built, the resources and pools,
+// the expanded units with their costs, and the byte sizes the precision settings imply.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+#include "zeroplan/sim/simulate.h"
+#include "zeroplan/sim/task_graph.h"
+
+namespace zeroplan::sim::lowering {
+
+// One repetition of a profile unit, with its costs at the plan's micro batch.
+struct Unit {
+  int profile_index = 0;
+  int rep = 0;
+  std::int64_t params = 0;
+  std::int64_t shard = 0;          // ceil(params / N): this rank's shard of the unit's flat parameter
+  std::int64_t padded = 0;         // shard x N: the gathered flat parameter, padding included
+  int tensors = 0;
+  double fwd_s = 0;
+  double bwd_s = 0;
+  std::int64_t saved = 0;          // bytes saved for backward, one microbatch
+  std::int64_t output = 0;         // output activation, one microbatch
+  std::int64_t peak_fwd = 0;       // transient workspace
+  std::int64_t peak_bwd = 0;
+  bool checkpoint = false;
+};
+
+// Precision: bytes per element of each copy of the model states.
+struct Bytes {
+  int param = 4;    // compute copy of the parameters
+  int grad = 4;     // gradients (param dtype)
+  int reduce = 4;   // gradient collectives
+  int master = 0;   // fp32 master copy when params are 16-bit and master_fp32 (counted as optimizer state)
+  int states = 8;   // optimizer states, fp32: 4 x states_per_param
+  int compute = 4;  // activations
+};
+
+Bytes bytes_of(const Plan& plan);
+
+// The units after expanding repetitions, with sizes at the plan's micro batch; costs only if `cluster`.
+std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, const ClusterProfile* cluster);
+
+// Model states resident for the whole step, per pool (what memory_bound and the lowering share).
+struct Residency {
+  std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
+  std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
+};
+// Sums over units of the shard sizes; `units` already expanded.
+Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units);
+
+struct Ctx {
+  Ctx(const ModelProfile& m, const ClusterProfile& c, const Plan& p, const SimOptions& o);
+
+  const ModelProfile& model;
+  const ClusterProfile& cluster;
+  const Plan& plan;
+  const SimOptions& opt;
+  TaskGraph g;
+
+  int n = 1;           // data-parallel ranks
+  int m = 1;           // microbatches
+  Bytes b;
+  std::vector<Unit> units;
+  std::int64_t total_params = 0;
+  std::vector<std::string> notes;
+
+  ResourceId compute = 0, h2d = 0, d2h = 0, comm = 0, comm_rs = 0, host_opt = 0;
+  PoolId dev = 0, host = 0;
+
+  // Names, interned once.
+  NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
+      n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_bucket, n_temp,
+      n_params, n_grads, n_master, n_states, n_reduce_buffers, n_loss_scale, n_shard_copy, n_param_sync,
+      n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
+
+  // Per-unit results of the current microbatch, filled by the step schedule.
+  std::vector<TaskId> fwd, bwd;
+  std::vector<TaskId> fwd0, bwd0;  // of the first microbatch, for the Prediction's unit timings
+  TaskId last_compute = kNone;  // last task queued on the compute stream
+
+  std::string unit_name(int u) const;
+  Label label(NameId name, int u = -1, int mb = -1) const { return {name, u, mb}; }
+  TaskId compute_task(double s, NameId name, int u, int mb);
+};
+
+// The pieces, each in its own file.
+void build_resources(Ctx& c);                                             // resources.cpp
+void place_model_states(Ctx& c);                                          // model_states.cpp
+
+// Parameter residency (stage 3 gather/free/prefetch, offloaded params): params_residency.cpp
+struct ParamResidency {
+  explicit ParamResidency(Ctx& c) : c_(c) {}
+  TaskId before_fwd(int u, int mb);   // task the forward waits for (kNone: params resident)
+  void after_fwd(int u, int mb, TaskId fwd);
+  TaskId before_bwd(int u, int mb);
+  void after_bwd(int u, int mb, TaskId bwd);
+  TaskId last_gather = kNone;
+ private:
+  TaskId gather(int u, int mb, TaskId after);
+  Ctx& c_;
+  std::vector<TaskId> gathered_;  // per unit: gather task of the current phase
+  std::vector<AllocId> gathered_alloc_;
+};
+
+// Activation policy (keep, offload a ratio, checkpoint): activations.cpp
+struct Activations {
+  explicit Activations(Ctx& c) : c_(c) {}
+  void on_fwd(int u, int mb, TaskId fwd);
+  TaskId before_bwd(int u, int mb, TaskId params_ready);  // H2D or recompute the backward waits for
+  void after_bwd(int u, int mb, TaskId bwd);
+ private:
+  Ctx& c_;
+  std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
+  std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward
+  std::vector<AllocId> host_part_;   // per unit: the host copy of the offloaded part
+  std::vector<TaskId> d2h_;          // per unit: the D2H of its offloaded part
+};
+
+// Data-parallel gradient synchronisation per zero stage, buckets, microbatch semantics: dp_sync.cpp
+struct GradDone {
+  TaskId task = kNone;         // after it, these gradients are final on this rank (reduced, maybe on host)
+  std::int64_t elems = 0;      // gradient elements this rank owns from it (its shard of the bucket/unit)
+};
+struct GradSync {
+  explicit GradSync(Ctx& c) : c_(c) {}
+  void after_bwd(int u, int mb, TaskId bwd);  // allocate gradients, launch bucket collectives
+  void finish_microbatch(int mb);            // flush a partial bucket
+  std::vector<GradDone> done;                // final gradients (last microbatch), in backward order
+ private:
+  void flush(int mb);
+  Ctx& c_;
+  std::int64_t bucket_elems_ = 0;
+  std::int64_t bucket_shard_elems_ = 0;
+  TaskId bucket_last_ = kNone;
+  std::vector<AllocId> bucket_allocs_;
+  std::vector<TaskId> reduces_;  // reduce-scatters issued, in order (the in-flight limit)
+};
+
+// Optimizer step and the parameter sync after it (device or host, flat or per tensor): optimizer_step.cpp
+void optimizer_step(Ctx& c, const GradSync& grads);
+// Stages 1-2: all-gather the updated shards (allgather_bucket_bytes buckets, fp16 when broadcast_fp16).
+void param_sync(Ctx& c, const std::vector<TaskId>& after);
+// Dynamic loss scale and AdaScale bookkeeping: precision.cpp
+TaskId loss_scale_check(Ctx& c, const GradSync& grads);
+
+// The step's schedule: microbatches x forward and backward over units.
+void schedule_step(Ctx& c);                   // step.cpp
+void schedule_offload_model(Ctx& c);          // offload_model.cpp
+// LocalSGD / SlowMo: extra seconds of a synchronising step, and how often one happens: localsgd.cpp
+struct SyncAmortisation {
+  double sync_extra_s = 0;       // what the step that averages (and does the slow update) adds
+  double amortised_extra_s = 0;  // that spread over the steps between
+};
+SyncAmortisation localsgd_amortisation(const Ctx& c);
+
+}  // namespace zeroplan::sim::lowering

@@ -1,0 +1,61 @@
+// Where the model states live for the whole step, per zero stage and offload (the ZeRO paper's
+// accounting): params in param dtype, grads in param dtype, optimizer = fp32 master (16-bit params with
+// master_fp32) + fp32 states. Shards are padded: ceil(P/N) per unit at stage 3 (one flat parameter per
+// unit), ceil(P/N) of the whole model at stages 1-2 (greedy partition).
+#include <algorithm>
+
+#include "context.h"
+
+namespace zeroplan::sim::lowering {
+
+Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units) {
+  (void)cluster;
+  const Bytes b = bytes_of(plan);
+  const int n = plan.data_parallel_size();
+  std::int64_t p = 0;
+  std::int64_t shard3 = 0;
+  for (const Unit& u : units) {
+    p += u.params;
+    shard3 += u.shard;
+  }
+  const std::int64_t shard12 = (p + n - 1) / n;
+  const std::int64_t opt_bytes = b.master + b.states;
+  Residency r;
+  if (plan.offload_model.enabled) {  // everything lives on the host; slices visit the device
+    r.host_params = p * 4;
+    r.host_grads = p * b.grad;
+    r.host_optimizer = p * opt_bytes;
+    return r;
+  }
+  const int stage = plan.zero_stage;
+  const std::int64_t opt_elems = stage == 0 ? p : (stage == 3 ? shard3 : shard12);
+  const std::int64_t grad_elems = stage <= 1 ? p : (stage == 2 ? shard12 : shard3);
+  const std::int64_t param_elems = stage <= 2 ? p : shard3;
+  (plan.offload.optimizer ? r.host_optimizer : r.dev_optimizer) = opt_elems * opt_bytes;
+  if (plan.offload.grads && stage >= 2) {
+    r.host_grads = grad_elems * b.grad;
+  } else {
+    r.dev_grads = grad_elems * b.grad;
+    if (plan.offload.grads) r.host_grads = shard12 * b.grad;  // stage 1: device keeps full grads for the all-reduce
+  }
+  (plan.offload.params && stage == 3 ? r.host_params : r.dev_params) = param_elems * b.param;
+  // SlowMo: slow momentum and the previous parameters, fp32, next to the optimizer.
+  if (plan.localsgd() && (plan.slowmo_frequency > 0 || plan.slowmo_momentum != 0)) r.dev_optimizer += 8 * p;
+  return r;
+}
+
+void place_model_states(Ctx& c) {
+  const Residency r = model_state_residency(c.plan, c.cluster, c.units);
+  auto put = [&](PoolId pool, std::int64_t bytes, MemCategory cat, NameId name) {
+    if (bytes > 0) c.g.resident(pool, bytes, cat, c.label(name));
+  };
+  put(c.dev, r.dev_params, MemCategory::params, c.n_params);
+  put(c.dev, r.dev_grads, MemCategory::grads, c.n_grads);
+  put(c.dev, r.dev_optimizer, MemCategory::optimizer, c.n_states);
+  put(c.dev, r.dev_buffers, MemCategory::buffers, c.n_reduce_buffers);
+  put(c.host, r.host_params, MemCategory::params, c.n_params);
+  put(c.host, r.host_grads, MemCategory::grads, c.n_grads);
+  put(c.host, r.host_optimizer, MemCategory::optimizer, c.n_states);
+}
+
+}  // namespace zeroplan::sim::lowering

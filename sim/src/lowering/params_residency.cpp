@@ -1,0 +1,72 @@
+// Parameter residency at stage 3 (FSDP): all-gather a unit's flat parameter before its forward and (when
+// resharded) again before its backward, free it after use, prefetch the next unit; offloaded shards are
+// copied in first. The last unit is the root: its backward follows its forward at once, so it is kept.
+// Below stage 3 parameters are resident and nothing is scheduled here.
+#include "context.h"
+#include "zeroplan/sim/cost_models.h"
+
+namespace zeroplan::sim::lowering {
+
+TaskId ParamResidency::gather(int u, int mb, TaskId after) {
+  const Unit& x = c_.units[static_cast<std::size_t>(u)];
+  TaskId ready = after;
+  if (c_.plan.offload.params) {
+    const auto shard_bytes = x.shard * c_.b.param;
+    ready = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(shard_bytes)),
+                          c_.label(c_.n_h2d, u, mb), {after}, c_.n_cat_copy);
+    c_.g.alloc(ready, c_.dev, shard_bytes, MemCategory::params, c_.label(c_.n_shard_copy, u, mb), kNone);
+  }
+  const auto bytes = x.padded * c_.b.param;
+  CollectiveOptions o;
+  o.algo = c_.opt.collective_algo;
+  const TaskId ag = c_.g.add_task(c_.comm, collective_time(c_.cluster, CollOp::all_gather, static_cast<double>(bytes), c_.n, o),
+                                  c_.label(c_.n_allgather, u, mb), {ready}, c_.n_cat_comm);
+  if (c_.plan.offload.params) {
+    const AllocId shard_copy = static_cast<AllocId>(c_.g.allocs().size() - 1);
+    c_.g.set_free_at(shard_copy, ag);
+  }
+  gathered_alloc_[static_cast<std::size_t>(u)] =
+      c_.g.alloc(ag, c_.dev, bytes, MemCategory::params, c_.label(c_.n_gathered, u, mb), kNone);
+  last_gather = ag;
+  return ag;
+}
+
+TaskId ParamResidency::before_fwd(int u, int mb) {
+  if (c_.plan.zero_stage != 3) return kNone;
+  if (gathered_.empty()) {
+    gathered_.assign(c_.units.size(), kNone);
+    gathered_alloc_.assign(c_.units.size(), kNone);
+  }
+  // Prefetch: the gather of u may run during the forward of u-1 (it waits for u-2's); else after u-1's.
+  const int back = c_.plan.buckets.prefetch ? 2 : 1;
+  const TaskId after = u - back >= 0 ? c_.fwd[static_cast<std::size_t>(u - back)] : kNone;
+  return gathered_[static_cast<std::size_t>(u)] = gather(u, mb, after);
+}
+
+void ParamResidency::after_fwd(int u, int mb, TaskId fwd) {
+  (void)mb;
+  if (c_.plan.zero_stage != 3) return;
+  const bool root = u + 1 == static_cast<int>(c_.units.size());
+  if (c_.plan.reshard_after_forward && !root) {
+    c_.g.set_free_at(gathered_alloc_[static_cast<std::size_t>(u)], fwd);
+    gathered_[static_cast<std::size_t>(u)] = kNone;
+  }
+}
+
+TaskId ParamResidency::before_bwd(int u, int mb) {
+  if (c_.plan.zero_stage != 3) return kNone;
+  if (gathered_[static_cast<std::size_t>(u)] != kNone) return kNone;  // still gathered since the forward
+  const int back = c_.plan.buckets.prefetch ? 2 : 1;
+  const auto units = static_cast<int>(c_.units.size());
+  const TaskId after = u + back < units ? c_.bwd[static_cast<std::size_t>(u + back)] : kNone;
+  return gather(u, mb, after);
+}
+
+void ParamResidency::after_bwd(int u, int mb, TaskId bwd) {
+  (void)mb;
+  if (c_.plan.zero_stage != 3) return;
+  c_.g.set_free_at(gathered_alloc_[static_cast<std::size_t>(u)], bwd);
+  gathered_[static_cast<std::size_t>(u)] = kNone;
+}
+
+}  // namespace zeroplan::sim::lowering

@@ -1,0 +1,211 @@
+// simulate(): validate, lower, run, and turn the result into a Prediction, a trace and an explanation.
+#include "zeroplan/sim/simulate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "lowering/context.h"
+#include "zeroplan/sim/graph.h"
+#include "zeroplan/sim/trace.h"
+
+namespace zeroplan::sim {
+
+namespace {
+
+using Interval = std::pair<double, double>;
+
+std::vector<Interval> merged(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> out;
+  for (const Interval& i : v) {
+    if (i.second <= i.first) continue;
+    if (!out.empty() && i.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, i.second);
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+double length(const std::vector<Interval>& v) {
+  double s = 0;
+  for (const Interval& i : v) s += i.second - i.first;
+  return s;
+}
+
+double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  double s = 0;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
+    if (hi > lo) s += hi - lo;
+    (a[i].second < b[j].second ? i : j) += 1;
+  }
+  return s;
+}
+
+PoolExplain explain_pool(const PoolResult& r, std::int64_t capacity, double overhead_factor) {
+  PoolExplain e;
+  e.pool = r.name;
+  e.peak_bytes = r.peak_bytes;
+  e.allocator_overhead_bytes = static_cast<std::int64_t>(std::llround(static_cast<double>(r.peak_bytes) * (overhead_factor - 1)));
+  e.capacity_bytes = capacity;
+  e.at_s = r.peak_time_s;
+  e.by_category = r.peak_by_category;
+  e.by_category[static_cast<std::size_t>(MemCategory::overhead)] += e.allocator_overhead_bytes;
+  e.items = r.resident_at_peak;
+  if (e.allocator_overhead_bytes > 0) {
+    e.items.push_back({MemCategory::overhead, "allocator overhead", e.allocator_overhead_bytes, 1});
+  }
+  return e;
+}
+
+PoolPeak pool_peak(const PoolExplain& e) {
+  PoolPeak p;
+  p.peak_bytes = e.peak_bytes;
+  p.allocator_overhead_bytes = e.allocator_overhead_bytes;
+  p.capacity_bytes = e.capacity_bytes;
+  p.at_s = e.at_s;
+  for (const ResidentItem& i : e.items) {
+    if (i.category == MemCategory::overhead && i.name == "allocator overhead") continue;  // reported separately
+    p.resident.push_back({std::string(to_string(i.category)), i.name, i.bytes});
+  }
+  std::stable_sort(p.resident.begin(), p.resident.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  return p;
+}
+
+}  // namespace
+
+std::int64_t PoolExplain::model_state_bytes() const {
+  return by_category[static_cast<std::size_t>(MemCategory::params)] +
+         by_category[static_cast<std::size_t>(MemCategory::grads)] +
+         by_category[static_cast<std::size_t>(MemCategory::optimizer)];
+}
+
+namespace {
+
+void lower_into(lowering::Ctx& c) {
+  lowering::build_resources(c);
+  lowering::place_model_states(c);
+  if (c.plan.offload_model.enabled) {
+    lowering::schedule_offload_model(c);
+  } else {
+    lowering::schedule_step(c);
+  }
+}
+
+}  // namespace
+
+TaskGraph lower_step(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan, const SimOptions& options) {
+  validate(plan);
+  validate(plan, model);
+  lowering::Ctx c(model, cluster, plan, options);
+  lower_into(c);
+  return std::move(c.g);
+}
+
+Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan,
+                         const SimOptions& options) {
+  validate(plan);
+  validate(plan, model);
+  lowering::Ctx c(model, cluster, plan, options);
+  lower_into(c);
+  Simulation s;
+  s.result = run(c.g, options.check_cycles);
+  const SimResult& r = s.result;
+  const lowering::SyncAmortisation sync = lowering::localsgd_amortisation(c);
+  s.sync_extra_s = sync.sync_extra_s;
+
+  Prediction& p = s.prediction;
+  p.model = model.name;
+  p.cluster = cluster.name;
+  p.plan = plan;
+  p.step_time_s = r.makespan_s + sync.amortised_extra_s;
+  p.sync_step_time_s = r.makespan_s + sync.sync_extra_s;
+  p.samples_per_s = plan.global_batch / p.step_time_s;
+  p.lower_bound_s = std::min(makespan_lower_bound(c.g), p.step_time_s);
+
+  s.explain.device = explain_pool(r.pools[c.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
+  s.explain.host = explain_pool(r.pools[c.host], cluster.host.mem_bytes, 1.0);
+  p.device = pool_peak(s.explain.device);
+  p.host = pool_peak(s.explain.host);
+
+  // Time per resource, exposed vs overlapped communication, what bounds the step.
+  std::vector<Interval> comm, compute;
+  const auto& tasks = c.g.tasks();
+  for (TaskId t = 0; t < tasks.size(); ++t) {
+    const ResourceKind k = c.g.resources()[tasks[t].resource].kind;
+    if (k == ResourceKind::comm) comm.emplace_back(r.start_s[t], r.end_s[t]);
+    if (k == ResourceKind::compute) compute.emplace_back(r.start_s[t], r.end_s[t]);
+  }
+  comm = merged(std::move(comm));
+  compute = merged(std::move(compute));
+  p.overlapped_comm_s = overlap(comm, compute);
+  p.exposed_comm_s = std::max(0.0, length(comm) - p.overlapped_comm_s);
+  double best = -1;
+  for (std::size_t i = 0; i < r.resources.size(); ++i) {
+    const ResourceResult& rr = r.resources[i];
+    if (rr.tasks == 0) continue;
+    p.resource_busy_s[rr.name] += rr.busy_s;
+    const ResourceKind k = c.g.resources()[i].kind;
+    const char* what = k == ResourceKind::compute          ? "compute"
+                       : k == ResourceKind::comm           ? "communication"
+                       : k == ResourceKind::host_optimizer ? "host_optimizer"
+                                                           : "copies";
+    if (rr.busy_s > best) {
+      best = rr.busy_s;
+      p.bound = what;
+    }
+  }
+  if (p.bound.empty()) p.bound = "compute";
+  p.units.reserve(c.units.size());
+  for (std::size_t u = 0; u < c.units.size(); ++u) {
+    UnitTiming ut;
+    ut.name = c.unit_name(static_cast<int>(u));
+    if (c.fwd0[u] != kNone) {
+      ut.fwd_start_s = r.start_s[c.fwd0[u]];
+      ut.fwd_s = r.end_s[c.fwd0[u]] - r.start_s[c.fwd0[u]];
+    }
+    if (c.bwd0[u] != kNone) {
+      ut.bwd_start_s = r.start_s[c.bwd0[u]];
+      ut.bwd_s = r.end_s[c.bwd0[u]] - r.start_s[c.bwd0[u]];
+    }
+    p.units.push_back(std::move(ut));
+  }
+  if (cluster.allocator_overhead_factor > 1) {
+    c.notes.push_back(fmt::format("device allocator overhead factor {} reported separately from peak_bytes",
+                                  cluster.allocator_overhead_factor));
+  }
+  p.notes = std::move(c.notes);
+  s.graph = std::move(c.g);
+  return s;
+}
+
+Prediction simulate(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan, const SimOptions& options) {
+  return simulate_step(model, cluster, plan, options).prediction;
+}
+
+std::string Simulation::trace_json() const { return chrome_trace_json(graph, result); }
+
+std::string Simulation::explain_text() const {
+  std::string out;
+  auto gb = [](std::int64_t b) { return static_cast<double>(b) / 1e9; };
+  for (const PoolExplain* e : {&explain.device, &explain.host}) {
+    out += fmt::format("{} peak {:.3f} GB at {:.6f} s (+{:.3f} GB allocator overhead; capacity {:.3f} GB)\n", e->pool,
+                       gb(e->peak_bytes), e->at_s, gb(e->allocator_overhead_bytes), gb(e->capacity_bytes));
+    for (int cat = 0; cat < kNumMemCategories; ++cat) {
+      const auto mc = static_cast<MemCategory>(cat);
+      out += fmt::format("  {:<12} {:>10.3f} GB\n", to_string(mc), gb(e->by_category[static_cast<std::size_t>(cat)]));
+      for (const ResidentItem& i : e->items) {
+        if (i.category != mc) continue;
+        out += fmt::format("    {:<28} {:>10.3f} GB  x{}\n", i.name, gb(i.bytes), i.count);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace zeroplan::sim

@@ -1,0 +1,290 @@
+#include "zeroplan/sim/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "fixtures.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/json_io.h"
+#include "zeroplan/sim/errors.h"
+#include "zeroplan/sim/memory_bound.h"
+
+namespace zeroplan::sim {
+namespace {
+
+using testing::a100;
+using testing::gpt;
+using testing::mixed_plan;
+
+// A model of `units` identical Linear units of `params` each, with tiny activations.
+ModelProfile linear_stack(int units, std::int64_t params) {
+  ModelProfile m;
+  m.name = "stack";
+  m.source = "analytic:stack";
+  m.measured = false;
+  m.device = "analytic";
+  m.dtype = "fp16";
+  UnitProfile u;
+  u.name = "lin";
+  u.type = "Linear";
+  u.count = units;
+  u.params = params;
+  u.bytes_param = 2 * params;
+  u.bytes_output = Figure::proportional(1024, 1);
+  u.bytes_saved = Figure::proportional(1024, 1);
+  u.flops_fwd = Figure::proportional(2.0 * static_cast<double>(params), 1);
+  u.flops_bwd = Figure::proportional(4.0 * static_cast<double>(params), 1);
+  m.units = {u};
+  return m;
+}
+
+TEST(ZeroPaper, ModelStatesOfStages0To3) {
+  // 7.5e9 parameters, 64 ranks, mixed-precision Adam: (2 + 2 + 12) x P split per stage.
+  const ModelProfile m = linear_stack(7500, 1'000'000);
+  const ClusterProfile c = a100(8);
+  const double P = 7.5e9;
+  const double exact[4] = {16 * P, 4 * P + 12 * P / 64, 2 * P + 14 * P / 64, 16 * P / 64};
+  const double paper[4] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Plan plan = mixed_plan(64, stage);
+    const Simulation s = simulate_step(m, c, plan);
+    const double states = static_cast<double>(s.explain.device.model_state_bytes());
+    EXPECT_NEAR(states, exact[stage], 0.1e9) << "stage " << stage;
+    EXPECT_NEAR(states / 1e9, paper[stage], 0.1) << "stage " << stage;
+    EXPECT_EQ(memory_lower_bound(m, c, plan).device_model_state_bytes, static_cast<std::int64_t>(exact[stage]));
+  }
+}
+
+TEST(Lowering, OneUnitWithNoOverlapSumsItsTasks) {
+  ModelProfile m = linear_stack(1, 1'000'000);
+  const ClusterProfile c = a100(1);
+  Plan p = Plan::default_ddp(1, 4);
+  const ComputeTime t = unit_compute_time(m, 0, c, 4, "fp32");
+  // Adam fp32: read/write params and two states, read grads: P x (2 x (4 + 8) + 4) bytes; 2 tensors.
+  const double opt = device_optimizer_time(c, "adam", 1e6, 1e6 * 28, 2, false);
+  EXPECT_DOUBLE_EQ(opt, 1e6 * 28 / 2e12 + 10 * 5e-6);
+  const Prediction pred = simulate(m, c, p);
+  EXPECT_DOUBLE_EQ(pred.step_time_s, t.fwd_s + t.bwd_s + opt);
+  EXPECT_DOUBLE_EQ(pred.samples_per_s, 4 / pred.step_time_s);
+  EXPECT_LE(pred.lower_bound_s, pred.step_time_s);
+  EXPECT_EQ(pred.exposed_comm_s, 0.0);
+  validate(pred);
+}
+
+TEST(Lowering, CommunicationOverlapsTheBackward) {
+  const ModelProfile m = gpt(8, 1024, 16, 512, 1000);
+  const ClusterProfile c = a100(1);
+  Plan p = mixed_plan(8, 0, 4);
+  p.buckets.all_reduce_bucket_bytes = 1 << 20;  // one bucket per unit
+  const Prediction pred = simulate(m, c, p);
+  EXPECT_GT(pred.overlapped_comm_s, 0.0);
+  EXPECT_LT(pred.exposed_comm_s, pred.resource_busy_s.at("comm"));
+  // Never faster than the compute alone.
+  EXPECT_GE(pred.step_time_s, pred.resource_busy_s.at("compute"));
+}
+
+TEST(Lowering, ActivationOffloadWithInfinitelyFastCopiesKeepsTimeAndOnlyTheUnitInFlight) {
+  const ModelProfile m = gpt(6, 512, 8, 256, 1000);
+  ClusterProfile c = a100(1);
+  c.host.bw_h2d_pinned_bytes_per_s = c.host.bw_d2h_pinned_bytes_per_s = 1e300;
+  c.links.pcie.latency_s = 0;
+  Plan p = mixed_plan(1, 0, 2);
+  const Simulation keep = simulate_step(m, c, p);
+  p.offload.activations_ratio = 1.0;
+  for (bool prefetch : {false, true}) {
+    const Simulation off = simulate_step(m, c, p, SimOptions{}.set_activation_prefetch(prefetch));
+    EXPECT_DOUBLE_EQ(off.prediction.step_time_s, keep.prediction.step_time_s);
+    const auto acts = off.explain.device.by_category[static_cast<int>(MemCategory::activations)];
+    std::int64_t largest_saved = 0, largest_workspace = 0;
+    for (const UnitProfile& u : m.units) {
+      largest_saved = std::max(largest_saved, static_cast<std::int64_t>(u.bytes_saved.at(2, 1)));
+      largest_workspace = std::max({largest_workspace, static_cast<std::int64_t>(u.bytes_peak_fwd.at(2, 1)),
+                                    static_cast<std::int64_t>(u.bytes_peak_bwd.at(2, 1))});
+    }
+    // The unit in flight (its saved activations and workspace); with prefetch, also the next one's.
+    EXPECT_LE(acts, (prefetch ? 2 : 1) * largest_saved + largest_workspace) << prefetch;
+    EXPECT_LT(off.prediction.device.peak_bytes, keep.prediction.device.peak_bytes);
+  }
+}
+
+TEST(Lowering, CheckpointingAddsOneForwardPerUnit) {
+  const ModelProfile m = gpt(4, 512, 8, 256, 1000);
+  const ClusterProfile c = a100(1);
+  Plan p = mixed_plan(1, 0, 2);
+  const Prediction plain = simulate(m, c, p);
+  p.checkpointing.mode = Checkpointing::Mode::all;
+  const Prediction ckpt = simulate(m, c, p);
+  double fwd = 0;
+  for (const UnitTiming& u : plain.units) fwd += u.fwd_s;
+  EXPECT_NEAR(ckpt.step_time_s - plain.step_time_s, fwd, 1e-12);
+  EXPECT_LT(ckpt.device.peak_bytes, plain.device.peak_bytes);
+}
+
+TEST(Lowering, Stage3ExceedsStage2WhenOneUnitOutweighsTheSavings) {
+  // One unit holds almost everything: its gathered params and unsharded grads (4P) outweigh what
+  // sharding the params saves (2P - 2P/N) on 2 ranks.
+  const ModelProfile big = linear_stack(1, 500'000'000);
+  const ClusterProfile c = a100(1);
+  const auto peak = [&](const ModelProfile& m, int stage) { return simulate(m, c, mixed_plan(2, stage)).device.peak_bytes; };
+  EXPECT_GT(peak(big, 3), peak(big, 2));
+  // Many small units: stage 3 wins.
+  const ModelProfile many = linear_stack(50, 10'000'000);
+  EXPECT_LT(peak(many, 3), peak(many, 2));
+}
+
+TEST(Lowering, SamePlanTwiceGivesByteIdenticalPredictionAndTrace) {
+  const ModelProfile m = gpt(4, 512, 8, 256, 1000);
+  const ClusterProfile c = a100(2);
+  Plan p = mixed_plan(16, 3, 2, 2);
+  p.offload.optimizer = true;
+  p.offload.activations_ratio = 0.5;
+  const Simulation a = simulate_step(m, c, p);
+  const Simulation b = simulate_step(m, c, p);
+  EXPECT_EQ(to_json_string(a.prediction), to_json_string(b.prediction));
+  EXPECT_EQ(a.trace_json(), b.trace_json());
+  EXPECT_EQ(a.explain_text(), b.explain_text());
+}
+
+TEST(Lowering, InvalidPlanIsASchemaError) {
+  Plan p = mixed_plan(2, 1);
+  p.global_batch = 33;
+  EXPECT_THROW((void)simulate(gpt(2, 64, 4, 16, 100), a100(1), p), SchemaError);
+}
+
+TEST(Lowering, LocalSgdReportsAmortisedAndSyncSteps) {
+  const ModelProfile m = gpt(4, 1024, 16, 512, 1000);
+  const ClusterProfile c = a100(2);
+  Plan p = mixed_plan(16, 0, 2);
+  const Prediction ddp = simulate(m, c, p);
+  p.localsgd_frequency = 4;
+  p.slowmo_frequency = 4;
+  p.slowmo_momentum = 0.5;
+  const Prediction local = simulate(m, c, p);
+  EXPECT_GT(local.sync_step_time_s, local.step_time_s);
+  // The ordinary step reduces within the node only.
+  EXPECT_LT(local.resource_busy_s.at("comm"), ddp.resource_busy_s.at("comm"));
+  EXPECT_EQ(ddp.sync_step_time_s, ddp.step_time_s);
+}
+
+TEST(Lowering, OffloadModelRunsSlicesThroughTheDevice) {
+  const ModelProfile m = gpt(8, 512, 8, 256, 1000);
+  const ClusterProfile c = a100(1);
+  Plan p = mixed_plan(1, 0, 4);
+  const Prediction plain = simulate(m, c, p);
+  p.offload_model = {true, 4, true, 2};
+  const Simulation s = simulate_step(m, c, p);
+  EXPECT_LT(s.prediction.device.peak_bytes, plain.device.peak_bytes);
+  EXPECT_GT(s.prediction.resource_busy_s.at("h2d"), 0.0);
+  EXPECT_GT(s.prediction.resource_busy_s.at("host_optimizer"), 0.0);
+  EXPECT_GT(s.prediction.host.peak_bytes, 0);
+}
+
+TEST(Lowering, GlooReduceScatterTemporaryCountsOnCpu) {
+  const ModelProfile m = gpt(2, 256, 4, 64, 1000);
+  Plan p = Plan::default_ddp(2, 2);
+  p.zero_stage = 3;
+  p.reshard_after_forward = true;
+  const Simulation s = simulate_step(m, testing::cpu(2), p);
+  bool found = false;
+  for (const auto& r : s.graph.allocs()) found = found || s.graph.name(r.label.name) == "collective temporary";
+  EXPECT_TRUE(found);
+  EXPECT_GT(s.prediction.step_time_s, 0);
+}
+
+// ---- random plans: memory monotonicity and the lower bound -----------------------------------------
+
+struct RandomPlans : ::testing::Test {
+  std::mt19937 rng{12345};
+  ModelProfile model = gpt(6, 512, 8, 128, 2000);
+  ClusterProfile cluster = a100(2);
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+  Plan random_plan() {
+    const int worlds[] = {2, 8, 16};
+    Plan p = mixed_plan(worlds[pick(0, 2)], 0, pick(1, 4), pick(1, 3));
+    if (pick(0, 1)) {
+      p.precision.param_dtype = p.precision.reduce_dtype = p.precision.compute_dtype = "fp32";
+      p.precision.loss_scale.mode = LossScale::Mode::none;
+    }
+    p.flat_params = pick(0, 1);
+    p.buckets.prefetch = pick(0, 1);
+    p.buckets.all_reduce_bucket_bytes = std::int64_t{1} << pick(18, 26);
+    p.buckets.reduce_buffer_elems = std::int64_t{1} << pick(16, 24);
+    p.offload.activations_ratio = pick(0, 1) ? 0.0 : 0.5;
+    if (pick(0, 2) == 0) p.checkpointing.mode = Checkpointing::Mode::all;
+    return p;
+  }
+  std::int64_t peak(const Plan& p) { return simulate(model, cluster, p).device.peak_bytes; }
+};
+
+TEST_F(RandomPlans, MemoryNeverRisesWithMoreSavingKnobs) {
+  for (int trial = 0; trial < 25; ++trial) {
+    const Plan base = random_plan();
+    SCOPED_TRACE(to_json_string(base));
+    std::int64_t prev = peak(base);
+    for (int stage = 1; stage <= 2; ++stage) {
+      Plan p = base;
+      p.zero_stage = stage;
+      const std::int64_t now = peak(p);
+      EXPECT_LE(now, prev) << "stage " << stage;
+      prev = now;
+      p.offload.optimizer = true;
+      const std::int64_t off_opt = peak(p);
+      EXPECT_LE(off_opt, now) << "offload optimizer at stage " << stage;
+      p.offload.grads = true;
+      EXPECT_LE(peak(p), off_opt) << "offload grads at stage " << stage;
+    }
+    Plan s3 = base;
+    s3.zero_stage = 3;
+    s3.reshard_after_forward = true;
+    const std::int64_t s3_peak = peak(s3);
+    s3.offload.optimizer = s3.offload.grads = true;
+    const std::int64_t s3_off = peak(s3);
+    EXPECT_LE(s3_off, s3_peak);
+    s3.offload.params = true;
+    EXPECT_LE(peak(s3), s3_off);
+    for (int stage : {0, 2, 3}) {
+      Plan p = base;
+      p.zero_stage = stage;
+      p.reshard_after_forward = stage == 3;
+      p.offload.activations_ratio = 0;
+      std::int64_t last = peak(p);
+      for (double r : {0.25, 0.5, 1.0}) {
+        p.offload.activations_ratio = r;
+        const std::int64_t now = peak(p);
+        EXPECT_LE(now, last) << "ratio " << r << " stage " << stage;
+        last = now;
+      }
+      p.offload.activations_ratio = base.offload.activations_ratio;
+      p.checkpointing.mode = Checkpointing::Mode::none;
+      const std::int64_t no_ckpt = peak(p);
+      p.checkpointing.mode = Checkpointing::Mode::all;
+      EXPECT_LE(peak(p), no_ckpt) << "checkpointing at stage " << stage;
+    }
+  }
+}
+
+TEST_F(RandomPlans, LowerBoundNeverExceedsTheSimulatedPeak) {
+  for (int trial = 0; trial < 40; ++trial) {
+    Plan p = random_plan();
+    p.zero_stage = pick(0, 3);
+    p.reshard_after_forward = p.zero_stage == 3 && pick(0, 1);
+    if (p.zero_stage >= 1 && pick(0, 1)) p.offload.optimizer = true;
+    if (p.offload.optimizer && pick(0, 1)) p.offload.grads = true;
+    if (p.zero_stage == 3 && pick(0, 1)) p.offload.params = true;
+    if (trial % 5 == 0) {
+      p = mixed_plan(1, 0, 4);
+      p.offload_model = {true, pick(1, 4), static_cast<bool>(pick(0, 1)), 2};
+    }
+    SCOPED_TRACE(to_json_string(p));
+    const MemoryBound bound = memory_lower_bound(model, cluster, p);
+    const Prediction pred = simulate(model, cluster, p);
+    EXPECT_LE(bound.device_bytes, pred.device.peak_bytes);
+    EXPECT_LE(bound.host_bytes, pred.host.peak_bytes);
+    EXPECT_GT(bound.device_bytes + bound.host_bytes, 0);
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::sim
