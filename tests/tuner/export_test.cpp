@@ -1,0 +1,184 @@
+// Every exporter against golden files (tests/tuner/update_golden.sh regenerates them) and against its
+// format's rules.
+#include "zeroplan/tuner/exports.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+#include "zeroplan/profiles/json_io.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+using testing::expect_golden;
+using testing::small_gpt;
+
+Plan base(int world, int micro, int mbs) {
+  Plan p;
+  p.world_size = world;
+  p.micro_batch = micro;
+  p.microbatches = mbs;
+  p.global_batch = world * micro * mbs;
+  return p;
+}
+
+// Named plans covering each tool's cases.
+std::vector<std::pair<std::string, Plan>> cases() {
+  std::vector<std::pair<std::string, Plan>> out;
+  {  // FSDP FULL_SHARD with full offload and checkpointing of the blocks, bf16
+    Plan p = base(16, 2, 4);
+    p.zero_stage = 3;
+    p.reshard_after_forward = true;
+    p.offload = {true, true, true, 0};
+    p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
+    p.checkpointing.mode = Checkpointing::Mode::units;
+    p.checkpointing.units = {1};
+    p.flat_params = true;
+    out.emplace_back("stage3_offload_bf16", p);
+  }
+  {  // ZeRO-2, fp16 with dynamic loss scale, fp32 reduce-scatter, no accumulation
+    Plan p = base(8, 4, 1);
+    p.zero_stage = 2;
+    p.precision.param_dtype = p.precision.compute_dtype = "fp16";
+    p.precision.reduce_dtype = "fp32";
+    p.precision.fp32_reduce_scatter = true;
+    p.precision.loss_scale.mode = LossScale::Mode::dynamic;
+    out.emplace_back("stage2_fp16", p);
+  }
+  {  // ZeRO-1 with optimizer offload, AdamW
+    Plan p = base(8, 1, 2);
+    p.zero_stage = 1;
+    p.offload.optimizer = p.offload.grads = true;
+    p.optimizer.name = "adamw";
+    p.optimizer.weight_decay = 0.1;
+    out.emplace_back("stage1_offload_adamw", p);
+  }
+  {  // DDP + LocalSGD / SlowMo
+    Plan p = base(16, 2, 2);
+    p.localsgd_frequency = 4;
+    p.slowmo_frequency = 48;
+    p.slowmo_momentum = 0.5;
+    out.emplace_back("ddp_localsgd", p);
+  }
+  {  // stage 3 with partial activation offload: only zeroplan can run it
+    Plan p = base(8, 2, 1);
+    p.zero_stage = 3;
+    p.offload.activations_ratio = 0.37;
+    out.emplace_back("stage3_activation_offload", p);
+  }
+  {  // OffloadModel
+    Plan p = base(1, 8, 1);
+    p.offload_model = {true, 2, true, 4};
+    out.emplace_back("offload_model", p);
+  }
+  return out;
+}
+
+std::string notes_text(const Export& e) {
+  std::string s;
+  for (const auto& u : e.unsupported) s += "unsupported: " + u + "\n";
+  for (const auto& n : e.notes) s += "note: " + n + "\n";
+  return s;
+}
+
+TEST(Export, GoldenFiles) {
+  const ModelProfile m = small_gpt();
+  for (const auto& [name, plan] : cases()) {
+    ASSERT_NO_THROW(validate(plan, m)) << name;
+    for (const Export& e : export_all(plan, m, std::max(1, plan.world_size / 8), 8)) {
+      SCOPED_TRACE(name + "/" + e.file);
+      if (e.expressible()) {
+        EXPECT_FALSE(e.text.empty());
+        expect_golden(name + "/" + e.file, e.text);
+      } else {
+        EXPECT_TRUE(e.text.empty());
+      }
+      expect_golden(name + "/" + e.file + ".notes.txt", notes_text(e));
+    }
+  }
+}
+
+TEST(Export, PlanJsonReadsBackToTheSamePlan) {
+  for (const auto& [name, plan] : cases()) EXPECT_EQ(parse_document<Plan>(export_plan(plan).text), plan) << name;
+}
+
+TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
+  const ModelProfile m = small_gpt();
+  for (const auto& [name, plan] : cases()) {
+    const Export e = export_deepspeed(plan, m);
+    if (!e.expressible()) continue;
+    const auto j = nlohmann::json::parse(e.text);
+    EXPECT_EQ(j.at("train_batch_size").get<int>(), j.at("train_micro_batch_size_per_gpu").get<int>() *
+                                                       j.at("gradient_accumulation_steps").get<int>() * plan.world_size)
+        << name;
+    EXPECT_EQ(j.at("train_batch_size").get<int>(), plan.global_batch);
+    const auto& z = j.at("zero_optimization");
+    EXPECT_EQ(z.at("stage").get<int>(), plan.zero_stage);
+    const auto& oo = z.at("offload_optimizer");
+    if (oo.at("ratio").get<double>() < 1) {
+      EXPECT_EQ(plan.zero_stage, 3) << name;
+    }
+    EXPECT_EQ(oo.at("device") == "cpu", plan.offload.optimizer);
+    EXPECT_EQ(z.contains("offload_param"), plan.zero_stage == 3);
+    // Every value is written out: the fp16 block is complete even when disabled.
+    for (const char* k : {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"})
+      EXPECT_TRUE(j.at("fp16").contains(k)) << k;
+    EXPECT_TRUE(j.at("bf16").contains("enabled"));
+  }
+  // What DeepSpeed cannot express is said, not approximated.
+  for (const char* name : {"ddp_localsgd", "stage3_activation_offload", "offload_model"}) {
+    for (const auto& [n, plan] : cases())
+      if (n == name) {
+        const Export e = export_deepspeed(plan, m);
+        EXPECT_FALSE(e.expressible()) << name;
+        EXPECT_TRUE(e.text.empty());
+      }
+  }
+}
+
+TEST(Export, AccelerateFsdpKeys) {
+  const ModelProfile m = small_gpt();
+  for (const auto& [name, plan] : cases()) {
+    const Export v1 = export_accelerate_fsdp(plan, m, 2);
+    const Export v2 = export_accelerate_fsdp2(plan, m, 2);
+    if (v1.expressible()) {
+      const int strategy = plan.zero_stage == 0 ? 3 : plan.zero_stage == 3 && plan.reshard_after_forward ? 1 : 2;
+      EXPECT_NE(v1.text.find(fmt::format("  fsdp_sharding_strategy: {}\n", strategy)), std::string::npos) << name;
+      EXPECT_NE(v1.text.find(fmt::format("  fsdp_offload_params: {}\n", plan.offload.params)), std::string::npos) << name;
+      EXPECT_NE(v1.text.find("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"), std::string::npos);
+      EXPECT_NE(v1.text.find("  fsdp_transformer_layer_cls_to_wrap: TransformerBlock\n"), std::string::npos);
+      EXPECT_EQ(v1.text.find("fsdp_reshard_after_forward"), std::string::npos);
+    }
+    if (v2.expressible()) {
+      EXPECT_NE(v2.text.find("  fsdp_version: 2\n"), std::string::npos);
+      EXPECT_NE(v2.text.find(fmt::format("  fsdp_reshard_after_forward: {}\n", plan.zero_stage == 3 && plan.reshard_after_forward)),
+                std::string::npos);
+      EXPECT_EQ(v2.text.find("fsdp_sharding_strategy"), std::string::npos);
+    }
+    if (plan.zero_stage == 1 || plan.localsgd() || plan.offload_model.enabled || plan.offload.activations_ratio > 0) {
+      EXPECT_FALSE(v1.expressible()) << name;
+      EXPECT_FALSE(v2.expressible()) << name;
+    }
+  }
+}
+
+TEST(Export, FairscaleUsesTheWrapperOfEachStage) {
+  const ModelProfile m = small_gpt();
+  for (const auto& [name, plan] : cases()) {
+    const Export e = export_fairscale(plan, m, 8);
+    if (!e.expressible()) continue;
+    std::string want = "DistributedDataParallel(model";
+    if (plan.offload_model.enabled) want = "OffloadModel(";
+    else if (plan.localsgd()) want = "SlowMoDistributedDataParallel(";
+    else if (plan.zero_stage == 3) want = "FullyShardedDataParallel as FSDP";
+    else if (plan.zero_stage == 2) want = "ShardedDataParallel(model, optimizer";
+    else if (plan.zero_stage == 1) want = "OSS(";
+    EXPECT_NE(e.text.find(want), std::string::npos) << name;
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::tuner

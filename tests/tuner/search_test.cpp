@@ -1,0 +1,154 @@
+#include "zeroplan/tuner/search.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fixtures.h"
+#include "zeroplan/tuner/space.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+using testing::a100;
+using testing::CountingEvaluator;
+using testing::small_gpt;
+
+// Memory falls linearly with the activation ratio and with checkpointing; time rises with both.
+class LinearFake final : public Evaluator {
+ public:
+  std::int64_t base = 1000, activations = 600, checkpoint_saves = 300, host_per_ratio = 100;
+  Prediction simulate(const Plan& p) const override {
+    Prediction q;
+    q.plan = p;
+    const double ck = p.checkpointing.mode == Checkpointing::Mode::none ? 0 : 1;
+    q.device.peak_bytes = base - static_cast<std::int64_t>(std::llround(p.offload.activations_ratio * activations)) -
+                          static_cast<std::int64_t>(ck * checkpoint_saves);
+    q.host.peak_bytes = static_cast<std::int64_t>(std::llround(p.offload.activations_ratio * host_per_ratio));
+    q.step_time_s = 1 + 0.5 * p.offload.activations_ratio + 0.1 * ck;
+    q.samples_per_s = p.global_batch / q.step_time_s;
+    return q;
+  }
+  MemoryBytes memory_lower_bound(const Plan&) const override { return {}; }
+};
+
+Candidate free_candidate() {
+  Candidate c;
+  c.plan.checkpointing = Checkpointing{};
+  c.fit_activations = true;
+  return c;
+}
+
+TEST(Search, FindsTheSmallestFittingRatioOnTheGridInFewSimulations) {
+  const LinearFake fake;
+  CountingEvaluator ev(fake);
+  const ModelProfile m = small_gpt();
+  for (std::int64_t limit : {1000, 999, 820, 777, 401, 400, 399}) {
+    ev.simulations = 0;
+    const Outcome o = evaluate_candidate(free_candidate(), m, ev, MemoryLimits{limit, 1 << 20});
+    if (limit < 400) {
+      EXPECT_EQ(o.status, Status::out_of_memory) << limit;
+      EXPECT_EQ(o.device_excess_bytes, 400 - limit);
+      continue;
+    }
+    ASSERT_EQ(o.status, Status::fits) << limit;
+    // Smallest k/100 with 1000 - 600 k/100 <= limit.
+    const int k = static_cast<int>(std::ceil((1000.0 - static_cast<double>(limit)) / 6.0 - 1e-9));
+    EXPECT_DOUBLE_EQ(o.plan.offload.activations_ratio, k / 100.0) << limit;
+    EXPECT_LE(o.simulations, 6) << limit;
+  }
+}
+
+TEST(Search, CheckpointingIsTriedWhenOffloadAloneCannotFitAndTheCheaperWins) {
+  LinearFake fake;
+  fake.activations = 200;  // ratio 1 saves 200, checkpointing 300
+  Candidate c = free_candidate();
+  c.fit_checkpointing = true;
+  const ModelProfile m = small_gpt();
+  // Needs 250 saved: offload alone cannot, checkpointing (+0.1 s) can at ratio 0.
+  Outcome o = evaluate_candidate(c, m, fake, MemoryLimits{750, 1 << 20});
+  ASSERT_EQ(o.status, Status::fits);
+  EXPECT_NE(o.plan.checkpointing.mode, Checkpointing::Mode::none);
+  EXPECT_DOUBLE_EQ(o.plan.offload.activations_ratio, 0);
+  // Needs 100: offload 0.5 costs +0.25 s, checkpointing +0.1 s: checkpointing wins.
+  o = evaluate_candidate(c, m, fake, MemoryLimits{900, 1 << 20});
+  EXPECT_NE(o.plan.checkpointing.mode, Checkpointing::Mode::none);
+  // Needs 10: offload 0.05 costs +0.025 s, cheaper than checkpointing.
+  o = evaluate_candidate(c, m, fake, MemoryLimits{990, 1 << 20});
+  EXPECT_EQ(o.plan.checkpointing.mode, Checkpointing::Mode::none);
+  EXPECT_DOUBLE_EQ(o.plan.offload.activations_ratio, 0.05);
+}
+
+TEST(Search, HostLimitStopsOffloadEarly) {
+  const LinearFake fake;
+  // Device needs ratio >= 0.5 (host 50), host allows 40: nothing fits.
+  const Outcome o = evaluate_candidate(free_candidate(), small_gpt(), fake, MemoryLimits{700, 40});
+  EXPECT_EQ(o.status, Status::out_of_memory);
+}
+
+TEST(Search, CheckpointingLevelsStartWithNoneAndGrow) {
+  const ModelProfile m = small_gpt();
+  const auto levels = checkpointing_levels(m);
+  ASSERT_GE(levels.size(), 2u);
+  EXPECT_EQ(levels.front().mode, Checkpointing::Mode::none);
+  for (std::size_t i = 2; i < levels.size(); ++i) {
+    if (levels[i].mode == Checkpointing::Mode::all) continue;
+    EXPECT_EQ(levels[i].units.size(), levels[i - 1].units.size() + 1);
+  }
+}
+
+// The analytic bound is never above the simulated peak, over the variants the search tries.
+TEST(Search, MemoryBoundIsALowerBoundOfTheSimulatedPeak) {
+  const ModelProfile m = small_gpt();
+  const ClusterProfile cl = a100(2);
+  const auto ev = make_simulator(m, cl);
+  const Space s = enumerate_space(m, cl, TuneConstraints{}.set_global_batch(32).set_allow_approximate_averaging(true));
+  const auto levels = checkpointing_levels(m);
+  int checked = 0;
+  for (std::size_t i = 0; i < s.candidates.size(); i += 3) {
+    Plan p = s.candidates[i].plan;
+    for (double ratio : {0.0, 0.5, 1.0}) {
+      if (s.candidates[i].fit_activations) p.offload.activations_ratio = ratio;
+      if (s.candidates[i].fit_checkpointing) p.checkpointing = levels[checked % levels.size()];
+      const MemoryBytes b = ev->memory_lower_bound(p);
+      const Prediction q = ev->simulate(p);
+      ASSERT_LE(b.device, q.device.total_bytes()) << to_string(Status::fits) << " plan " << i;
+      ASSERT_LE(b.host, q.host.total_bytes()) << "plan " << i;
+      if (!p.offload_model.enabled) {  // OffloadModel keeps nothing resident on the device
+        EXPECT_GT(b.device, 0);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+// On the real simulator, the fitted ratio fits and one grid step less does not.
+TEST(Search, FittedRatioIsTheSmallestThatFitsOnTheSimulator) {
+  const ModelProfile m = small_gpt(4, 512);
+  const ClusterProfile cl = a100(1);
+  const auto ev = make_simulator(m, cl);
+  Candidate c;
+  c.plan = Plan::default_ddp(8, 8 * 16);
+  c.fit_activations = true;
+  const Prediction at0 = ev->simulate(c.plan);
+  Plan p1 = c.plan;
+  p1.offload.activations_ratio = 1;
+  const Prediction at1 = ev->simulate(p1);
+  ASSERT_LT(at1.device.total_bytes(), at0.device.total_bytes());
+  // A limit a third of the way between ratio 1 and ratio 0.
+  const std::int64_t limit = at1.device.total_bytes() + (at0.device.total_bytes() - at1.device.total_bytes()) / 3;
+  const MemoryLimits lim{limit, 1LL << 50};
+  const Outcome o = evaluate_candidate(c, m, *ev, lim);
+  ASSERT_EQ(o.status, Status::fits);
+  const double r = o.plan.offload.activations_ratio;
+  EXPECT_GT(r, 0);
+  EXPECT_LT(r, 1);
+  Plan less = o.plan;
+  less.offload.activations_ratio = std::round((r - kRatioStep) * 100) / 100;
+  EXPECT_GT(ev->simulate(less).device.total_bytes(), limit);
+  EXPECT_LE(o.simulations, 8);
+}
+
+}  // namespace
+}  // namespace zeroplan::tuner

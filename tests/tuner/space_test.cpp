@@ -1,0 +1,101 @@
+#include "zeroplan/tuner/space.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "fixtures.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/json_io.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+using testing::a100;
+using testing::small_gpt;
+
+TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
+  const ModelProfile m = small_gpt();
+  const Space s = enumerate_space(m, a100(2), TuneConstraints{}.set_global_batch(64).set_allow_approximate_averaging(true));
+  ASSERT_GT(s.candidates.size(), 100u);
+  EXPECT_EQ(s.world_size, 16);
+  std::set<std::string> seen;
+  for (const Candidate& c : s.candidates) {
+    EXPECT_NO_THROW(validate(c.plan, m));
+    EXPECT_EQ(c.plan.micro_batch * c.plan.microbatches * c.plan.world_size, 64);
+    EXPECT_TRUE(seen.insert(to_json_string(c.plan)).second) << "duplicate " << to_json_string(c.plan);
+    if (c.plan.offload_model.enabled) {
+      EXPECT_EQ(c.plan.zero_stage, 0);
+      EXPECT_LE(c.plan.offload_model.slices, m.expanded_unit_count());
+      EXPECT_FALSE(c.fit_activations);
+    } else {
+      EXPECT_TRUE(c.fit_activations);
+      EXPECT_TRUE(c.fit_checkpointing);
+    }
+    if (c.plan.localsgd()) {
+      EXPECT_EQ(c.plan.zero_stage, 0);
+    }
+  }
+  EXPECT_GT(s.invalid.at("reshard_after_forward requires zero_stage 3"), 0);
+  EXPECT_GT(s.invalid.at("offload_params requires zero_stage 3"), 0);
+  EXPECT_GT(s.invalid.at("offload_grads requires offload_optimizer"), 0);
+  EXPECT_GT(s.invalid_total(), 0);
+}
+
+TEST(Space, OnlyListedKnobsVaryAndFixedValuesHold) {
+  const ModelProfile m = small_gpt();
+  TuneConstraints c;
+  c.set_global_batch(32).set_knobs({"zero_stage", "micro_batch"}).fix("precision", "bf16");
+  const Space s = enumerate_space(m, a100(1), c);
+  // 4 stages x divisors of 32 / 8 = 4 -> {1, 2, 4}
+  EXPECT_EQ(s.candidates.size(), 12u);
+  for (const Candidate& cand : s.candidates) {
+    EXPECT_EQ(cand.plan.precision.param_dtype, "bf16");
+    EXPECT_FALSE(cand.fit_activations);
+    EXPECT_FALSE(cand.fit_checkpointing);
+    EXPECT_FALSE(cand.plan.offload.optimizer);
+  }
+  c.set_knobs({}).fix("zero_stage", "3");
+  for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) EXPECT_EQ(cand.plan.zero_stage, 3);
+}
+
+TEST(Space, WorldSizeUsesTheMostWholeNodesThatDivideTheBatch) {
+  const Space s = enumerate_space(small_gpt(), a100(128), TuneConstraints{}.set_global_batch(1536).set_knobs({"zero_stage"}));
+  EXPECT_EQ(s.world_size, 768);
+  EXPECT_EQ(s.nodes_used, 96);
+  EXPECT_EQ(s.nodes_available, 128);
+  ASSERT_FALSE(s.notes.empty());
+  EXPECT_NE(s.notes[0].find("using 96 nodes"), std::string::npos) << s.notes[0];
+  try {
+    enumerate_space(small_gpt(), a100(128), TuneConstraints{}.set_global_batch(1536).set_world_size(1024));
+    FAIL();
+  } catch (const SchemaError& e) {
+    EXPECT_NE(std::string(e.what()).find("global_batch 1536 is not a multiple of world_size 1024"), std::string::npos);
+  }
+  EXPECT_THROW(enumerate_space(small_gpt(), a100(1), TuneConstraints{}.set_global_batch(16).set_world_size(16)), SchemaError);
+}
+
+TEST(Space, LocalSgdOnlyAcrossNodesAndOnlyWhenAllowed) {
+  const ModelProfile m = small_gpt();
+  auto count_localsgd = [&](const ClusterProfile& cl, bool allow) {
+    int n = 0;
+    for (const Candidate& c :
+         enumerate_space(m, cl, TuneConstraints{}.set_global_batch(64).set_allow_approximate_averaging(allow)).candidates)
+      n += c.plan.localsgd() ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(count_localsgd(a100(2), false), 0);
+  EXPECT_EQ(count_localsgd(a100(1), true), 0);
+  EXPECT_GT(count_localsgd(a100(2), true), 0);
+}
+
+TEST(Space, PrecisionsAreThoseTheDeviceSupports) {
+  ClusterProfile c = a100(1);
+  EXPECT_EQ(supported_precisions(c), (std::vector<std::string>{"fp32", "bf16", "fp16"}));
+  c.device.peak_flops.erase("bf16");
+  c.device.peak_flops.erase("fp16");
+  EXPECT_EQ(supported_precisions(c), (std::vector<std::string>{"fp32"}));
+}
+
+}  // namespace
+}  // namespace zeroplan::tuner

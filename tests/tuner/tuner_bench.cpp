@@ -1,0 +1,61 @@
+// Benchmark: the whole tune of GPT-3 175B (analytic profile) on 128 nodes of 8 x A100-80GB, global batch
+// 1536. Reports candidates, simulations, plans simulated per second and the wall time of one tune.
+// Target: the whole tune under 2 s on a 2-core machine.
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "zeroplan/profiles/analytic.h"
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/tuner/tune.h"
+
+namespace {
+
+using namespace zeroplan;
+
+ModelProfile gpt3_175b() {
+  AnalyticGptOptions o;
+  o.layers = 96;
+  o.hidden = 12288;
+  o.heads = 96;
+  o.seq = 2048;
+  o.vocab = 50257;
+  o.dtype = "fp16";
+  o.name = "gpt3-175b";
+  return analytic_gpt(o);
+}
+
+void run(benchmark::State& state, bool averaging) {
+  const ModelProfile model = gpt3_175b();
+  const ClusterProfile cluster = resolve_cluster("a100-sxm-80gb:128");
+  tuner::TuneConstraints c;
+  c.set_global_batch(1536).set_allow_approximate_averaging(averaging);
+  tuner::TuneOptions opt;
+  opt.set_threads(static_cast<int>(state.range(0)));
+  tuner::TuneResult r;
+  for (auto _ : state) {
+    r = tuner::tune(model, cluster, c, opt);
+    benchmark::DoNotOptimize(r.fitting);
+  }
+  state.counters["candidates"] = static_cast<double>(r.candidates);
+  state.counters["simulations"] = static_cast<double>(r.simulations);
+  state.counters["bound_prunes"] = static_cast<double>(r.bound_prunes);
+  state.counters["fitting"] = static_cast<double>(r.fitting);
+  state.counters["plans_simulated_per_s"] =
+      benchmark::Counter(static_cast<double>(r.simulations) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tune_wall_s"] = r.wall_time_s;
+  if (const auto* best = r.best())
+    state.SetLabel(fmt::format("world {}, best {:.3f} s/step {:.1f} samples/s, stage {}", r.world_size, best->prediction.step_time_s,
+                               best->prediction.samples_per_s, best->plan.zero_stage));
+}
+
+void BM_TuneGpt3_175B(benchmark::State& state) { run(state, false); }
+void BM_TuneGpt3_175B_WithLocalSgd(benchmark::State& state) { run(state, true); }
+
+BENCHMARK(BM_TuneGpt3_175B)->Arg(2)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_TuneGpt3_175B_WithLocalSgd)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,34 @@
+// What the tuner asks of the simulator, behind a small interface so tests can count calls or fake it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/prediction.h"
+
+namespace zeroplan::tuner {
+
+struct MemoryBytes {
+  std::int64_t device = 0;
+  std::int64_t host = 0;
+};
+
+class Evaluator {
+ public:
+  virtual ~Evaluator() = default;
+  // The simulated step of `plan`. Thread-safe. Throws SchemaError / sim::SimError when the plan cannot
+  // be simulated (the tuner counts it as rejected with that message).
+  virtual Prediction simulate(const Plan& plan) const = 0;
+  // Lower bounds of simulate(plan).device.total_bytes() and .host.total_bytes(), cheap (no
+  // simulation). Thread-safe. {0, 0} is always correct (no pruning).
+  virtual MemoryBytes memory_lower_bound(const Plan& plan) const = 0;
+};
+
+// The real simulator (zeroplan_sim) and its analytic memory bound on `model` x `cluster`. Both are
+// copied, so the evaluator owns what it simulates.
+std::unique_ptr<Evaluator> make_simulator(const ModelProfile& model, const ClusterProfile& cluster);
+
+}  // namespace zeroplan::tuner

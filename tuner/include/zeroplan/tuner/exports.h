@@ -1,0 +1,47 @@
+// Exports of a plan to the configs of the tools people already use. Where a tool cannot express the
+// plan, the export says so (`unsupported`) and no config is written, rather than one that differs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+
+namespace zeroplan::tuner {
+
+struct Export {
+  std::string tool;        // "zeroplan", "DeepSpeed", "Accelerate FSDP1", "Accelerate FSDP2", "fairscale"
+  std::string file;        // "plan.json", "ds_config.json", "accelerate_fsdp.yaml", "accelerate_fsdp2.yaml", "fairscale.py"
+  std::string text;        // the file's content ("" when unsupported is not empty)
+  std::vector<std::string> notes;        // what to do beside the config (model code, launcher flags)
+  std::vector<std::string> unsupported;  // parts of the plan the tool cannot express
+
+  bool expressible() const { return unsupported.empty(); }
+};
+
+// The zeroplan Plan document (to_json_string).
+Export export_plan(const Plan& plan);
+
+// DeepSpeed ds_config.json, every value written out: train_batch_size = micro x
+// gradient_accumulation_steps x world (asserted), zero_optimization (stage, bucket sizes in elements,
+// offload_optimizer {device, pin_memory, ratio}, offload_param at stage 3), fp16 / bf16, optimizer.
+Export export_deepspeed(const Plan& plan, const ModelProfile& model);
+
+// Accelerate config for FSDP1 (fsdp_sharding_strategy 1 FULL_SHARD / 2 SHARD_GRAD_OP / 3 NO_SHARD,
+// fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...).
+Export export_accelerate_fsdp(const Plan& plan, const ModelProfile& model, int nodes);
+// Accelerate config for FSDP2 (fsdp_version: 2, fsdp_reshard_after_forward, ...).
+Export export_accelerate_fsdp2(const Plan& plan, const ModelProfile& model, int nodes);
+
+// A Python snippet wrapping a model and optimizer with fairscale (OSS, ShardedDataParallel,
+// FullyShardedDataParallel, OffloadModel, SlowMoDistributedDataParallel) with the plan's arguments.
+Export export_fairscale(const Plan& plan, const ModelProfile& model, int devices_per_node);
+
+// All of the above, in that order.
+std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node);
+
+// The class to wrap: the type of the unit with the most parameters x count ("TransformerBlock").
+std::string wrap_class(const ModelProfile& model);
+
+}  // namespace zeroplan::tuner

@@ -1,0 +1,163 @@
+// DeepSpeed ds_config.json. Every value is written out (DeepSpeed's defaults differ between its docs and
+// its code); what DeepSpeed cannot express is listed instead of approximated.
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <nlohmann/json.hpp>
+
+#include "export_common.h"
+#include "zeroplan/tuner/exports.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// DeepSpeed's offload_optimizer.ratio: the share of optimizer state on the host. zeroplan offloads all of
+// it or none, so 1; DeepSpeed accepts a ratio below 1 only at stage 3 (checked where it is written).
+double offload_ratio(const Plan&) { return 1.0; }
+
+}  // namespace
+
+Export export_deepspeed(const Plan& p, const ModelProfile& model) {
+  Export e;
+  e.tool = "DeepSpeed";
+  e.file = "ds_config.json";
+  auto& no = e.unsupported;
+
+  if (p.offload_model.enabled) no.emplace_back("fairscale OffloadModel (layer-by-layer slices) has no DeepSpeed equivalent");
+  if (p.localsgd()) no.emplace_back("LocalSGD / SlowMo (averaging parameters every few steps) has no DeepSpeed equivalent");
+  if (p.offload.activations_ratio > 0)
+    no.push_back(fmt::format("partial activation offload (ratio {}) has no DeepSpeed setting; activation_checkpointing."
+                             "cpu_checkpointing offloads checkpoints, which is a different plan",
+                             p.offload.activations_ratio));
+  if (p.offload.optimizer && !p.offload.grads)
+    no.emplace_back("offload_optimizer also moves the gradients to the host; the plan keeps them on the device");
+  if (p.offload.optimizer && p.optimizer.name == "sgd")
+    no.emplace_back("DeepSpeed's host optimizers are Adam, Adagrad and Lion; the plan offloads SGD");
+  if (p.precision.broadcast_fp16) no.emplace_back("broadcast_fp16 (fairscale OSS) has no DeepSpeed equivalent");
+  if (p.adascale) no.emplace_back("AdaScale has no DeepSpeed equivalent");
+  if (p.precision.param_dtype != p.precision.compute_dtype)
+    no.push_back(fmt::format("parameters in {} with compute in {}: DeepSpeed computes in its parameter dtype",
+                             p.precision.param_dtype, p.precision.compute_dtype));
+  if (p.precision.param_dtype != "fp32" && !p.precision.master_fp32)
+    no.emplace_back("16-bit parameters without an fp32 master copy: DeepSpeed always keeps one");
+  if (p.precision.param_dtype == "bf16" && p.precision.loss_scale.mode != LossScale::Mode::none)
+    no.emplace_back("loss scaling with bf16: DeepSpeed's bf16 mode does not scale the loss");
+  if (p.precision.param_dtype == "fp16" && p.precision.loss_scale.mode == LossScale::Mode::none)
+    no.emplace_back("fp16 without loss scaling: DeepSpeed's fp16 mode always scales the loss");
+  if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining is configured in DeepSpeed's PipelineModule, not here");
+  const double ratio = offload_ratio(p);
+  if (p.offload.optimizer && ratio < 1 && p.zero_stage != 3)
+    no.push_back(fmt::format("offload_optimizer ratio {} < 1 needs ZeRO stage 3 (plan: stage {})", ratio, p.zero_stage));
+  if (!e.expressible()) return e;
+
+  // Batch identity, as DeepSpeed asserts it.
+  const std::int64_t train_batch = static_cast<std::int64_t>(p.micro_batch) * p.microbatches * p.world_size;
+  if (train_batch != p.global_batch)  // validate(plan) guarantees it: a broken invariant
+    throw std::logic_error(fmt::format("ds_config: train_batch_size {} != micro {} x accumulation {} x world {}", p.global_batch,
+                                       p.micro_batch, p.microbatches, p.world_size));
+
+  const int grad_bytes = exports::dtype_bytes(p.precision.reduce_dtype);
+  const int param_bytes = exports::dtype_bytes(p.precision.param_dtype);
+  const std::int64_t unit = std::max<std::int64_t>(1, exports::largest_unit_params(model));
+  std::int64_t reduce_bucket = 0;
+  if (p.zero_stage <= 1) reduce_bucket = p.buckets.all_reduce_bucket_bytes / grad_bytes;
+  else if (p.zero_stage == 2) reduce_bucket = p.buckets.reduce_buffer_elems;
+  else reduce_bucket = unit;  // stage 3 reduce-scatters one unit at a time
+
+  ojson j;
+  j["train_batch_size"] = train_batch;
+  j["train_micro_batch_size_per_gpu"] = p.micro_batch;
+  j["gradient_accumulation_steps"] = p.microbatches;
+  j["gradient_clipping"] = 0.0;
+  j["prescale_gradients"] = false;
+  j["gradient_predivide_factor"] = 1.0;
+  j["steps_per_print"] = 100;
+  j["wall_clock_breakdown"] = false;
+  j["communication_data_type"] = p.precision.fp32_reduce_scatter ? std::string("fp32") : p.precision.reduce_dtype;
+  if (p.optimizer.name == "sgd") {
+    e.notes.push_back(fmt::format("DeepSpeed has no built-in SGD: pass torch.optim.SGD(params, lr={}, momentum={}, "
+                                  "weight_decay={}) as the client optimizer to deepspeed.initialize",
+                                  p.optimizer.lr, p.optimizer.momentum, p.optimizer.weight_decay));
+    j["zero_allow_untested_optimizer"] = true;
+  } else {
+    ojson params;
+    params["lr"] = p.optimizer.lr;
+    params["betas"] = {p.optimizer.betas[0], p.optimizer.betas[1]};
+    params["eps"] = p.optimizer.eps;
+    params["weight_decay"] = p.optimizer.weight_decay;
+    params["adam_w_mode"] = p.optimizer.name == "adamw";
+    j["optimizer"] = {{"type", p.optimizer.name == "adamw" ? "AdamW" : "Adam"}, {"params", params}};
+    j["zero_allow_untested_optimizer"] = false;
+  }
+  const bool fp16 = p.precision.param_dtype == "fp16";
+  ojson f16;
+  f16["enabled"] = fp16;
+  f16["auto_cast"] = false;
+  f16["loss_scale"] = fp16 && p.precision.loss_scale.mode == LossScale::Mode::fixed ? p.precision.loss_scale.value : 0.0;
+  f16["initial_scale_power"] = 16;
+  f16["loss_scale_window"] = 2000;  // zeroplan's dynamic scale: x2 after 2000 clean steps
+  f16["hysteresis"] = 1;            // and x0.5 at the first overflow
+  f16["consecutive_hysteresis"] = false;
+  f16["min_loss_scale"] = 1;
+  j["fp16"] = f16;
+  j["bf16"] = {{"enabled", p.precision.param_dtype == "bf16"}};
+
+  ojson z;
+  z["stage"] = p.zero_stage;
+  z["contiguous_gradients"] = p.flat_params;
+  z["overlap_comm"] = true;
+  z["reduce_scatter"] = true;
+  z["reduce_bucket_size"] = reduce_bucket;
+  z["allgather_partitions"] = true;
+  z["allgather_bucket_size"] = p.buckets.allgather_bucket_bytes / param_bytes;
+  z["round_robin_gradients"] = false;
+  ojson oo;
+  oo["device"] = p.offload.optimizer ? "cpu" : "none";
+  oo["pin_memory"] = p.offload.optimizer;
+  oo["ratio"] = ratio;
+  oo["buffer_count"] = 4;
+  oo["fast_init"] = false;
+  z["offload_optimizer"] = oo;
+  if (p.zero_stage == 3) {
+    ojson op;
+    op["device"] = p.offload.params ? "cpu" : "none";
+    op["pin_memory"] = p.offload.params;
+    op["buffer_count"] = 5;
+    op["buffer_size"] = 100000000;
+    op["max_in_cpu"] = 1000000000;
+    z["offload_param"] = op;
+    const std::int64_t total = std::max<std::int64_t>(1, model.total_params());
+    // Prefetch one unit ahead, or none; keep gathered parameters until backward unless resharding.
+    z["stage3_prefetch_bucket_size"] = p.buckets.prefetch ? unit : 0;
+    z["stage3_param_persistence_threshold"] = 0;  // every parameter is sharded, as in the plan
+    z["stage3_max_live_parameters"] = total;
+    z["stage3_max_reuse_distance"] = p.reshard_after_forward ? 0 : total;
+    z["sub_group_size"] = 1000000000;
+    z["stage3_gather_16bit_weights_on_model_save"] = false;
+  }
+  j["zero_optimization"] = z;
+
+  ojson ac;
+  ac["partition_activations"] = false;
+  ac["cpu_checkpointing"] = false;
+  ac["contiguous_memory_optimization"] = false;
+  ac["number_checkpoints"] = nullptr;
+  ac["synchronize_checkpoint_boundary"] = false;
+  ac["profile"] = false;
+  j["activation_checkpointing"] = ac;
+  if (p.checkpointing.mode != Checkpointing::Mode::none)
+    e.notes.push_back(fmt::format("activation checkpointing ({}) lives in the model code: wrap those units' forward in "
+                                  "deepspeed.checkpointing.checkpoint",
+                                  exports::checkpointing_text(p.checkpointing)));
+  if (!p.flat_params && p.zero_stage >= 1)
+    e.notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
+                         "so DeepSpeed will be a little faster than predicted");
+  e.notes.push_back(fmt::format("launch with {} ranks: train_batch_size {} = micro {} x gradient_accumulation_steps {} x world {}",
+                                p.world_size, train_batch, p.micro_batch, p.microbatches, p.world_size));
+  e.text = j.dump(2) + "\n";
+  return e;
+}
+
+}  // namespace zeroplan::tuner

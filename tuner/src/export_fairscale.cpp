@@ -1,0 +1,187 @@
+// A fairscale snippet: the wrappers and arguments that run the plan, around the user's model and loop.
+#include <fmt/format.h>
+
+#include "export_common.h"
+#include "text.h"
+#include "zeroplan/tuner/exports.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+std::string py_bool(bool v) { return v ? "True" : "False"; }
+std::string torch_dtype(const std::string& d) {
+  return d == "bf16" ? "torch.bfloat16" : d == "fp16" ? "torch.float16" : "torch.float32";
+}
+
+std::string optimizer_ctor(const Plan& p) {
+  const Optimizer& o = p.optimizer;
+  if (o.name == "sgd")
+    return fmt::format("torch.optim.SGD, lr={}, momentum={}, weight_decay={}", o.lr, o.momentum, o.weight_decay);
+  return fmt::format("torch.optim.{}, lr={}, betas=({}, {}), eps={}, weight_decay={}", o.name == "adamw" ? "AdamW" : "Adam", o.lr,
+                     o.betas[0], o.betas[1], o.eps, o.weight_decay);
+}
+
+}  // namespace
+
+Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_per_node) {
+  Export e;
+  e.tool = "fairscale";
+  e.file = "fairscale.py";
+  auto& no = e.unsupported;
+  if (p.offload.activations_ratio > 0)
+    no.push_back(fmt::format("partial activation offload (ratio {}) has no fairscale equivalent", p.offload.activations_ratio));
+  if (p.zero_stage >= 1 && p.zero_stage <= 2 && (p.offload.optimizer || p.offload.grads))
+    no.emplace_back("OSS and ShardedDataParallel keep the optimizer on the device: no optimizer offload at stage 1-2");
+  if (p.zero_stage == 3) {
+    const bool any = p.offload.params || p.offload.grads || p.offload.optimizer;
+    const bool all = p.offload.params && p.offload.grads && p.offload.optimizer;
+    if (any && !all)
+      no.emplace_back("FullyShardedDataParallel's move_params_to_cpu moves parameters, gradients and the optimizer step together; "
+                      "the plan offloads only some of them");
+  }
+  if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining: use fairscale.nn.Pipe, not covered by this snippet");
+  if (p.precision.param_dtype != "fp32" && !p.precision.master_fp32)
+    no.emplace_back("16-bit parameters without an fp32 master copy: fairscale keeps fp32 parameters");
+  if (!e.expressible()) return e;
+
+  const std::string dtype = torch_dtype(p.precision.compute_dtype);
+  const bool mixed = p.precision.compute_dtype != "fp32";
+  const bool fp16 = p.precision.compute_dtype == "fp16" || p.precision.loss_scale.mode != LossScale::Mode::none;
+  std::string s;
+  s += fmt::format("# fairscale wrapping written by zeroplan tune for: {}\n", exports::plan_summary(p));
+  s += fmt::format("# Launch {} ranks (torchrun); each rank trains on micro batches of {} samples, {} per optimizer step.\n",
+                   p.world_size, p.micro_batch, p.microbatches);
+  s += "import torch\nimport torch.distributed as dist\n";
+  std::string wrap;
+  const std::string opt = optimizer_ctor(p);
+  if (p.checkpointing.mode != Checkpointing::Mode::none) {
+    s += "from fairscale.nn import checkpoint_wrapper\n";
+  }
+  if (p.offload_model.enabled) {
+    s += "from fairscale.experimental.nn.offload import OffloadModel\n";
+    wrap += fmt::format(
+        "# `units` is the model as a list of its {} units (an nn.Sequential of them is what OffloadModel slices).\n"
+        "model = OffloadModel(\n"
+        "    model=torch.nn.Sequential(*units),\n"
+        "    device=torch.device(\"cuda\"),\n"
+        "    offload_device=torch.device(\"cpu\"),\n"
+        "    num_slices={},\n"
+        "    checkpoint_activation={},\n"
+        "    num_microbatches={},\n"
+        ")\n",
+        model.expanded_unit_count(), p.offload_model.slices, py_bool(p.offload_model.checkpoint_activation),
+        p.offload_model.microbatches);
+    wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
+                        text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
+    wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+  } else if (p.localsgd()) {
+    s += "from fairscale.experimental.nn.data_parallel import SlowMoBaseAlgorithm, SlowMoDistributedDataParallel\n";
+    wrap += fmt::format(
+        "model = SlowMoDistributedDataParallel(\n"
+        "    model,\n"
+        "    nprocs_per_node={},\n"
+        "    slowmo_base_algorithm=SlowMoBaseAlgorithm.LOCALSGD,\n"
+        "    localsgd_frequency={},\n"
+        "    slowmo_momentum={},\n"
+        "    slowmo_frequency={},\n"
+        "    broadcast_buffers=False,\n"
+        ")\n",
+        devices_per_node, p.localsgd_frequency, text::num(p.slowmo_momentum),
+        p.slowmo_frequency > 0 ? p.slowmo_frequency : p.localsgd_frequency);
+    wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+  } else if (p.zero_stage == 0) {
+    wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
+                        text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
+    wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+  } else if (p.zero_stage <= 2) {
+    s += "from fairscale.optim.oss import OSS\n";
+    wrap += fmt::format("optimizer = OSS(model.parameters(), optim={}, broadcast_fp16={})\n", opt,
+                        py_bool(p.precision.broadcast_fp16));
+    if (p.zero_stage == 1) {
+      wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
+                          text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
+    } else {
+      s += "from fairscale.nn.data_parallel import ShardedDataParallel\n";
+      wrap += fmt::format("model = ShardedDataParallel(model, optimizer, reduce_buffer_size={})\n", p.buckets.reduce_buffer_elems);
+    }
+  } else {
+    s += "from fairscale.nn import auto_wrap, enable_wrap\n";
+    s += "from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP\n";
+    const std::string args = fmt::format(
+        "reshard_after_forward={}, move_params_to_cpu={}, move_grads_to_cpu={}, mixed_precision={}, compute_dtype={}, "
+        "fp32_reduce_scatter={}, flatten_parameters={}",
+        py_bool(p.reshard_after_forward), py_bool(p.offload.params), py_bool(p.offload.grads), py_bool(mixed), dtype,
+        py_bool(p.precision.fp32_reduce_scatter), py_bool(p.flat_params));
+    wrap += fmt::format(
+        "# Each {} unit becomes its own FSDP instance; the root keeps the rest.\n"
+        "fsdp_args = dict({})\n"
+        "with enable_wrap(wrapper_cls=FSDP, **fsdp_args):\n"
+        "    for i, unit in enumerate(units):\n"
+        "        units[i] = auto_wrap(unit)\n"
+        "model = FSDP(model, **fsdp_args)\n",
+        wrap_class(model), args);
+    wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+  }
+  if (p.adascale) {
+    s += "from fairscale.optim import AdaScale\n";
+    wrap += fmt::format("optimizer = AdaScale(optimizer, world_size={})\n", p.world_size);
+  }
+  std::string pre;
+  if (p.checkpointing.mode != Checkpointing::Mode::none) {
+    if (p.checkpointing.mode == Checkpointing::Mode::all)
+      pre += "# Checkpoint every unit (recomputed in backward).\nunits = [checkpoint_wrapper(u) for u in units]\n";
+    else {
+      std::vector<std::string> idx;
+      for (int i : p.checkpointing.units) idx.push_back(std::to_string(i));
+      pre += fmt::format(
+          "# Checkpoint these profile units (every repetition of each): {}.\n"
+          "for i in [{}]:\n"
+          "    units[i] = checkpoint_wrapper(units[i])\n",
+          exports::checkpointing_text(p.checkpointing), text::join(idx));
+    }
+  }
+  s += "\n" + pre + wrap;
+  if (fp16) {
+    if (p.zero_stage >= 2) {
+      s += "from fairscale.optim.grad_scaler import ShardedGradScaler\n";
+      s += "scaler = ShardedGradScaler(init_scale=2.0**16, growth_interval=2000)\n";
+    } else {
+      s += "scaler = torch.cuda.amp.GradScaler(init_scale=2.0**16, growth_interval=2000)\n";
+    }
+  }
+  // The step.
+  const bool no_sync = p.microbatches > 1 && (p.zero_stage <= 1 || p.localsgd() || p.offload_model.enabled);
+  s += "\n\ndef train_step(batches):\n";
+  s += fmt::format("    # batches: {} micro batches of {} samples\n", p.microbatches, p.micro_batch);
+  s += "    optimizer.zero_grad(set_to_none=False)\n";
+  s += "    for k, (x, y) in enumerate(batches):\n";
+  std::string indent = "        ";
+  if (no_sync) {
+    s += fmt::format("        ctx = model.no_sync() if k < {} else contextlib.nullcontext()\n", p.microbatches - 1);
+    s += "        with ctx:\n";
+    indent += "    ";
+  }
+  if (mixed && p.zero_stage != 3)
+    s += indent + fmt::format("with torch.autocast(\"cuda\", dtype={}):\n", dtype) + indent + "    loss = loss_fn(model(x), y)\n";
+  else
+    s += indent + "loss = loss_fn(model(x), y)\n";
+  s += indent + (fp16 ? "scaler.scale(loss).backward()\n" : "loss.backward()\n");
+  s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
+  if (p.localsgd()) s += "    model.perform_slowmo(optimizer)\n";
+  if (no_sync) {
+    const std::size_t at = s.find("import torch\n");
+    s.insert(at, "import contextlib\n");
+  }
+
+  e.text = s;
+  if (p.zero_stage <= 2 && p.precision.param_dtype != "fp32")
+    e.notes.push_back(fmt::format("stages 0-2 use torch.autocast({}): it casts per op instead of keeping the plan's {} "
+                                  "compute copy of the parameters (less memory, a little more cast work)",
+                                  dtype, p.precision.param_dtype));
+  if (p.zero_stage <= 2 && p.flat_params)
+    e.notes.emplace_back("OSS / DDP step per tensor: use a foreach or fused optimizer for the plan's flat step");
+  e.notes.emplace_back("`model`, `units` (the model's units in order), `loss_fn` are yours; the snippet shows the wrapping");
+  return e;
+}
+
+}  // namespace zeroplan::tuner

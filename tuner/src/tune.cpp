@@ -1,0 +1,184 @@
+// The search: enumerate, evaluate every candidate in a pool of threads, rank, explain.
+#include "zeroplan/tuner/tune.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/tuner/pareto.h"
+#include "zeroplan/tuner/space.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+// Evaluates every candidate; outcomes land at their candidate's index, so the result does not depend on
+// the number of threads or the order they finish in.
+std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const ModelProfile& model, const Evaluator& ev,
+                                  const MemoryLimits& limits, const TuneOptions& opt) {
+  std::vector<Outcome> out(cands.size());
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::clamp(opt.threads > 0 ? opt.threads : hw, 1, std::max(1, static_cast<int>(cands.size())));
+  std::atomic<std::size_t> next{0};
+  std::mutex progress_mutex;
+  Progress progress;
+  progress.total = static_cast<std::int64_t>(cands.size());
+  const std::int64_t report_every = std::max<std::int64_t>(1, progress.total / 200);
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  SearchOptions sopt;
+  sopt.prune = opt.prune;
+
+  auto worker = [&] {
+    for (;;) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= cands.size()) return;
+      try {
+        out[i] = evaluate_candidate(cands[i], model, ev, limits, sopt);
+      } catch (...) {
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = cands.size();
+        return;
+      }
+      if (opt.progress) {
+        std::lock_guard lock(progress_mutex);
+        ++progress.done;
+        progress.simulations += out[i].simulations;
+        progress.fitting += out[i].status == Status::fits ? 1 : 0;
+        if (progress.done % report_every == 0 || progress.done == progress.total) opt.progress(progress);
+      }
+    }
+  };
+  if (threads == 1) {
+    worker();
+  } else {
+    std::vector<std::jthread> pool;
+    pool.reserve(static_cast<std::size_t>(threads));
+    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  }
+  if (failure) std::rethrow_exception(failure);
+  return out;
+}
+
+DefaultCheck check_default(const TuneResult& r, const Evaluator& ev) {
+  DefaultCheck d;
+  d.device_available_bytes = r.limits.device_bytes;
+  d.host_available_bytes = r.limits.host_bytes;
+  try {
+    d.plan = Plan::default_ddp(r.world_size, r.constraints.global_batch);
+    d.plan.optimizer.name = r.constraints.optimizer;
+    validate(d.plan, r.model);
+    d.valid = true;
+  } catch (const SchemaError& e) {
+    d.invalid_reason = e.what();
+    return d;
+  }
+  try {
+    d.prediction = ev.simulate(d.plan);
+    d.simulated = true;
+    d.fits = fits(d.prediction, r.limits);
+    d.device_needed_bytes = d.prediction.device.total_bytes();
+    d.host_needed_bytes = d.prediction.host.total_bytes();
+  } catch (const std::exception& e) {
+    d.error = e.what();
+  }
+  return d;
+}
+
+}  // namespace
+
+std::int64_t Rejections::invalid_total() const {
+  std::int64_t n = 0;
+  for (const auto& [why, count] : invalid) n += count;
+  return n;
+}
+
+TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, const TuneConstraints& constraints,
+                const TuneOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TuneResult r;
+  r.model = model;
+  r.cluster = constrained_cluster(cluster_in, constraints);
+  r.constraints = constraints;
+  r.limits = memory_limits(r.cluster, constraints);
+  Space space = enumerate_space(model, r.cluster, constraints);
+  r.world_size = space.world_size;
+  r.nodes_used = space.nodes_used;
+  r.notes = space.notes;
+  r.rejections.invalid = space.invalid;
+  r.candidates = static_cast<std::int64_t>(space.candidates.size());
+
+  std::unique_ptr<Evaluator> owned;
+  const Evaluator* ev = options.evaluator;
+  if (!ev) {
+    owned = make_simulator(model, r.cluster);
+    ev = owned.get();
+  }
+  std::vector<Outcome> outcomes = evaluate_all(space.candidates, model, *ev, r.limits, options);
+
+  std::vector<int> fitting;
+  std::vector<int> misses;
+  for (int i = 0; i < static_cast<int>(outcomes.size()); ++i) {
+    const Outcome& o = outcomes[static_cast<std::size_t>(i)];
+    r.simulations += o.simulations;
+    r.bound_prunes += o.bound_prunes;
+    switch (o.status) {
+      case Status::fits: fitting.push_back(i); break;
+      case Status::out_of_memory_bound: ++r.rejections.out_of_memory_bound; misses.push_back(i); break;
+      case Status::out_of_memory: ++r.rejections.out_of_memory; misses.push_back(i); break;
+      case Status::error:
+        ++r.rejections.errors;
+        ++r.rejections.error_messages[o.error];
+        break;
+    }
+  }
+  r.fitting = static_cast<std::int64_t>(fitting.size());
+  auto at = [&](int i) -> const Outcome& { return outcomes[static_cast<std::size_t>(i)]; };
+  auto ranked = [&](int i) { return RankedPlan{i, at(i).plan, at(i).prediction}; };
+
+  // Ranking: fastest first; ties by memory, then by enumeration order.
+  std::vector<int> order = fitting;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return faster(at(a).prediction, at(b).prediction); });
+  const std::size_t k = std::min(order.size(), static_cast<std::size_t>(std::max(0, options.top_k)));
+  for (std::size_t i = 0; i < k; ++i) r.ranking.push_back(ranked(order[i]));
+
+  // Pareto front and the cloud of fitting points.
+  std::vector<ParetoPoint> points;
+  for (int i : fitting) {
+    const Prediction& p = at(i).prediction;
+    points.push_back({i, p.device.total_bytes(), p.samples_per_s});
+    r.fitting_points.push_back({i, p.device.total_bytes(), p.samples_per_s});
+  }
+  for (int id : pareto_front(points)) r.pareto.push_back(ranked(id));
+
+  // The closest misses.
+  std::stable_sort(misses.begin(), misses.end(), [&](int a, int b) {
+    return at(a).device_excess_bytes + at(a).host_excess_bytes < at(b).device_excess_bytes + at(b).host_excess_bytes;
+  });
+  for (std::size_t i = 0; i < std::min<std::size_t>(5, misses.size()); ++i) {
+    const Outcome& o = at(misses[i]);
+    r.rejections.closest.push_back({misses[i], o.status, o.plan, o.device_excess_bytes, o.host_excess_bytes, o.error});
+  }
+
+  r.default_plan = check_default(r, *ev);
+  if (options.explain && r.best()) {
+    const RankedPlan& w = *r.best();
+    if (r.ranking.size() > 1)
+      r.explanation.comparisons.push_back(
+          compare_plans("runner-up", w.plan, w.prediction, r.ranking[1].plan, &r.ranking[1].prediction, *ev, r.limits));
+    if (r.default_plan.valid)
+      r.explanation.comparisons.push_back(compare_plans("default", w.plan, w.prediction, r.default_plan.plan,
+                                                        r.default_plan.simulated ? &r.default_plan.prediction : nullptr, *ev,
+                                                        r.limits));
+  }
+  r.wall_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace zeroplan::tuner
