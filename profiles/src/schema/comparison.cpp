@@ -20,6 +20,7 @@ ojson write_metric(const Metric& m) {
   j["measured"] = m.measured;
   j["rel_error"] = m.rel_error;
   j["gating"] = m.gating;
+  if (m.tolerance > 0) j["tolerance"] = m.tolerance;
   return j;
 }
 
@@ -36,6 +37,7 @@ void check_metrics(const std::string& where, const std::vector<Metric>& metrics)
     const Metric& m = metrics[i];
     const std::string at = where + "[" + std::to_string(i) + "]";
     if (m.name.empty()) comparison_error(at + ".name is empty");
+    if (!(m.tolerance >= 0)) comparison_error(at + " (" + m.name + ").tolerance must be >= 0 (got " + num(m.tolerance) + ")");
     if (!names.insert(m.name).second) comparison_error(at + ".name " + quote_json(m.name) + " is not unique");
     const double expected = relative_error(m.predicted, m.measured);
     if (!(std::fabs(m.rel_error - expected) <= 1e-9 * std::max(1.0, std::fabs(expected))))
@@ -53,6 +55,7 @@ void read_value(const nlohmann::json& j, Metric& m, const std::string& path) {
   r.req("measured", m.measured);
   r.req("rel_error", m.rel_error);
   r.opt("gating", m.gating);
+  r.opt("tolerance", m.tolerance);
   r.finish();
 }
 
@@ -70,12 +73,12 @@ double relative_error(double predicted, double measured) {
 
 std::string verdict_for(const std::vector<Metric>& metrics, double tolerance) {
   for (const Metric& m : metrics)
-    if (m.gating && !(std::fabs(m.rel_error) <= tolerance)) return "fail";
+    if (m.gating && !(std::fabs(m.rel_error) <= (m.tolerance > 0 ? m.tolerance : tolerance))) return "fail";
   return "pass";
 }
 
 Metric make_metric(std::string name, double predicted, double measured, bool gating) {
-  return Metric{std::move(name), predicted, measured, relative_error(predicted, measured), gating};
+  return Metric{std::move(name), predicted, measured, relative_error(predicted, measured), gating, 0};
 }
 
 ojson to_ordered_json(const Comparison& c) {

@@ -14,6 +14,7 @@ struct Metric {
   double measured = 0;
   double rel_error = 0;       // relative_error(predicted, measured), signed
   bool gating = true;         // counts for the verdict; optional, default true
+  double tolerance = 0;       // this metric's own tolerance (memory vs time); 0: the document's; optional
 
   bool operator==(const Metric&) const = default;
 };
@@ -43,14 +44,16 @@ inline constexpr const char* kComparisonSchema = "zeroplan.comparison/1";
 // (predicted - measured) / |measured|. When measured is 0: 0 if predicted is 0, else +-1 (100%).
 double relative_error(double predicted, double measured);
 
-// "pass" when every gating metric has |rel_error| <= tolerance, else "fail".
+// "pass" when every gating metric has |rel_error| <= its tolerance (the metric's own when > 0, else
+// `tolerance`), else "fail".
 std::string verdict_for(const std::vector<Metric>& metrics, double tolerance);
 
 // A metric with rel_error filled in.
 Metric make_metric(std::string name, double predicted, double measured, bool gating = true);
 
-// Throws SchemaError: tolerance > 0, known verdict equal to verdict_for(metrics, tolerance), each
-// rel_error equal to relative_error(predicted, measured) (relative 1e-9), unique metric names.
+// Throws SchemaError: tolerance > 0, metric tolerances >= 0, known verdict equal to
+// verdict_for(metrics, tolerance), each rel_error equal to relative_error(predicted, measured)
+// (relative 1e-9), unique metric names.
 void validate(const Comparison& comparison);
 
 void to_json(nlohmann::json& j, const Comparison& comparison);

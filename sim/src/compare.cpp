@@ -1,0 +1,445 @@
+// Predicted vs measured (see compare.h for the metrics and the phase mapping).
+#include "zeroplan/sim/compare.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "zeroplan/profiles/errors.h"
+
+namespace zeroplan::sim {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// Collective phases the executor records (one per c10d call it issues).
+const std::set<std::string>& collective_phases() {
+  static const std::set<std::string> names{"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                           "reduce", "all_to_all", "barrier"};
+  return names;
+}
+
+double value_or_zero(const std::map<std::string, double>& m, const std::string& key) {
+  auto it = m.find(key);
+  return it == m.end() ? 0.0 : it->second;
+}
+
+// Units run this many times per step; the Prediction's unit timings are of the first.
+int chunks_per_step(const Plan& plan) {
+  return plan.offload_model.enabled ? plan.offload_model.microbatches : plan.microbatches;
+}
+
+std::string ms(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / double(1 << 20)); }
+
+// ---- phases ------------------------------------------------------------------------------------
+
+void add_phases(const Prediction& p, const RunRecord& r, const CompareOptions& o, std::vector<Metric>& out) {
+  const auto& measured = r.phase_times_s;
+  if (measured.empty()) return;
+  auto add = [&](const std::string& phase, double predicted, double meas) {
+    out.push_back(make_metric("phase." + phase + "_s", predicted, meas, o.gate_phases));
+  };
+  const int chunks = chunks_per_step(p.plan);
+  if (!p.units.empty()) {
+    double fwd = 0, bwd = 0;
+    for (const UnitTiming& u : p.units) {
+      fwd += u.fwd_s;
+      bwd += u.bwd_s;
+    }
+    if (measured.count("forward")) add("forward", fwd * chunks, measured.at("forward"));
+    if (measured.count("backward")) add("backward", bwd * chunks, measured.at("backward"));
+  }
+  if (p.resource_busy_s.empty()) return;
+  const bool host_opt = r.plan.offload.optimizer;
+  double compute = value_or_zero(measured, "forward") + value_or_zero(measured, "backward") +
+                   value_or_zero(measured, "recompute");
+  if (!host_opt) compute += value_or_zero(measured, "optimizer");
+  const auto& busy = p.resource_busy_s;
+  auto either = [&](const std::string& phase, double predicted, double meas) {
+    if (predicted > 0 || meas > 0) add(phase, predicted, meas);
+  };
+  either("compute", value_or_zero(busy, "compute"), compute);
+  if (host_opt || busy.count("host_optimizer"))
+    either("optimizer", value_or_zero(busy, "host_optimizer"), host_opt ? value_or_zero(measured, "optimizer") : 0.0);
+  either("h2d", value_or_zero(busy, "h2d"), value_or_zero(measured, "h2d"));
+  either("d2h", value_or_zero(busy, "d2h"), value_or_zero(measured, "d2h"));
+  double comm_pred = 0, comm_meas = 0;
+  for (const auto& [name, s] : busy)
+    if (name == "comm" || name.rfind("comm.", 0) == 0) comm_pred += s;
+  for (const auto& [name, s] : measured)
+    if (collective_phases().count(name)) comm_meas += s;
+  either("comm", comm_pred, comm_meas);
+  if (measured.count("comm_wait") || p.exposed_comm_s > 0)
+    add("exposed_comm", p.exposed_comm_s, value_or_zero(measured, "comm_wait"));
+}
+
+// ---- warnings ----------------------------------------------------------------------------------
+
+// "a.b.c" -> scalar (dumped), for a field-by-field plan diff.
+void flatten(const nlohmann::json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    out[prefix] = j.dump();
+  }
+}
+
+void check_plans(const Plan& predicted, const Plan& measured, std::vector<std::string>& warnings) {
+  std::map<std::string, std::string> a, b;
+  flatten(nlohmann::json(predicted), "", a);
+  flatten(nlohmann::json(measured), "", b);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  std::vector<std::string> diffs;
+  for (const std::string& k : keys) {
+    if (k == "seed") continue;  // does not change time or memory
+    auto ia = a.find(k), ib = b.find(k);
+    const std::string va = ia == a.end() ? "(none)" : ia->second;
+    const std::string vb = ib == b.end() ? "(none)" : ib->second;
+    if (va != vb) diffs.push_back(fmt::format("{} {} vs {}", k, va, vb));
+  }
+  if (diffs.empty()) return;
+  warnings.push_back(fmt::format("the prediction and the run are of different plans (predicted vs measured): {}",
+                                 fmt::join(diffs, ", ")));
+}
+
+bool is_cpu(const std::string& device) { return device == "cpu" || device.rfind("cpu:", 0) == 0; }
+
+void check_profile(const ModelProfile& m, const Prediction& p, const RunRecord& r, std::vector<std::string>& w) {
+  const RunEnvironment& env = r.environment;
+  if (m.name != p.model)
+    w.push_back(fmt::format("the ModelProfile is of \"{}\" but the prediction is of \"{}\"", m.name, p.model));
+  if (m.measured && m.threads != env.threads_per_rank)
+    w.push_back(fmt::format("threads per rank differ: the profile was measured with {} threads, the run used {}; "
+                            "unit times do not transfer",
+                            m.threads, env.threads_per_rank));
+  if (m.measured) {
+    const Plan& plan = r.plan;
+    const int batch = plan.offload_model.enabled ? plan.micro_batch / std::max(1, plan.offload_model.microbatches)
+                                                 : plan.micro_batch;
+    int lo = m.batch, hi = m.batch;
+    for (int b : m.profiled_batches) {
+      lo = std::min(lo, b);
+      hi = std::max(hi, b);
+    }
+    if (batch < lo || batch > hi) {
+      if (m.profiled_batches.empty())
+        w.push_back(fmt::format("micro batch {} differs from the profile's batch {} and the profile has no fitted "
+                                "range: its figures are extrapolated",
+                                batch, m.batch));
+      else
+        w.push_back(fmt::format("micro batch {} is outside the profiled range [{}, {}]: the profile's figures are "
+                                "extrapolated",
+                                batch, lo, hi));
+    }
+  }
+  auto version = [&](const char* lib, const std::string& run_version) {
+    auto it = m.library_versions.find(lib);
+    if (it == m.library_versions.end() || it->second.empty() || run_version.empty() || it->second == run_version) return;
+    w.push_back(fmt::format("{} versions differ: the profile was measured with {}, the run used {}", lib, it->second,
+                            run_version));
+  };
+  version("torch", env.torch_version);
+  version("zeroplan", env.zeroplan_version);
+  if (!m.device.empty() && !env.device.empty() && is_cpu(m.device) != is_cpu(env.device))
+    w.push_back(fmt::format("the profile was measured on \"{}\" but the run ran on \"{}\"", m.device, env.device));
+}
+
+std::vector<std::string> warnings_for(const Prediction& p, const RunRecord& r, const CompareOptions& o) {
+  std::vector<std::string> w;
+  if (p.model != r.model)
+    w.push_back(fmt::format("the prediction is of model \"{}\" but the run of \"{}\"", p.model, r.model));
+  check_plans(p.plan, r.plan, w);
+  if (o.model != nullptr) {
+    check_profile(*o.model, p, r, w);
+  } else {
+    w.push_back("no ModelProfile given: threads per rank, fitted batch range and library versions were not checked");
+  }
+  if (!o.zeroplan_version.empty() && !r.environment.zeroplan_version.empty() &&
+      o.zeroplan_version != r.environment.zeroplan_version)
+    w.push_back(fmt::format("the run was recorded by zeroplan {}, this is zeroplan {}", r.environment.zeroplan_version,
+                            o.zeroplan_version));
+  if (!r.fallbacks.empty())
+    w.push_back(fmt::format("the run used fallbacks the simulation may not model: {}", fmt::join(r.fallbacks, "; ")));
+  const std::size_t steps = r.measured_step_times_s().size();
+  if (steps < 3) w.push_back(fmt::format("only {} measured step{}: the median is noisy", steps, steps == 1 ? "" : "s"));
+  if (r.step_time_median_s > 0) {
+    const double spread = (r.step_time_p90_s - r.step_time_p10_s) / r.step_time_median_s;
+    if (spread > o.time_tolerance)
+      w.push_back(fmt::format("measured step times spread {:.1f}% (p10 {} to p90 {}), more than the time tolerance "
+                              "{:.1f}%: the machine was not quiet",
+                              100 * spread, ms(r.step_time_p10_s), ms(r.step_time_p90_s), 100 * o.time_tolerance));
+  }
+  if (!p.fits())
+    w.push_back("the prediction says the plan does not fit in memory, yet it ran: check the cluster's capacities");
+  return w;
+}
+
+// ---- largest error sources ---------------------------------------------------------------------
+
+struct Source {
+  double share;  // |error| as a share of its headline figure
+  std::string line;
+};
+
+std::string direction(double err, const char* under, const char* over) { return err < 0 ? under : over; }
+
+std::string hint(const std::string& name, double err) {
+  if (name == "step_time_s")
+    return err < 0 ? "the simulator is optimistic about the whole step" : "the simulator is pessimistic about the whole step";
+  if (name == "phase.forward_s" || name == "phase.backward_s" || name == "phase.compute_s")
+    return "compute runs " + direction(err, "slower", "faster") +
+           " than the ModelProfile's unit times say (re-profile with the run's threads; on a shared CPU check the "
+           "core-sharing capacity)";
+  if (name == "phase.comm_s")
+    return "collectives run " + direction(err, "slower", "faster") +
+           " than the ClusterProfile's alpha-beta fit (re-probe the collectives at this world size)";
+  if (name == "phase.exposed_comm_s")
+    return direction(err, "more", "less") + " communication is left exposed than simulated (overlap with compute)";
+  if (name == "phase.optimizer_s")
+    return "the host optimizer runs " + direction(err, "slower", "faster") + " than the ClusterProfile's throughput";
+  if (name == "phase.h2d_s" || name == "phase.d2h_s")
+    return "copies run " + direction(err, "slower", "faster") + " than the ClusterProfile's bandwidth";
+  if (name.rfind("device_peak_bytes", 0) == 0 || name.rfind("host_peak_bytes", 0) == 0)
+    return err < 0 ? "memory the simulator does not model (allocator, workspaces, temporaries)"
+                   : "the simulator keeps more memory, or keeps it longer, than the executor";
+  return "";
+}
+
+bool is_memory(const std::string& name) {
+  return name.rfind("device_peak_bytes", 0) == 0 || name.rfind("host_peak_bytes", 0) == 0;
+}
+
+std::vector<std::string> largest_sources(const Comparison& c, double measured_step_s, int chunks, int max_sources) {
+  std::vector<Source> sources;
+  auto pct = [](double x) { return fmt::format("{:+.1f}%", 100 * x); };
+  // Memory: the rank with the largest error of each pool.
+  std::map<std::string, const Metric*> worst_pool;
+  for (const Metric& m : c.metrics) {
+    if (is_memory(m.name)) {
+      if (!m.gating) continue;
+      const std::string pool = m.name.substr(0, m.name.find('.'));
+      const Metric*& w = worst_pool[pool];
+      if (w == nullptr || std::fabs(m.rel_error) > std::fabs(w->rel_error)) w = &m;
+      continue;
+    }
+    const double share = measured_step_s > 0 ? std::fabs(m.predicted - m.measured) / measured_step_s : 0.0;
+    sources.push_back({share, fmt::format("{}: predicted {}, measured {} ({}, {:.1f}% of the measured step): {}", m.name,
+                                          ms(m.predicted), ms(m.measured), pct(m.rel_error), 100 * share,
+                                          hint(m.name, m.rel_error))});
+  }
+  for (const auto& [pool, m] : worst_pool) {
+    const double share = std::fabs(m->rel_error);
+    sources.push_back({share, fmt::format("{}: predicted {}, measured {} ({}): {}", m->name, mib(m->predicted),
+                                          mib(m->measured), pct(m->rel_error), hint(m->name, m->rel_error))});
+  }
+  for (const UnitComparison& u : c.units) {
+    for (const Metric& m : u.metrics) {
+      const double share = measured_step_s > 0 ? std::fabs(m.predicted - m.measured) * chunks / measured_step_s : 0.0;
+      const bool fwd = m.name == "fwd_s";
+      sources.push_back({share, fmt::format("unit {} {}: predicted {}, measured {} ({}, {:.1f}% of the measured step): "
+                                            "its {} runs {} than profiled",
+                                            u.name, m.name, ms(m.predicted), ms(m.measured), pct(m.rel_error),
+                                            100 * share, fwd ? "forward" : "backward",
+                                            direction(m.rel_error, "slower", "faster"))});
+    }
+  }
+  std::stable_sort(sources.begin(), sources.end(), [](const Source& a, const Source& b) { return a.share > b.share; });
+  std::vector<std::string> out;
+  for (const Source& s : sources) {
+    if (static_cast<int>(out.size()) >= max_sources || !(s.share >= 1e-3)) break;
+    out.push_back(s.line);
+  }
+  return out;
+}
+
+}  // namespace
+
+Comparison compare(const Prediction& p, const RunRecord& r, const CompareOptions& o) {
+  if (!(o.time_tolerance > 0))
+    throw SchemaError(fmt::format("compare: time tolerance must be > 0 (got {})", o.time_tolerance));
+  if (!(o.memory_tolerance > 0))
+    throw SchemaError(fmt::format("compare: memory tolerance must be > 0 (got {})", o.memory_tolerance));
+  Comparison c;
+  c.tolerance = o.time_tolerance;
+
+  double measured_step_s = r.step_time_median_s;
+  if (r.plan.localsgd()) {
+    const std::vector<double> steps = r.measured_step_times_s();
+    double sum = 0;
+    for (double s : steps) sum += s;
+    if (!steps.empty()) measured_step_s = sum / static_cast<double>(steps.size());
+  }
+  c.metrics.push_back(make_metric("step_time_s", p.step_time_s, measured_step_s));
+  add_phases(p, r, o, c.metrics);
+  for (const char* pool : {"device", "host"}) {
+    const bool device = pool[0] == 'd';
+    const std::int64_t predicted = device ? p.device.peak_bytes : p.host.peak_bytes;
+    for (const RankPeak& peak : r.peaks) {
+      const std::int64_t measured = device ? peak.device_peak_bytes : peak.host_peak_bytes;
+      const bool gating = predicted >= o.memory_floor_bytes || measured >= o.memory_floor_bytes;
+      Metric m = make_metric(fmt::format("{}_peak_bytes.rank{}", pool, peak.rank), static_cast<double>(predicted),
+                             static_cast<double>(measured), gating);
+      m.tolerance = o.memory_tolerance;
+      c.metrics.push_back(std::move(m));
+    }
+  }
+
+  std::map<std::string, const UnitPhaseTime*> measured_units;
+  for (const UnitPhaseTime& u : r.units) measured_units.emplace(u.name, &u);
+  for (const UnitTiming& u : p.units) {
+    auto it = measured_units.find(u.name);
+    if (it == measured_units.end()) continue;
+    c.units.push_back({u.name, {make_metric("fwd_s", u.fwd_s, it->second->fwd_s, false),
+                                make_metric("bwd_s", u.bwd_s, it->second->bwd_s, false)}});
+  }
+
+  c.verdict = verdict_for(c.metrics, c.tolerance);
+  c.largest_error_sources = largest_sources(c, measured_step_s, chunks_per_step(p.plan), o.max_error_sources);
+  c.warnings = warnings_for(p, r, o);
+  return c;
+}
+
+// ---- trace overlay -----------------------------------------------------------------------------
+
+namespace {
+
+const ojson& events_of(const ojson& trace, const std::string& which) {
+  if (trace.is_array()) return trace;
+  if (trace.is_object()) {
+    auto it = trace.find("traceEvents");
+    if (it != trace.end() && it->is_array()) return *it;
+  }
+  throw SchemaError(which + " trace: neither an array of events nor an object with a \"traceEvents\" array");
+}
+
+ojson parse_trace(const std::string& text, const std::string& which) {
+  try {
+    return ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw SchemaError(fmt::format("{} trace: invalid JSON at byte {}", which, e.byte));
+  }
+}
+
+bool is_span(const ojson& e) {
+  auto ph = e.find("ph");
+  auto ts = e.find("ts");
+  return ph != e.end() && ph->is_string() && *ph == "X" && ts != e.end() && ts->is_number();
+}
+
+int step_of(const ojson& e) {
+  auto args = e.find("args");
+  if (args == e.end() || !args->is_object()) return -1;
+  auto s = args->find("step");
+  return s != args->end() && s->is_number_integer() ? s->get<int>() : -1;
+}
+
+bool is_warmup(const ojson& e) {
+  auto args = e.find("args");
+  if (args == e.end() || !args->is_object()) return false;
+  auto w = args->find("warmup");
+  return w != args->end() && w->is_boolean() && w->get<bool>();
+}
+
+// Start (ts, us) of the step to align and which step it is (-1: the trace has no steps).
+std::pair<double, int> step_start(const ojson& events, int want_step) {
+  int step = want_step;
+  if (step < 0) {
+    int first_measured = std::numeric_limits<int>::max(), first_any = std::numeric_limits<int>::max();
+    for (const ojson& e : events) {
+      if (!e.is_object() || !is_span(e)) continue;
+      const int s = step_of(e);
+      if (s < 0) continue;
+      first_any = std::min(first_any, s);
+      if (!is_warmup(e)) first_measured = std::min(first_measured, s);
+    }
+    step = first_measured != std::numeric_limits<int>::max() ? first_measured
+           : first_any != std::numeric_limits<int>::max()    ? first_any
+                                                              : -1;
+  }
+  double start = std::numeric_limits<double>::infinity();
+  for (const ojson& e : events) {
+    if (!e.is_object() || !is_span(e)) continue;
+    if (step >= 0 && step_of(e) != step) continue;
+    start = std::min(start, e["ts"].get<double>());
+  }
+  return {std::isfinite(start) ? start : 0.0, step};
+}
+
+bool replaced_metadata(const ojson& e) {
+  auto ph = e.find("ph");
+  auto name = e.find("name");
+  return ph != e.end() && *ph == "M" && name != e.end() &&
+         (*name == "process_name" || *name == "process_sort_index" || *name == "process_labels");
+}
+
+double min_ts(const ojson& events) {
+  double m = std::numeric_limits<double>::infinity();
+  for (const ojson& e : events) {
+    if (!e.is_object()) continue;
+    auto ts = e.find("ts");
+    if (ts != e.end() && ts->is_number()) m = std::min(m, ts->get<double>());
+  }
+  return m;
+}
+
+void append_process(std::string& out, bool& first, const ojson& events, int pid, const std::string& name,
+                    const std::string& label, double shift_us, const std::string& which) {
+  auto emit = [&](const ojson& e) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += e.dump();
+  };
+  emit(ojson{{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", name}}}});
+  emit(ojson{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
+  if (!label.empty())
+    emit(ojson{{"name", "process_labels"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"labels", label}}}});
+  std::size_t index = 0;
+  for (const ojson& e : events) {
+    if (!e.is_object()) throw SchemaError(fmt::format("{} trace: event {} is not an object", which, index));
+    ++index;
+    if (replaced_metadata(e)) continue;
+    ojson copy = e;
+    copy["pid"] = pid;
+    auto ts = copy.find("ts");
+    if (ts != copy.end() && ts->is_number()) *ts = std::round((ts->get<double>() + shift_us) * 1e3) / 1e3;
+    emit(copy);
+  }
+}
+
+}  // namespace
+
+std::string overlay_traces(const std::string& predicted_trace_json, const std::string& measured_trace_json,
+                           const OverlayOptions& options) {
+  const ojson predicted = parse_trace(predicted_trace_json, "predicted");
+  const ojson measured = parse_trace(measured_trace_json, "measured");
+  const ojson& pe = events_of(predicted, "predicted");
+  const ojson& me = events_of(measured, "measured");
+  const auto [p_start, p_step] = step_start(pe, -1);
+  const auto [m_start, m_step] = step_start(me, options.measured_step);
+  // Both aligned steps start at `at`; nothing before 0.
+  double at = std::max(p_start, m_start);
+  const double lowest = std::min(min_ts(pe) + (at - p_start), min_ts(me) + (at - m_start));
+  if (std::isfinite(lowest) && lowest < 0) at -= lowest;
+  const std::string label = m_step >= 0 ? fmt::format("step {} aligned with the predicted step", m_step) : "";
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  append_process(out, first, pe, 1, "predicted", p_step >= 0 ? fmt::format("step {}", p_step) : "", at - p_start,
+                 "predicted");
+  append_process(out, first, me, 2, "measured", label, at - m_start, "measured");
+  out += "\n]}\n";
+  return out;
+}
+
+}  // namespace zeroplan::sim
