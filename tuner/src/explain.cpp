@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 
@@ -181,11 +183,10 @@ PlanComparison compare_plans(const std::string& against, const Plan& winner, con
   if (!cur_pred) {
     c.lines.push_back(fmt::format("{} cannot be simulated: {}", name, other_error));
   } else if (c.other_fits) {
-    c.lines.push_back(fmt::format("{} fits and takes {} per step ({} vs the winner's {}; the winner is {} faster), peak device "
-                                  "memory {} (winner {}).",
+    c.lines.push_back(fmt::format("{} fits and takes {} per step ({} vs the winner's {}), peak device memory {} (winner {}).",
                                   name, text::seconds(cur_pred->step_time_s), text::percent(cur_pred->step_time_s / wt - 1),
-                                  text::seconds(wt), text::percent(1 - wt / cur_pred->step_time_s),
-                                  text::bytes(cur_pred->device.total_bytes()), text::bytes(winner_pred.device.total_bytes())));
+                                  text::seconds(wt), text::bytes(cur_pred->device.total_bytes()),
+                                  text::bytes(winner_pred.device.total_bytes())));
   } else {
     c.lines.push_back(fmt::format("{} does not fit: {}.", name, memory_verdict(*cur_pred, limits)));
   }
@@ -241,10 +242,15 @@ PlanComparison compare_plans(const std::string& against, const Plan& winner, con
     const double dt = s.step_time_after_s - s.step_time_before_s;
     const std::int64_t dm = s.device_after_bytes - s.device_before_bytes;
     const std::int64_t dh = s.host_after_bytes - s.host_before_bytes;
-    std::string line = fmt::format("- {}: step time {} ({}), device peak {} {} ({})", change_text(s),
-                                   dt <= 0 ? "saves " + text::seconds(-dt) : "costs " + text::seconds(dt),
-                                   text::percent(s.step_time_after_s / s.step_time_before_s - 1),
-                                   dm <= 0 ? "-" : "+", text::bytes(dm < 0 ? -dm : dm), text::bytes(s.device_after_bytes));
+    const double rel = s.step_time_before_s > 0 ? s.step_time_after_s / s.step_time_before_s - 1 : 0;
+    const std::string time = std::abs(rel) < 5e-4 ? fmt::format("step time unchanged ({})", text::seconds(s.step_time_after_s))
+                                                  : fmt::format("step time {}{} ({}, to {})", dt < 0 ? "-" : "+",
+                                                                text::seconds(std::abs(dt)), text::percent(rel),
+                                                                text::seconds(s.step_time_after_s));
+    const std::string mem = dm == 0 ? fmt::format("device peak unchanged ({})", text::bytes(s.device_after_bytes))
+                                    : fmt::format("device peak {}{} (to {})", dm < 0 ? "-" : "+", text::bytes(std::abs(dm)),
+                                                  text::bytes(s.device_after_bytes));
+    std::string line = fmt::format("- {}: {}, {}", change_text(s), time, mem);
     if (dh != 0) line += fmt::format(", host {}{}", dh < 0 ? "-" : "+", text::bytes(dh < 0 ? -dh : dh));
     const bool fit_before = s.device_before_bytes <= limits.device_bytes && s.host_before_bytes <= limits.host_bytes;
     if (!fit_before && s.fits_after) line += "; now fits";

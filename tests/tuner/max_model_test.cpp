@@ -1,0 +1,54 @@
+#include "zeroplan/tuner/max_model.h"
+
+#include <gtest/gtest.h>
+
+#include "fixtures.h"
+
+namespace zeroplan::tuner {
+namespace {
+
+using testing::a100;
+
+TEST(MaxModel, BinarySearchFindsTheLargestThatFitsAndItsPlan) {
+  MaxModelOptions o;
+  o.seq = 128;
+  o.vocab = 1000;
+  o.family = {{"h128", 4, 128, 4}, {"h256", 4, 256, 4}, {"h512", 4, 512, 8}, {"h1024", 4, 1024, 8},
+              {"h2048", 4, 2048, 16}, {"h4096", 4, 4096, 32}, {"h8192", 4, 8192, 64}};
+  o.tune.set_threads(2);
+  const ClusterProfile cl = a100(1);
+  TuneConstraints c;
+  c.set_global_batch(8).set_knobs({"zero_stage", "offload_optimizer", "offload_grads", "checkpointing"});
+  c.fix("precision", "bf16").set_device_headroom_bytes(cl.device.mem_bytes - (2LL << 30));  // 2 GiB per rank
+  const MaxModelResult r = max_model(cl, c, o);
+  ASSERT_GE(r.largest, 0);
+  ASSERT_LT(r.largest, static_cast<int>(o.family.size()) - 1) << "the family should not all fit in 2 GiB";
+  EXPECT_LE(r.tried.size(), 3u);  // ceil(log2(8))
+  for (const MaxModelTry& t : r.tried) {
+    const auto idx = std::find_if(o.family.begin(), o.family.end(), [&](const GptShape& g) { return g.name == t.shape.name; }) -
+                     o.family.begin();
+    EXPECT_EQ(t.fits, idx <= r.largest) << t.shape.name;
+    if (!t.fits) {
+      EXPECT_FALSE(t.why_not.empty());
+    }
+  }
+  // The next larger model really does not fit.
+  ASSERT_TRUE(r.largest_tune.has_value());
+  ASSERT_NE(r.largest_tune->best(), nullptr);
+  EXPECT_EQ(r.largest_tune->model.name, o.family[static_cast<std::size_t>(r.largest)].name);
+  const std::string md = max_model_markdown(r, o);
+  EXPECT_NE(md.find("**" + o.family[static_cast<std::size_t>(r.largest)].name + "**"), std::string::npos) << md;
+}
+
+TEST(MaxModel, FamilyIsOrderedBySize) {
+  std::int64_t last = 0;
+  for (const GptShape& g : gpt_family()) {
+    const std::int64_t p = g.layers * (12 * g.hidden * g.hidden);
+    EXPECT_GT(p, last) << g.name;
+    EXPECT_EQ(g.hidden % g.heads, 0) << g.name;
+    last = p;
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::tuner
