@@ -3,6 +3,10 @@
 add_library(zeroplan_profiles
   # zoo (registry, mlp, gpt, resnet, torchscript)
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/registry.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/mlp.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/gpt.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/resnet.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/torchscript.cpp
   # profiler
 )
 target_include_directories(zeroplan_profiles PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
