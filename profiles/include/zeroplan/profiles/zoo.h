@@ -6,9 +6,13 @@
 // - Every parameter is owned by exactly one unit (it appears in that unit's parameters()). A unit may
 //   also *use* a parameter owned by an earlier unit (tied weights: the GPT head uses the token
 //   embedding of unit 0); such uses are listed in Unit::borrowed, and the borrowing module does NOT
-//   register the parameter, so counting parameters unit by unit counts it once.
+//   register the parameter, so counting parameters unit by unit counts it once. The borrowing module
+//   reads the owner's parameter at every forward, so whatever the executor has put in it (gathered,
+//   offloaded, set_data on a flat buffer view) is what the borrower uses, and its gradient accumulates
+//   into the owner's parameter.
 // - Models are deterministic from the seed: the same name, options and seed give bitwise-equal
-//   parameters on every rank and every run.
+//   parameters on every rank and every run. Building draws from a private generator and leaves torch's
+//   default generator as it was. Models are built on the CPU in float32, in training mode.
 #pragma once
 
 #include <torch/torch.h>
@@ -51,7 +55,8 @@ struct Batch {
 class Task {
  public:
   virtual ~Task() = default;
-  // Samples [first_sample, first_sample + count) of step `step`.
+  // Samples [first_sample, first_sample + count) of step `step`, on the CPU. Every zoo task generates
+  // each sample on its own from a stream keyed by (seed, step, sample index).
   virtual Batch batch(int64_t step, int64_t first_sample, int64_t count) const = 0;
   // Mean loss over the batch (a scalar).
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
