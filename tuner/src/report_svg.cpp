@@ -32,7 +32,7 @@ std::string tick_label(double v, double step) {
 }
 
 struct Frame {
-  double w = 760, h = 400, left = 80, right = 24, top = 36, bottom = 56;
+  double w = 760, h = 420, left = 80, right = 24, top = 36, bottom = 76;
   double xmax = 1, ymax = 1;
   double x(double v) const { return left + (w - left - right) * v / xmax; }
   double y(double v) const { return h - bottom - (h - top - bottom) * v / ymax; }
@@ -61,7 +61,7 @@ std::string axes(const Frame& f, const std::string& title, const std::string& xl
                        f.left, f.y(v), f.w - f.right, f.left - 6, f.y(v) + 4, tick_label(v, ys));
     }
   }
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", (f.left + f.w - f.right) / 2, f.h - 14,
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", (f.left + f.w - f.right) / 2, f.h - f.bottom + 36,
                    text::html_escape(xlabel));
   if (!ylabel.empty())
     s += fmt::format("<text transform=\"translate(18 {:.1f}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
@@ -89,17 +89,17 @@ std::string svg_pareto(const TuneResult& r) {
     ymax = std::max(ymax, p.samples_per_s);
   }
   const bool show_default = r.default_plan.simulated;
-  if (show_default) {
-    xmax = std::max(xmax, static_cast<double>(r.default_plan.device_needed_bytes) / kGiB);
-    ymax = std::max(ymax, r.default_plan.prediction.samples_per_s);
-  }
-  f.xmax = std::max(1e-9, xmax * 1.05);
+  if (show_default) ymax = std::max(ymax, r.default_plan.prediction.samples_per_s);
+  f.xmax = std::max(1e-9, xmax * 1.1);
+  // A default far beyond the range is drawn at the right edge, labelled with its real size.
+  if (show_default && static_cast<double>(r.default_plan.device_needed_bytes) / kGiB <= 2 * f.xmax)
+    f.xmax = std::max(f.xmax, static_cast<double>(r.default_plan.device_needed_bytes) / kGiB * 1.05);
   f.ymax = std::max(1e-9, ymax * 1.1);
   std::string s = axes(f, "Pareto front: device memory per rank against throughput", "device peak per rank (GiB)", "samples/s", true);
   const double lx = f.x(static_cast<double>(r.limits.device_bytes) / kGiB);
   s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#c00\" stroke-dasharray=\"5,4\"/>"
-                   "<text x=\"{3:.1f}\" y=\"{4:.1f}\" fill=\"#c00\" text-anchor=\"end\">device limit</text>\n",
-                   lx, f.top, f.h - f.bottom, lx - 4, f.top + 12);
+                   "<text x=\"{3:.1f}\" y=\"{4:.1f}\" fill=\"#c00\">device limit</text>\n",
+                   lx, f.top, f.h - f.bottom, lx + 4, f.top + 12);
   for (const auto& p : r.fitting_points)
     s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#bbb\"/>\n", f.x(static_cast<double>(p.device_bytes) / kGiB),
                      f.y(p.samples_per_s));
@@ -118,13 +118,17 @@ std::string svg_pareto(const TuneResult& r) {
                      f.x(static_cast<double>(w->prediction.device.total_bytes()) / kGiB), f.y(w->prediction.samples_per_s),
                      text::html_escape(summary(w->plan)));
   if (show_default) {
-    const double x = f.x(static_cast<double>(r.default_plan.device_needed_bytes) / kGiB);
+    const double gib = static_cast<double>(r.default_plan.device_needed_bytes) / kGiB;
+    const double x = f.x(std::min(gib, f.xmax));
     const double y = f.y(r.default_plan.prediction.samples_per_s);
+    if (gib > f.xmax)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#f28e2b\">default: {} &#8594;</text>\n", x - 8,
+                       y - 8, text::bytes(r.default_plan.device_needed_bytes));
     s += fmt::format("<path d=\"M{:.1f},{:.1f} l10,10 m0,-10 l-10,10\" stroke=\"#f28e2b\" stroke-width=\"2\"><title>default (DDP, "
                      "no offload){}</title></path>\n",
                      x - 5, y - 5, r.default_plan.fits ? "" : ": does not fit");
   }
-  s += legend(f.left + 10, f.h - f.bottom - 22,
+  s += legend(f.left, f.h - 18,
               {{"fitting plans", "#bbb"}, {"Pareto front", "#4e79a7"}, {"winner", "#e15759"}, {"default", "#f28e2b"}});
   s += "</svg>\n";
   return s;
@@ -133,9 +137,8 @@ std::string svg_pareto(const TuneResult& r) {
 std::string svg_breakdown(const TuneResult& r) {
   Frame f;
   const std::size_t n = r.ranking.size();
-  f.h = 70 + 26.0 * static_cast<double>(n) + 50;
+  f.h = 40 + 26.0 * static_cast<double>(n) + 16 + f.bottom;
   f.top = 40;
-  f.bottom = 56;
   double tmax = 0;
   for (const RankedPlan& p : r.ranking) tmax = std::max(tmax, p.prediction.step_time_s);
   f.xmax = std::max(1e-12, tmax * 1.05);
@@ -159,7 +162,7 @@ std::string svg_breakdown(const TuneResult& r) {
     }
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{} ({})</text>\n", f.x(x0) + 4, y + 13, text::seconds(q.step_time_s), q.bound);
   }
-  s += legend(f.left + 10, f.h - 34 - 18, {{"compute", colors[0]}, {"exposed communication", colors[1]}, {"copies, host optimizer, idle", colors[2]}});
+  s += legend(f.left, f.h - 18, {{"compute", colors[0]}, {"exposed communication", colors[1]}, {"copies, host optimizer, idle", colors[2]}});
   s += "</svg>\n";
   return s;
 }
@@ -170,11 +173,13 @@ std::string svg_memory(const TuneResult& r) {
   if (r.ranking.size() > 1) rows.emplace_back("runner-up", &r.ranking[1].prediction);
   if (r.default_plan.simulated) rows.emplace_back("default", &r.default_plan.prediction);
   Frame f;
-  f.h = 70 + 30.0 * static_cast<double>(rows.size()) + 50;
+  f.h = 40 + 30.0 * static_cast<double>(rows.size()) + 16 + f.bottom;
   f.top = 40;
+  // The range covers the limit and the fitting rows; a row far beyond it is cut at the edge.
   double xmax = static_cast<double>(r.limits.device_bytes);
-  for (const auto& [name, p] : rows) xmax = std::max(xmax, static_cast<double>(p->device.total_bytes()));
-  f.xmax = std::max(1e-9, xmax / kGiB * 1.05);
+  for (const auto& [name, p] : rows)
+    if (p->device.total_bytes() <= 2 * r.limits.device_bytes) xmax = std::max(xmax, static_cast<double>(p->device.total_bytes()));
+  f.xmax = std::max(1e-9, xmax / kGiB * 1.25);
   f.ymax = 1;
   std::string s = axes(f, "Device memory at the peak by category (per rank)", "GiB", "", false);
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -183,22 +188,27 @@ std::string svg_memory(const TuneResult& r) {
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", f.left - 6, y + 15, rows[i].first);
     double x0 = 0;
     for (std::size_t k = 0; k < kCategories.size(); ++k) {
-      const double v = static_cast<double>(by.at(kCategories[k])) / kGiB;
+      const double v = std::min(static_cast<double>(by.at(kCategories[k])) / kGiB, f.xmax - x0);
       if (v <= 0) continue;
       s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"22\" fill=\"{}\"><title>{}: {}</title></rect>\n",
                        f.x(x0), y, f.x(x0 + v) - f.x(x0), kCategoryColors[k], kCategories[k],
                        text::bytes(by.at(kCategories[k])));
       x0 += v;
     }
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", f.x(x0) + 4, y + 15, text::bytes(rows[i].second->device.total_bytes()));
+    const bool cut = static_cast<double>(rows[i].second->device.total_bytes()) / kGiB > f.xmax;
+    if (cut)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#fff\" font-weight=\"bold\">{} (cut) &#8594;</text>\n",
+                       f.x(x0) - 4, y + 15, text::bytes(rows[i].second->device.total_bytes()));
+    else
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n", f.x(x0) + 4, y + 15, text::bytes(rows[i].second->device.total_bytes()));
   }
   const double lx = f.x(static_cast<double>(r.limits.device_bytes) / kGiB);
   s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#c00\" stroke-dasharray=\"5,4\"/>"
-                   "<text x=\"{3:.1f}\" y=\"{4:.1f}\" fill=\"#c00\" text-anchor=\"end\">limit {5}</text>\n",
-                   lx, f.top, f.h - f.bottom, lx - 4, f.top - 4, text::bytes(r.limits.device_bytes));
+                   "<text x=\"{3:.1f}\" y=\"{4:.1f}\" fill=\"#c00\">limit {5}</text>\n",
+                   lx, f.top - 14, f.h - f.bottom, lx + 4, f.top - 4, text::bytes(r.limits.device_bytes));
   std::vector<std::pair<std::string, std::string>> items;
   for (std::size_t k = 0; k < kCategories.size(); ++k) items.emplace_back(kCategories[k], kCategoryColors[k]);
-  s += legend(f.left + 10, f.h - 34 - 18, items);
+  s += legend(f.left, f.h - 18, items);
   s += "</svg>\n";
   return s;
 }
