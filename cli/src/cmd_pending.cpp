@@ -1,4 +1,4 @@
-// Subcommands that later issues fill (probe and compare, tune, autopilot). Until then each exits 2
+// Subcommands that later issues fill (tune, autopilot). Until then each exits 2
 // with "zeroplan <cmd>: not implemented yet", as the foundation issue specifies.
 #include "cli.h"
 
@@ -11,18 +11,6 @@ Action pending() {
 
 }  // namespace
 
-Action add_probe(CLI::App& app, const Globals&) {
-  app.allow_extras();
-  return pending();
-}
-Action add_tune(CLI::App& app, const Globals&) {
-  app.allow_extras();
-  return pending();
-}
-Action add_compare(CLI::App& app, const Globals&) {
-  app.allow_extras();
-  return pending();
-}
 Action add_autopilot(CLI::App& app, const Globals&) {
   app.allow_extras();
   return pending();

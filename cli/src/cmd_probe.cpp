@@ -1,0 +1,127 @@
+// zeroplan probe: measure this machine -> ClusterProfile (exec/probe.h).
+//
+//   zeroplan probe -o profiles/data/clusters/local.json [--world-sizes 2,4] [--quick]
+//   zeroplan probe -o local.json --reuse-if-fresh 3600     keep a probe younger than an hour
+//
+// The collectives are timed by ranks this command starts itself: `zeroplan probe --collectives-worker`
+// (hidden), which joins the launcher's store, measures and writes its result for the parent.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+
+#include "cli.h"
+#include "zeroplan/exec/communicator.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/probe.h"
+#include "zeroplan/profiles/json_io.h"
+
+namespace zeroplan::cli {
+namespace {
+
+struct ProbeArgs {
+  std::string output;
+  std::string name = "local";
+  std::vector<int> world_sizes{2};
+  bool quick = false;
+  bool no_collectives = false;
+  double reuse_if_fresh_s = -1;
+  std::int64_t device_memory = 0;
+  double timeout_s = 90;
+  bool collectives_worker = false;
+};
+
+std::string gbps(double bytes_per_s) { return fmt::format("{:.2f} GB/s", bytes_per_s / 1e9); }
+
+void print_summary(const ClusterProfile& c) {
+  const DeviceSpec& d = c.device;
+  fmt::print(stderr, "cluster {}: {}\n", c.name, c.description);
+  fmt::print(stderr,
+             "  device {} x {}: {:.2f} GiB, fp32 peak {:.1f} GFLOP/s x efficiency {:.2f}, memory {}, "
+             "launch {:.2f} us\n",
+             c.devices_per_node, d.name, d.mem_bytes / double(1ull << 30), d.peak_flops.at("fp32") / 1e9,
+             d.compute_efficiency, gbps(d.mem_bw_bytes_per_s), d.launch_overhead_s * 1e6);
+  const HostSpec& h = c.host;
+  fmt::print(stderr, "  host {} cores, {:.2f} GiB; D2H {}, H2D {}, memcpy {}\n", h.cores,
+             h.mem_bytes / double(1ull << 30), gbps(h.bw_d2h_pinned_bytes_per_s), gbps(h.bw_h2d_pinned_bytes_per_s),
+             gbps(h.memcpy_bw_bytes_per_s));
+  fmt::print(stderr, "  optimizer params/s: adam {:.3g} per-tensor, {:.3g} flat; sgd {:.3g} per-tensor, {:.3g} flat\n",
+             h.optimizer.adam.per_tensor_params_per_s, h.optimizer.adam.flat_params_per_s,
+             h.optimizer.sgd.per_tensor_params_per_s, h.optimizer.sgd.flat_params_per_s);
+  for (const CollectiveFit& f : c.collectives) {
+    fmt::print(stderr, "  {:<14} {} ranks {}: alpha {:8.1f} us, beta {:.3g} s/B ({}), residual {:.3f}\n", f.op,
+               f.world_sizes.front(), f.backend, f.alpha_s * 1e6, f.beta_s_per_byte,
+               f.beta_s_per_byte > 0 ? gbps(1 / f.beta_s_per_byte) : "-", f.fit_residual);
+  }
+}
+
+int run_probe(const ProbeArgs& a, const Globals& g) {
+  if (a.collectives_worker) return exec::run_collectives_worker();
+  if (a.reuse_if_fresh_s >= 0) {
+    if (a.output.empty()) throw ExitError(kBadInput, "--reuse-if-fresh needs -o FILE (the probe to reuse)");
+    const auto max_age = std::chrono::seconds(static_cast<std::int64_t>(a.reuse_if_fresh_s));
+    if (auto fresh = exec::fresh_probe(a.output, max_age, a.no_collectives ? std::vector<int>{} : a.world_sizes)) {
+      if (!g.quiet) fmt::print(stderr, "probe: reusing {} (younger than {} s)\n", a.output, max_age.count());
+      if (g.json) fmt::print("{}", to_json_string(*fresh));
+      return kOk;
+    }
+  }
+  exec::ProbeOptions o;
+  o.name = a.name;
+  o.world_sizes = a.world_sizes;
+  o.quick = a.quick;
+  o.collectives = !a.no_collectives;
+  o.device_memory_bytes = a.device_memory;
+  o.worker_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000));
+  o.worker_argv = {"zeroplan", "probe", "--collectives-worker"};
+  if (!g.quiet) o.progress = [](const std::string& line) { fmt::print(stderr, "probe: {}\n", line); };
+  const ClusterProfile c = exec::probe_cluster(o);
+  if (!g.quiet) print_summary(c);
+  if (!a.output.empty()) {
+    const auto dir = std::filesystem::path(a.output).parent_path();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    write_document(a.output, c);
+    if (!g.quiet) fmt::print(stderr, "wrote {}\n", a.output);
+  }
+  if (g.json) fmt::print("{}", to_json_string(c));
+  return kOk;
+}
+
+}  // namespace
+
+Action add_probe(CLI::App& app, const Globals& globals) {
+  auto a = std::make_shared<ProbeArgs>();
+  app.add_option("-o,--output", a->output, "Write the ClusterProfile here (e.g. profiles/data/clusters/local.json)");
+  app.add_option("--name", a->name, "The profile's name")->capture_default_str();
+  app.add_option("--world-sizes", a->world_sizes, "Ranks to fit the collectives at, e.g. 2,4 (each >= 2)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_flag("--quick", a->quick, "Small sizes and few repeats: seconds, for tests and CI");
+  app.add_flag("--no-collectives", a->no_collectives, "Skip the collectives (links then estimated from memcpy)");
+  app.add_option("--reuse-if-fresh", a->reuse_if_fresh_s,
+                 "Keep -o FILE if it is younger than SECONDS, valid, and has fits for --world-sizes")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device-memory", a->device_memory,
+                 "Bytes of memory per device (rank) to record (default: the node's memory / ranks per node)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--timeout", a->timeout_s, "Seconds before a silent collectives worker ends the probe")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--collectives-worker", a->collectives_worker)->group("");  // hidden: one rank of the probe
+  return [a, &globals] {
+    try {
+      return run_probe(*a, globals);
+    } catch (const exec::ProbeError& e) {
+      throw ExitError(kRunFailed, e.what());
+    } catch (const exec::ExecError& e) {
+      throw ExitError(kBadInput, e.what());
+    } catch (const exec::CommError& e) {
+      throw ExitError(kRunFailed, e.what());
+    }
+  };
+}
+
+}  // namespace zeroplan::cli
