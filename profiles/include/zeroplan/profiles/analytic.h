@@ -1,0 +1,50 @@
+// Analytic profiles: ModelProfiles from closed forms, for models too large to instantiate. No torch.
+//
+// GPT (GPT-2/3 style, pre-LayerNorm, learned positions, 4h MLP), h = hidden, s = seq, V = vocab,
+// a = heads, b = batch, e = bytes per element of dtype (fp32 4, fp16/bf16 2). Units:
+//   embed  (Embedding)        params V*h + s*h; output e*b*s*h; saves the token ids (8*b*s, int64)
+//   block  (TransformerBlock) x layers (one entry, count = layers):
+//          params 12h^2 + 13h; FLOPs forward 24*b*s*h^2 + 4*b*s^2*h (matmuls only), backward 2x;
+//          saved s*b*h*(16e + 2) + a*s^2*b*(2e + 1) bytes: Korthikanti et al. 2022 with 16-bit tensors
+//          widened to e bytes and 1-byte dropout masks kept: e = 2 gives s*b*h*(34 + 5*a*s/h) exactly,
+//          e = 4 gives s*b*h*(66 + 9*a*s/h)
+//   head   (Head)             final LayerNorm 2h (+ V*h when not tied); FLOPs forward 2*b*s*h*V,
+//          backward 2x; saves the LayerNorm input and output (2*e*b*s*h); output e*b*s*V (logits)
+// Times and transient peaks are 0 and measured = false: the simulator derives times from FLOPs on the
+// target device. Batch figures are proportional (Figure::proportional); device "analytic", threads 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "zeroplan/profiles/model_profile.h"
+
+namespace zeroplan {
+
+struct AnalyticGptOptions {
+  std::int64_t layers = 12;
+  std::int64_t hidden = 768;
+  std::int64_t heads = 12;
+  std::int64_t seq = 1024;
+  std::int64_t vocab = 50257;
+  int batch = 1;
+  std::string dtype = "fp16";  // "fp32" | "fp16" | "bf16"
+  bool tied_embeddings = true;
+  std::string name = "gpt";    // profile name
+};
+
+// Saved-activation bytes of one transformer layer (see above). REQUIRES: bytes_per_element 2 or 4.
+double gpt_layer_saved_bytes(std::int64_t seq, std::int64_t batch, std::int64_t hidden,
+                             std::int64_t heads, int bytes_per_element);
+// Parameters of one transformer layer: 12h^2 + 13h.
+std::int64_t gpt_layer_params(std::int64_t hidden);
+// Forward FLOPs of one transformer layer: 24*b*s*h^2 + 4*b*s^2*h.
+double gpt_layer_flops_fwd(std::int64_t seq, std::int64_t batch, std::int64_t hidden);
+
+// Throws SchemaError naming the value for non-positive sizes, heads not dividing hidden, unknown dtype.
+ModelProfile analytic_gpt(const AnalyticGptOptions& options);
+
+// Bytes per element of "fp32" (4), "fp16" / "bf16" (2); throws SchemaError otherwise.
+int dtype_bytes(const std::string& dtype);
+
+}  // namespace zeroplan

@@ -1,0 +1,94 @@
+// The per-unit profiler: measures a zoo model unit by unit and writes a ModelProfile.
+//
+// Each unit runs on a detached input leaf (requires_grad when floating point), so its autograd graph is
+// its own: what it saves for backward is what stays live after its forward minus its output. Memory on
+// the CPU comes from a CountingAllocator installed for the duration; on CUDA from the caching
+// allocator's statistics (and times from CUDA events plus CUPTI kernel records when built with CUPTI).
+//
+// Per unit and batch (figures of ONE repetition):
+//   bytes_output     the output tensor's bytes (numel * itemsize)
+//   bytes_saved      bytes autograd keeps from forward to backward, parameters excluded, the unit's
+//                    input included when autograd saves it (the convention of Korthikanti et al.; the
+//                    output is excluded, being the next unit's input). Measured as: live bytes after a
+//                    forward on a fresh copy of the input that only the graph can keep alive, minus
+//                    live bytes before it without that copy, minus bytes_output.
+//   bytes_peak_fwd   peak during forward - live before forward
+//   bytes_peak_bwd   peak during backward - live before backward (includes the parameter gradients and
+//                    the input gradient it allocates; gradients are reset to none before each pass)
+//   time_fwd_s / time_bwd_s         median over `repeats` after `warmup` iterations
+//   time_*_spread_s                 p90 - p10 of the same samples (linear interpolation)
+//   flops_fwd / flops_bwd           see flops.h
+// Every figure is fitted over the profiled batches (least squares: intercept + per_sample * batch);
+// `value` is the measurement at the reference batch.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "zeroplan/profiles/figure.h"
+#include "zeroplan/profiles/model_profile.h"
+
+namespace zeroplan {
+
+}  // namespace zeroplan
+namespace at {
+class Tensor;
+}  // namespace at
+namespace zeroplan {
+
+namespace zoo {
+struct Model;
+class UnitModule;
+}  // namespace zoo
+
+struct ProfileOptions {
+  int batch = 4;               // reference micro batch: figures' `value`s are at this batch
+  std::vector<int> batches;    // batches to fit over; empty = {batch, 2 * batch}; batch is added if missing
+  int warmup = 2;              // untimed iterations per unit and batch
+  int repeats = 5;             // timed iterations per unit and batch (median and p10..p90)
+  int threads = 0;             // torch::set_num_threads; 0 = leave torch's current setting
+  std::string device = "cpu";  // "cpu" | "cuda" | "cuda:N"
+  std::string dtype = "fp32";  // "fp32" | "fp16" | "bf16": parameters and floating inputs
+  std::uint64_t data_seed = 0; // step index of the task batch that feeds unit 0
+  bool progress = false;       // one line per unit and batch on stderr
+};
+
+// Profiles every unit of `model`. The model's units are moved to options.device and options.dtype in
+// place. Fills name (preset or model name), source "zoo:<model>[/<preset>]", device, dtype, threads,
+// library_versions {torch, zeroplan}, batch, seq_len / image_size (inferred from the task's sample
+// shape: one integer dimension = tokens of a sequence, (C,H,W) = image), input_shape,
+// profiled_batches and units. Throws SchemaError for bad options (naming the value), OutOfMemoryError
+// never (no limit is set).
+ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options);
+
+// One unit on a given input (at the input's batch), for tests and tools; figures are not fitted
+// (Figure::constant of the measurement). The unit must already be on the input's device and dtype.
+struct UnitMeasurement {
+  std::int64_t params = 0;
+  std::int64_t bytes_param = 0;
+  std::int64_t bytes_buffer = 0;
+  std::vector<std::int64_t> input_shape;
+  std::vector<std::int64_t> output_shape;
+  double bytes_output = 0;
+  double bytes_saved = 0;
+  double bytes_peak_fwd = 0;
+  double bytes_peak_bwd = 0;
+  double time_fwd_s = 0, time_fwd_spread_s = 0;
+  double time_bwd_s = 0, time_bwd_spread_s = 0;
+  double flops_fwd = 0, flops_bwd = 0;
+};
+UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,
+                             const ProfileOptions& options);
+
+// Least-squares line through (batches[i], values[i]); r2 = 1 when the values are exactly linear
+// (or constant); one point gives a line through the origin.
+Fit fit_linear(const std::vector<double>& batches, const std::vector<double>& values);
+
+// The table of hfai.utils.profile_memory: module name, type, parameter size, activation (saved) size,
+// #calls (count), input shape, output shape, peak mem (forward), forward time, backward time; then
+// totals (parameters, saved activations, time per step at the reference batch).
+void print_profile_table(const ModelProfile& profile, std::FILE* out);
+
+}  // namespace zeroplan

@@ -1,0 +1,382 @@
+// The per-unit profiler (see profiler.h for what each figure means).
+#include "zeroplan/profiles/profiler.h"
+
+#include <torch/torch.h>
+#include <torch/version.h>
+#include <zeroplan/config.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <optional>
+#include <string>
+
+#include "device.h"
+#include "zeroplan/profiles/counting_allocator.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan {
+
+// ---- timers and statistics ----
+
+std::unique_ptr<PhaseTimer> make_phase_timer(const std::string& device) {
+  if (device == "cpu") return std::make_unique<WallTimer>();
+  if (device.rfind("cuda", 0) == 0) {
+#if ZEROPLAN_HAVE_CUDA
+    return detail::make_cuda_event_timer();
+#else
+    throw SchemaError("device '" + device + "': this build of zeroplan has no CUDA");
+#endif
+  }
+  throw SchemaError("device '" + device + "': expected cpu, cuda or cuda:N");
+}
+
+namespace {
+double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+}  // namespace
+
+TimingStats timing_stats(std::vector<double> samples_s) {
+  std::sort(samples_s.begin(), samples_s.end());
+  return TimingStats{quantile(samples_s, 0.5), quantile(samples_s, 0.1), quantile(samples_s, 0.9)};
+}
+
+Fit fit_linear(const std::vector<double>& batches, const std::vector<double>& values) {
+  TORCH_INTERNAL_ASSERT(batches.size() == values.size() && !batches.empty());
+  const auto n = static_cast<double>(batches.size());
+  if (batches.size() == 1) {
+    return Fit{0, batches[0] != 0 ? values[0] / batches[0] : 0, 1, 1};
+  }
+  const double mx = std::accumulate(batches.begin(), batches.end(), 0.0) / n;
+  const double my = std::accumulate(values.begin(), values.end(), 0.0) / n;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    sxx += (batches[i] - mx) * (batches[i] - mx);
+    sxy += (batches[i] - mx) * (values[i] - my);
+    syy += (values[i] - my) * (values[i] - my);
+  }
+  Fit fit;
+  fit.points = static_cast<int>(batches.size());
+  fit.per_sample = sxx > 0 ? sxy / sxx : 0;
+  fit.intercept = my - fit.per_sample * mx;
+  double ss_res = 0;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const double r = values[i] - fit.at(batches[i]);
+    ss_res += r * r;
+  }
+  // Exactly linear (or constant) values fit perfectly; guard the 0/0 and rounding noise.
+  fit.r2 = (syy <= 1e-24 * std::max(1.0, my * my)) ? 1.0 : std::clamp(1.0 - ss_res / syy, -1e300, 1.0);
+  return fit;
+}
+
+// ---- measuring one unit ----
+
+namespace {
+
+class CpuMemoryMeter final : public detail::MemoryMeter {
+ public:
+  explicit CpuMemoryMeter(CountingAllocator& a) : a_(a) {}
+  std::int64_t begin_phase() override { return a_.reset_peak(); }
+  std::int64_t live() const override { return a_.live_bytes(); }
+  std::int64_t peak() const override { return a_.peak_bytes(); }
+
+ private:
+  CountingAllocator& a_;
+};
+
+torch::Dtype parse_dtype(const std::string& dtype) {
+  if (dtype == "fp32") return torch::kFloat32;
+  if (dtype == "fp16") return torch::kFloat16;
+  if (dtype == "bf16") return torch::kBFloat16;
+  throw SchemaError("profile: dtype '" + dtype + "' is not one of fp32, fp16, bf16");
+}
+
+torch::Device parse_device(const std::string& device) {
+  if (device == "cpu") return torch::Device(torch::kCPU);
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+#if ZEROPLAN_HAVE_CUDA
+    if (!torch::cuda::is_available()) {
+      throw SchemaError("profile: device '" + device + "' but no CUDA device is visible");
+    }
+    return device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(device);
+#else
+    throw SchemaError("profile: device '" + device + "' but this build of zeroplan has no CUDA");
+#endif
+  }
+  throw SchemaError("profile: device '" + device + "' is not cpu, cuda or cuda:N");
+}
+
+std::vector<std::int64_t> shape_of(const torch::Tensor& t) { return t.sizes().vec(); }
+
+double tensor_bytes(const torch::Tensor& t) {
+  return static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+}
+
+void reset_grads(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params) p.mutable_grad() = torch::Tensor();
+}
+
+struct Devices {
+  detail::MemoryMeter& memory;
+  PhaseTimer& timer;
+  std::function<void()> synchronize;
+};
+
+// Measures `unit` on `input`; returns the measurement and the (detached) output for the next unit.
+// `grad_params`: every parameter whose gradient the unit's backward may write (own and borrowed).
+std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const torch::Tensor& input,
+                                                  const std::vector<torch::Tensor>& grad_params,
+                                                  const ProfileOptions& options, Devices& dev) {
+  UnitMeasurement m;
+  for (const auto& p : unit.parameters()) {
+    m.params += p.numel();
+    m.bytes_param += static_cast<std::int64_t>(tensor_bytes(p));
+  }
+  for (const auto& b : unit.buffers()) m.bytes_buffer += static_cast<std::int64_t>(tensor_bytes(b));
+  m.input_shape = shape_of(input);
+
+  torch::Tensor x = input.detach();
+  if (x.is_floating_point()) x.requires_grad_(true);
+  auto clear = [&] {
+    reset_grads(grad_params);
+    if (x.requires_grad()) x.mutable_grad() = torch::Tensor();
+  };
+  auto backward = [&](const torch::Tensor& y, const torch::Tensor& g) {
+    if (y.requires_grad()) torch::autograd::backward({y}, {g});
+  };
+
+  // Warm-up: lazy initialisation, thread pools, allocator state.
+  for (int i = 0; i < options.warmup; ++i) {
+    clear();
+    torch::Tensor y = unit.forward(x);
+    backward(y, torch::ones_like(y));
+  }
+
+  // Memory pass. The unit runs on a fresh copy of its input that only the unit's graph can keep
+  // alive (the copy is a non-leaf: AccumulateGrad holds x, not the copy), so what stays live after
+  // forward, minus the output, is what autograd saved, the input included when it is saved.
+  clear();
+  torch::Tensor x_copy = x.clone();
+  const double bytes_x_copy = tensor_bytes(x_copy);
+  dev.synchronize();
+  const std::int64_t live0 = dev.memory.begin_phase();
+  torch::Tensor y = unit.forward(x_copy);
+  x_copy = torch::Tensor();
+  dev.synchronize();
+  const std::int64_t live1 = dev.memory.live();
+  m.bytes_peak_fwd = static_cast<double>(dev.memory.peak() - live0);
+  m.output_shape = shape_of(y);
+  m.bytes_output = tensor_bytes(y);
+  m.bytes_saved =
+      std::max(0.0, static_cast<double>(live1 - live0) + bytes_x_copy - m.bytes_output);
+  {
+    torch::Tensor g = torch::ones_like(y);
+    dev.synchronize();
+    const std::int64_t live2 = dev.memory.begin_phase();
+    backward(y, g);
+    dev.synchronize();
+    m.bytes_peak_bwd = static_cast<double>(dev.memory.peak() - live2);
+  }
+  torch::Tensor output = y.detach();
+  y = torch::Tensor();
+
+  // FLOPs pass (the counter's callback keeps op inputs alive a little longer: not in the memory pass).
+  {
+    clear();
+    flops::Count count;
+    {
+      flops::FlopCounter counter;
+      torch::Tensor yf = unit.forward(x);
+      count = counter.count();
+    }
+    m.flops_fwd = count.forward();
+    m.flops_bwd = count.backward();
+  }
+
+  // Timed passes.
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i < options.repeats; ++i) {
+    clear();
+    dev.timer.start();
+    torch::Tensor yt = unit.forward(x);
+    fwd.push_back(dev.timer.stop_s());
+    torch::Tensor g = torch::ones_like(yt);
+    dev.timer.start();
+    backward(yt, g);
+    bwd.push_back(dev.timer.stop_s());
+  }
+  clear();
+  const TimingStats sf = timing_stats(fwd), sb = timing_stats(bwd);
+  m.time_fwd_s = sf.median_s;
+  m.time_fwd_spread_s = sf.spread_s();
+  m.time_bwd_s = sb.median_s;
+  m.time_bwd_spread_s = sb.spread_s();
+  return {std::move(m), output};
+}
+
+// Device-side context for a profile: memory meter, timer, synchronisation; the CPU allocator is
+// installed for the lifetime of this object.
+class DeviceContext {
+ public:
+  explicit DeviceContext(const torch::Device& device) {
+    if (device.is_cpu()) {
+      scoped_.emplace();
+      memory_ = std::make_unique<CpuMemoryMeter>(scoped_->allocator());
+      timer_ = std::make_unique<WallTimer>();
+      synchronize_ = [] {};
+    } else {
+#if ZEROPLAN_HAVE_CUDA
+      memory_ = detail::make_cuda_memory_meter(device.index());
+      timer_ = detail::make_cuda_event_timer();
+      synchronize_ = [] { detail::cuda_synchronize(); };
+#else
+      TORCH_INTERNAL_ASSERT(false, "CUDA device without CUDA support");
+#endif
+    }
+  }
+  Devices devices() { return Devices{*memory_, *timer_, synchronize_}; }
+
+ private:
+  std::optional<ScopedCpuAllocator> scoped_;
+  std::unique_ptr<detail::MemoryMeter> memory_;
+  std::unique_ptr<PhaseTimer> timer_;
+  std::function<void()> synchronize_;
+};
+
+void validate_options(const ProfileOptions& o) {
+  if (o.batch < 1) throw SchemaError("profile: batch " + std::to_string(o.batch) + " < 1");
+  for (int b : o.batches) {
+    if (b < 1) throw SchemaError("profile: batches contains " + std::to_string(b) + " < 1");
+  }
+  if (o.warmup < 0) throw SchemaError("profile: warmup " + std::to_string(o.warmup) + " < 0");
+  if (o.repeats < 1) throw SchemaError("profile: repeats " + std::to_string(o.repeats) + " < 1");
+  if (o.threads < 0) throw SchemaError("profile: threads " + std::to_string(o.threads) + " < 0");
+}
+
+void move_module(torch::nn::Module& module, const torch::Device& device, torch::Dtype dtype) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    p.set_data(p.is_floating_point() ? p.to(device, dtype) : p.to(device));
+  }
+  for (auto& b : module.buffers()) {
+    b.set_data(b.is_floating_point() ? b.to(device, dtype) : b.to(device));
+  }
+}
+
+}  // namespace
+
+UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,
+                             const ProfileOptions& options) {
+  validate_options(options);
+  DeviceContext ctx(input.device());
+  Devices dev = ctx.devices();
+  return measure(unit, input, unit.parameters(), options, dev).first;
+}
+
+ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
+  validate_options(options);
+  TORCH_CHECK(model.task != nullptr, "profile_model: model has no task");
+  const torch::Dtype dtype = parse_dtype(options.dtype);
+  const torch::Device device = parse_device(options.device);
+  if (options.threads > 0) torch::set_num_threads(options.threads);
+
+  std::vector<int> batches = options.batches.empty()
+                                 ? std::vector<int>{options.batch, 2 * options.batch}
+                                 : options.batches;
+  if (std::find(batches.begin(), batches.end(), options.batch) == batches.end()) {
+    batches.push_back(options.batch);
+  }
+  std::sort(batches.begin(), batches.end());
+  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+
+  for (auto& unit : model.units) move_module(*unit.module, device, dtype);
+  std::vector<torch::Tensor> all_params;
+  for (auto& unit : model.units) {
+    for (auto& p : unit.module->parameters()) all_params.push_back(p);
+  }
+
+  ModelProfile profile;
+  profile.name = model.preset.empty() ? model.name : model.preset;
+  profile.source = "zoo:" + model.name + (model.preset.empty() ? "" : "/" + model.preset);
+  profile.measured = true;
+  profile.dtype = options.dtype;
+  profile.threads = torch::get_num_threads();
+  profile.library_versions = {{"torch", TORCH_VERSION}, {"zeroplan", ZEROPLAN_VERSION}};
+  profile.batch = options.batch;
+  profile.profiled_batches = batches;
+#if ZEROPLAN_HAVE_CUDA
+  profile.device = device.is_cuda() ? detail::cuda_device_name(device.index()) : "cpu";
+#else
+  profile.device = "cpu";
+#endif
+
+  // measurements[batch index][unit index]
+  std::vector<std::vector<UnitMeasurement>> measurements;
+  DeviceContext ctx(device);
+  for (int b : batches) {
+    Devices dev = ctx.devices();
+    zoo::Batch data = model.task->batch(static_cast<std::int64_t>(options.data_seed), 0, b);
+    torch::Tensor x = data.input.to(device);
+    if (x.is_floating_point()) x = x.to(dtype);
+    if (b == options.batch) {
+      profile.input_shape = shape_of(x);
+      const auto sample = model.task->sample_shape();
+      if (sample.size() == 1 && !x.is_floating_point()) profile.seq_len = sample[0];
+      if (sample.size() == 3) profile.image_size = sample[1];
+    }
+    std::vector<UnitMeasurement> row;
+    for (std::size_t i = 0; i < model.units.size(); ++i) {
+      if (options.progress) {
+        std::fprintf(stderr, "profile: batch %d unit %zu/%zu %s\n", b, i + 1, model.units.size(),
+                     model.units[i].name.c_str());
+      }
+      auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev);
+      row.push_back(std::move(m));
+      x = out;
+    }
+    measurements.push_back(std::move(row));
+  }
+
+  const auto ref = static_cast<std::size_t>(
+      std::find(batches.begin(), batches.end(), options.batch) - batches.begin());
+  std::vector<double> xs(batches.begin(), batches.end());
+  for (std::size_t i = 0; i < model.units.size(); ++i) {
+    const UnitMeasurement& r = measurements[ref][i];
+    UnitProfile u;
+    u.name = model.units[i].name;
+    u.type = model.units[i].type;
+    u.count = 1;
+    u.params = r.params;
+    u.bytes_param = r.bytes_param;
+    u.bytes_buffer = r.bytes_buffer;
+    u.input_shape = r.input_shape;
+    u.output_shape = r.output_shape;
+    auto figure = [&](double UnitMeasurement::*field) {
+      std::vector<double> ys;
+      for (const auto& row : measurements) ys.push_back(row[i].*field);
+      return Figure{r.*field, fit_linear(xs, ys)};
+    };
+    u.bytes_saved = figure(&UnitMeasurement::bytes_saved);
+    u.bytes_output = figure(&UnitMeasurement::bytes_output);
+    u.time_fwd_s = figure(&UnitMeasurement::time_fwd_s);
+    u.time_bwd_s = figure(&UnitMeasurement::time_bwd_s);
+    u.time_fwd_spread_s = figure(&UnitMeasurement::time_fwd_spread_s);
+    u.time_bwd_spread_s = figure(&UnitMeasurement::time_bwd_spread_s);
+    u.bytes_peak_fwd = figure(&UnitMeasurement::bytes_peak_fwd);
+    u.bytes_peak_bwd = figure(&UnitMeasurement::bytes_peak_bwd);
+    u.flops_fwd = figure(&UnitMeasurement::flops_fwd);
+    u.flops_bwd = figure(&UnitMeasurement::flops_bwd);
+    profile.units.push_back(std::move(u));
+  }
+  return profile;
+}
+
+}  // namespace zeroplan

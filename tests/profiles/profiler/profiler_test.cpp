@@ -1,0 +1,249 @@
+#include "zeroplan/profiles/profiler.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/timer.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan {
+namespace {
+
+// A unit that is one Linear layer (with bias).
+class LinearUnit : public zoo::UnitModule {
+ public:
+  LinearUnit(int64_t in, int64_t out) : lin_(register_module("lin", torch::nn::Linear(in, out))) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return lin_->forward(x); }
+
+ private:
+  torch::nn::Linear lin_;
+};
+
+ProfileOptions quick() {
+  ProfileOptions o;
+  o.warmup = 1;
+  o.repeats = 3;
+  return o;
+}
+
+TEST(Profiler, LinearSavedActivationsEqualClosedForm) {
+  // addmm(bias, x, W^T) saves x (for grad W) and W^T (for grad x); W is a parameter, not an
+  // activation, so the saved activation is the input alone: batch * in * 4 bytes.
+  const int64_t batch = 16, in = 256, out = 128;
+  LinearUnit unit(in, out);
+  torch::Tensor x = torch::randn({batch, in});
+  UnitMeasurement m = profile_unit(unit, x, quick());
+  const double closed_form = static_cast<double>(batch * in * 4);
+  EXPECT_NEAR(m.bytes_saved, closed_form, 0.01 * closed_form);
+  EXPECT_EQ(m.bytes_output, static_cast<double>(batch * out * 4));
+  EXPECT_EQ(m.params, in * out + out);
+  EXPECT_EQ(m.bytes_param, (in * out + out) * 4);
+  EXPECT_EQ(m.input_shape, (std::vector<int64_t>{batch, in}));
+  EXPECT_EQ(m.output_shape, (std::vector<int64_t>{batch, out}));
+  EXPECT_GE(m.bytes_peak_fwd, m.bytes_output);
+  // Backward allocates at least grad W, grad b and grad x.
+  EXPECT_GE(m.bytes_peak_bwd, static_cast<double>((in * out + out + batch * in) * 4));
+  EXPECT_EQ(m.flops_fwd, flops::linear(batch, in, out));
+  EXPECT_EQ(m.flops_bwd, 2 * flops::linear(batch, in, out));
+  EXPECT_GT(m.time_fwd_s, 0);
+  EXPECT_GT(m.time_bwd_s, 0);
+  EXPECT_GE(m.time_fwd_spread_s, 0);
+}
+
+TEST(Profiler, LinearOn3dInputSavesItsInput) {
+  const int64_t b = 4, s = 8, in = 32, out = 64;
+  LinearUnit unit(in, out);
+  UnitMeasurement m = profile_unit(unit, torch::randn({b, s, in}), quick());
+  EXPECT_NEAR(m.bytes_saved, static_cast<double>(b * s * in * 4), 0.01 * b * s * in * 4);
+  // ATen may run a 3-D linear as matmul + add_: the bias add is then counted (b*s*out, elementwise).
+  EXPECT_NEAR(m.flops_fwd, flops::linear(b * s, in, out), 0.02 * flops::linear(b * s, in, out));
+}
+
+TEST(Profiler, UnitThatSavesNothingOfItsInput) {
+  // y = x * 2 + 1 saves nothing: the copy of the input dies after forward.
+  struct Affine : zoo::UnitModule {
+    torch::Tensor forward(const torch::Tensor& x) override { return x * 2 + 1; }
+  } unit;
+  UnitMeasurement m = profile_unit(unit, torch::randn({64, 64}), quick());
+  EXPECT_EQ(m.bytes_saved, 0);
+  EXPECT_EQ(m.bytes_output, 64 * 64 * 4);
+}
+
+TEST(Profiler, SameUnitTwiceGivesIdenticalMemoryFigures) {
+  LinearUnit unit(128, 96);
+  torch::Tensor x = torch::randn({8, 128});
+  UnitMeasurement a = profile_unit(unit, x, quick());
+  UnitMeasurement b = profile_unit(unit, x, quick());
+  EXPECT_EQ(a.bytes_saved, b.bytes_saved);
+  EXPECT_EQ(a.bytes_output, b.bytes_output);
+  EXPECT_EQ(a.bytes_peak_fwd, b.bytes_peak_fwd);
+  EXPECT_EQ(a.bytes_peak_bwd, b.bytes_peak_bwd);
+  EXPECT_EQ(a.flops_fwd, b.flops_fwd);
+}
+
+TEST(Flops, ClosedFormsPerOp) {
+  torch::NoGradGuard no_grad;
+  {
+    flops::FlopCounter c;
+    auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1).stride(2));
+    torch::Tensor y = conv->forward(torch::randn({2, 8, 16, 16}));
+    ASSERT_EQ(y.sizes(), (torch::IntArrayRef{2, 16, 8, 8}));
+    EXPECT_EQ(c.count().matmul, flops::conv2d(2, 8, 16, 3, 3, 8, 8));
+    EXPECT_EQ(c.count().elementwise, 0);
+  }
+  {
+    flops::FlopCounter c;
+    auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1).groups(4));
+    conv->forward(torch::randn({1, 8, 10, 10}));
+    EXPECT_EQ(c.count().matmul, flops::conv2d(1, 8, 16, 3, 3, 10, 10, 4));
+  }
+  {
+    flops::FlopCounter c;
+    const int64_t b = 2, heads = 4, s = 16, d = 8;
+    torch::Tensor q = torch::randn({b, heads, s, d});
+    torch::scaled_dot_product_attention(q, q, q);
+    EXPECT_EQ(c.count().matmul, flops::attention(b, s, s, heads * d));
+  }
+  {
+    flops::FlopCounter c;
+    torch::matmul(torch::randn({3, 5, 7}), torch::randn({7, 2}));
+    EXPECT_EQ(c.count().matmul, 2.0 * 3 * 5 * 7 * 2);
+  }
+  {
+    flops::FlopCounter c;
+    torch::Tensor x = torch::randn({4, 10});
+    torch::layer_norm(x, {10});
+    torch::softmax(x, -1);
+    torch::gelu(x);
+    EXPECT_EQ(c.count().elementwise,
+              40 * (flops::kLayerNormPerElement + flops::kSoftmaxPerElement + flops::kGeluPerElement));
+    EXPECT_EQ(c.count().matmul, 0);
+  }
+}
+
+TEST(Fit, ExactLineAndNoise) {
+  Fit f = fit_linear({2, 4, 8}, {10 + 3 * 2, 10 + 3 * 4, 10 + 3 * 8});
+  EXPECT_DOUBLE_EQ(f.intercept, 10);
+  EXPECT_DOUBLE_EQ(f.per_sample, 3);
+  EXPECT_DOUBLE_EQ(f.r2, 1);
+  EXPECT_EQ(f.points, 3);
+  Fit c = fit_linear({2, 4}, {5, 5});
+  EXPECT_DOUBLE_EQ(c.per_sample, 0);
+  EXPECT_DOUBLE_EQ(c.r2, 1);
+  Fit n = fit_linear({1, 2, 3, 4}, {1, 3, 2, 4});
+  EXPECT_LT(n.r2, 1);
+  EXPECT_GT(n.r2, 0);
+  Fit one = fit_linear({4}, {8});
+  EXPECT_DOUBLE_EQ(one.at(2), 4);
+}
+
+TEST(Timing, MedianAndSpread) {
+  TimingStats s = timing_stats({5, 1, 3, 2, 4});
+  EXPECT_DOUBLE_EQ(s.median_s, 3);
+  EXPECT_DOUBLE_EQ(s.p10_s, 1.4);
+  EXPECT_DOUBLE_EQ(s.p90_s, 4.6);
+  EXPECT_NEAR(s.spread_s(), 3.2, 1e-12);
+  FakeTimer t({0.5, 1.5});
+  t.start();
+  EXPECT_EQ(t.stop_s(), 0.5);
+  EXPECT_EQ(t.stop_s(), 1.5);
+}
+
+TEST(Profiler, MlpModelProfileIsValidAndFitted) {
+  zoo::Model model = zoo::build_model("mlp", "", {{"depth", "3"}, {"width", "64"}}, 1);
+  ProfileOptions o = quick();
+  o.batch = 4;
+  o.batches = {2, 4, 8};
+  o.threads = 1;
+  ModelProfile p = profile_model(model, o);
+  EXPECT_NO_THROW(validate(p));
+  EXPECT_EQ(p.total_params(), model.parameter_count());
+  EXPECT_EQ(p.units.size(), model.units.size());
+  EXPECT_EQ(p.threads, 1);
+  EXPECT_EQ(p.device, "cpu");
+  EXPECT_EQ(p.dtype, "fp32");
+  EXPECT_EQ(p.library_versions.at("torch"), TORCH_VERSION);
+  EXPECT_EQ(p.profiled_batches, (std::vector<int>{2, 4, 8}));
+  EXPECT_EQ(p.input_shape, (std::vector<int64_t>{4, 32}));
+  for (const UnitProfile& u : p.units) {
+    EXPECT_EQ(u.bytes_saved.fit.points, 3) << u.name;
+    // Activations and FLOPs are exactly linear in batch with no intercept.
+    EXPECT_NEAR(u.bytes_output.fit.intercept, 0, 1e-6) << u.name;
+    EXPECT_NEAR(u.bytes_output.fit.r2, 1, 1e-12) << u.name;
+    EXPECT_NEAR(u.bytes_saved.fit.at(16), 4 * u.bytes_saved.value, 1e-6 * u.bytes_saved.value + 1e-9);
+    EXPECT_NEAR(u.flops_fwd.fit.r2, 1, 1e-12) << u.name;
+    EXPECT_GT(u.flops_fwd.value, 0) << u.name;
+    EXPECT_EQ(u.input_shape[0], 4);
+  }
+  // The first unit's saved input is the model input: 4 x 32 floats.
+  EXPECT_NEAR(p.units[0].bytes_saved.value, 4 * 32 * 4, 0.01 * 4 * 32 * 4);
+  // Round trip through JSON.
+  nlohmann::json j = p;
+  EXPECT_EQ(j.get<ModelProfile>(), p);
+
+  std::FILE* f = std::tmpfile();
+  print_profile_table(p, f);
+  std::rewind(f);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  EXPECT_NE(text.find("module name"), std::string::npos);
+  EXPECT_NE(text.find("total:"), std::string::npos);
+  EXPECT_NE(text.find(p.units[0].name), std::string::npos);
+}
+
+TEST(Profiler, Gpt2TinyBlocksCountTransformerFlops) {
+  zoo::Model model = zoo::build_model("gpt", "gpt2-tiny", {}, 1);
+  ProfileOptions o = quick();
+  o.batch = 2;
+  o.batches = {1, 2};
+  o.repeats = 1;
+  ModelProfile p = profile_model(model, o);
+  EXPECT_NO_THROW(validate(p));
+  EXPECT_EQ(p.total_params(), model.parameter_count());
+  EXPECT_GT(p.seq_len, 0);
+  print_profile_table(p, stdout);
+  const double b = 2, s = static_cast<double>(p.seq_len);
+  for (const UnitProfile& u : p.units) {
+    if (u.type != "TransformerBlock") continue;
+    const double h = static_cast<double>(u.output_shape.back());
+    const double matmul = 24 * b * s * h * h + 4 * b * s * s * h;
+    EXPECT_GE(u.flops_fwd.value, matmul) << u.name;
+    EXPECT_LE(u.flops_fwd.value, 1.3 * matmul) << u.name;  // plus elementwise estimates
+    EXPECT_GT(u.bytes_saved.value, 0) << u.name;
+  }
+}
+
+TEST(Profiler, BadOptionsNameTheValue) {
+  zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "8"}}, 1);
+  ProfileOptions o = quick();
+  o.dtype = "fp8";
+  try {
+    profile_model(model, o);
+    FAIL();
+  } catch (const SchemaError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos);
+  }
+  o = quick();
+  o.repeats = 0;
+  EXPECT_THROW(profile_model(model, o), SchemaError);
+}
+
+TEST(Profiler, LinearUnit_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LinearUnit unit(256, 128);
+  unit.to(torch::kCUDA);
+  torch::Tensor x = torch::randn({16, 256}, torch::kCUDA);
+  UnitMeasurement m = profile_unit(unit, x, quick());
+  EXPECT_NEAR(m.bytes_saved, 16 * 256 * 4, 0.01 * 16 * 256 * 4);
+  EXPECT_GT(m.time_fwd_s, 0);
+}
+
+}  // namespace
+}  // namespace zeroplan
