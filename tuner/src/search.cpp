@@ -188,6 +188,7 @@ std::vector<Checkpointing> checkpointing_levels(const ModelProfile& model) {
   struct Entry {
     int index;
     double cost_per_byte;
+    double freed_total;  // bytes freed over every repetition
   };
   std::vector<Entry> entries;
   const double ref = model.batch;
@@ -199,8 +200,12 @@ std::vector<Checkpointing> checkpointing_levels(const ModelProfile& model) {
     if (freed <= 0) continue;
     // Recompute cost: the measured forward time, or its FLOPs for analytic profiles (no times).
     const double t = u.time_fwd_s.at(ref, ref);
-    entries.push_back({i, (t > 0 ? t : u.flops_fwd.at(ref, ref)) / freed});
+    entries.push_back({i, (t > 0 ? t : u.flops_fwd.at(ref, ref)) / freed, freed * u.count});
   }
+  // A unit freeing under 1% of what checkpointing everything frees is not worth a level of its own.
+  double total = 0;
+  for (const Entry& e : entries) total += e.freed_total;
+  std::erase_if(entries, [&](const Entry& e) { return e.freed_total < 0.01 * total; });
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& a, const Entry& b) { return a.cost_per_byte < b.cost_per_byte; });
   std::vector<Checkpointing> levels(1);  // none

@@ -47,7 +47,8 @@ struct Outcome {
 
 // Checkpointing options cheapest first: none, then growing sets of profile units ordered by forward
 // time (FLOPs when the profile has no times) per byte of saved activations they free (units freeing
-// nothing are never checkpointed), the full set written as "all" when it covers every unit.
+// under 1% of what checkpointing everything frees are never checkpointed), the full set written as
+// "all" when it covers every unit.
 std::vector<Checkpointing> checkpointing_levels(const ModelProfile& model);
 
 struct SearchOptions {
