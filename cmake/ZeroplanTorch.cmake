@@ -20,7 +20,10 @@ add_library(zeroplan_torch INTERFACE)
 add_library(zeroplan::torch ALIAS zeroplan_torch)
 target_include_directories(zeroplan_torch SYSTEM INTERFACE
   "${ZEROPLAN_TORCH_DIR}/include" "${ZEROPLAN_TORCH_DIR}/include/torch/csrc/api/include")
-target_compile_definitions(zeroplan_torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO _GLIBCXX_USE_CXX11_ABI=1)
+# torch/include carries fmt 12 headers, which shadow Debian's fmt 9 in every torch translation unit;
+# header-only mode makes those TUs self-contained (the torch-free libraries keep linking libfmt 9; the
+# two live in different inline namespaces, fmt::v9 and fmt::v12).
+target_compile_definitions(zeroplan_torch INTERFACE USE_DISTRIBUTED USE_C10D_GLOO _GLIBCXX_USE_CXX11_ABI=1 FMT_HEADER_ONLY=1)
 target_link_libraries(zeroplan_torch INTERFACE
   "-Wl,--no-as-needed" "${_zp_tl}/libtorch_cpu.so" "${_zp_tl}/libtorch.so" "-Wl,--as-needed"
   "${_zp_tl}/libc10.so" Threads::Threads)
