@@ -10,6 +10,7 @@
 
 #include "text.h"
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/sim/errors.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -166,7 +167,10 @@ PlanComparison compare_plans(const std::string& against, const Plan& winner, con
   auto simulate = [&](const Plan& p, std::string& error) -> std::optional<Prediction> {
     try {
       return ev.simulate(p);
-    } catch (const std::exception& e) {
+    } catch (const SchemaError& e) {
+      error = e.what();
+      return std::nullopt;
+    } catch (const sim::SimError& e) {
       error = e.what();
       return std::nullopt;
     }

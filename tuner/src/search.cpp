@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/sim/errors.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -57,7 +58,10 @@ class Fitter {
         best_plan_ = p;
       }
       return pred;
-    } catch (const std::exception& e) {  // SchemaError, sim::SimError: the plan cannot be simulated
+    } catch (const SchemaError& e) {  // the plan cannot be simulated: counted, not fatal
+      if (error_.empty()) error_ = e.what();
+      return std::nullopt;
+    } catch (const sim::SimError& e) {
       if (error_.empty()) error_ = e.what();
       return std::nullopt;
     }

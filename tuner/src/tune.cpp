@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/sim/errors.h"
 #include "zeroplan/tuner/pareto.h"
 #include "zeroplan/tuner/space.h"
 
@@ -85,7 +86,9 @@ DefaultCheck check_default(const TuneResult& r, const Evaluator& ev) {
     d.fits = fits(d.prediction, r.limits);
     d.device_needed_bytes = d.prediction.device.total_bytes();
     d.host_needed_bytes = d.prediction.host.total_bytes();
-  } catch (const std::exception& e) {
+  } catch (const SchemaError& e) {
+    d.error = e.what();
+  } catch (const sim::SimError& e) {
     d.error = e.what();
   }
   return d;
