@@ -220,6 +220,24 @@ TEST(Profiler, Gpt2TinyBlocksCountTransformerFlops) {
   }
 }
 
+TEST(Profiler, ModelProfiledTwiceGivesIdenticalMemoryFigures) {
+  zoo::Model model = zoo::build_model("gpt", "gpt2-tiny", {}, 3);
+  ProfileOptions o = quick();
+  o.batch = 1;
+  o.batches = {1};
+  o.repeats = 1;
+  ModelProfile a = profile_model(model, o);
+  ModelProfile b = profile_model(model, o);
+  ASSERT_EQ(a.units.size(), b.units.size());
+  for (std::size_t i = 0; i < a.units.size(); ++i) {
+    EXPECT_EQ(a.units[i].bytes_saved, b.units[i].bytes_saved) << a.units[i].name;
+    EXPECT_EQ(a.units[i].bytes_output, b.units[i].bytes_output) << a.units[i].name;
+    EXPECT_EQ(a.units[i].bytes_peak_fwd, b.units[i].bytes_peak_fwd) << a.units[i].name;
+    EXPECT_EQ(a.units[i].bytes_peak_bwd, b.units[i].bytes_peak_bwd) << a.units[i].name;
+    EXPECT_EQ(a.units[i].flops_fwd, b.units[i].flops_fwd) << a.units[i].name;
+  }
+}
+
 TEST(Profiler, BadOptionsNameTheValue) {
   zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "8"}}, 1);
   ProfileOptions o = quick();

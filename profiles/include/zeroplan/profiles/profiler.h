@@ -78,6 +78,9 @@ struct UnitMeasurement {
   double time_fwd_s = 0, time_fwd_spread_s = 0;
   double time_bwd_s = 0, time_bwd_spread_s = 0;
   double flops_fwd = 0, flops_bwd = 0;
+  // CUDA with CUPTI only (0 otherwise): summed kernel durations of one forward / backward. Not in the
+  // ModelProfile yet (no field); the event times above include launch gaps, these do not.
+  double kernel_time_fwd_s = 0, kernel_time_bwd_s = 0;
 };
 UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,
                              const ProfileOptions& options);

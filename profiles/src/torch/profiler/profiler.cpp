@@ -128,6 +128,7 @@ struct Devices {
   detail::MemoryMeter& memory;
   PhaseTimer& timer;
   std::function<void()> synchronize;
+  PhaseTimer* kernel_timer = nullptr;  // CUPTI: summed kernel time; null when not available
 };
 
 // Measures `unit` on `input`; returns the measurement and the (detached) output for the next unit.
@@ -213,6 +214,17 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     backward(yt, g);
     bwd.push_back(dev.timer.stop_s());
   }
+  // Kernel time (CUDA with CUPTI): one more pass with activity records on.
+  if (dev.kernel_timer != nullptr) {
+    clear();
+    dev.kernel_timer->start();
+    torch::Tensor yk = unit.forward(x);
+    m.kernel_time_fwd_s = dev.kernel_timer->stop_s();
+    torch::Tensor g = torch::ones_like(yk);
+    dev.kernel_timer->start();
+    backward(yk, g);
+    m.kernel_time_bwd_s = dev.kernel_timer->stop_s();
+  }
   clear();
   const TimingStats sf = timing_stats(fwd), sb = timing_stats(bwd);
   m.time_fwd_s = sf.median_s;
@@ -237,18 +249,22 @@ class DeviceContext {
       memory_ = detail::make_cuda_memory_meter(device.index());
       timer_ = detail::make_cuda_event_timer();
       synchronize_ = [] { detail::cuda_synchronize(); };
+#if ZEROPLAN_HAVE_CUPTI
+      kernel_timer_ = detail::make_cupti_kernel_timer();
+#endif
 #else
       TORCH_INTERNAL_ASSERT(false, "CUDA device without CUDA support");
 #endif
     }
   }
-  Devices devices() { return Devices{*memory_, *timer_, synchronize_}; }
+  Devices devices() { return Devices{*memory_, *timer_, synchronize_, kernel_timer_.get()}; }
 
  private:
   std::optional<ScopedCpuAllocator> scoped_;
   std::unique_ptr<detail::MemoryMeter> memory_;
   std::unique_ptr<PhaseTimer> timer_;
   std::function<void()> synchronize_;
+  std::unique_ptr<PhaseTimer> kernel_timer_;
 };
 
 void validate_options(const ProfileOptions& o) {
