@@ -63,9 +63,11 @@ ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const C
       return t;
     }
     if (u.params == 0 && u.bytes_saved.at(micro_batch, ref) <= 0) return t;  // a free unit (reshape, dropout)
-    throw SimError(fmt::format("simulate: unit {} \"{}\" has no time and no flops", unit_index, u.name));
+    // An embedding lookup does no arithmetic: it is a gather, timed by the bytes it moves (below).
+    if (u.type != "Embedding")
+      throw SimError(fmt::format("simulate: unit {} \"{}\" has no time and no flops", unit_index, u.name));
   }
-  if (flops_b <= 0) flops_b = 2 * flops_f;
+  if (flops_b <= 0) flops_b = 2 * flops_f;  // 0 for a gather: its time is the memory side of the roof
   const auto& d = cluster.device;
   const double flops_per_s = peak_flops(cluster, compute_dtype) * d.compute_efficiency;
   const double act_bytes = u.bytes_output.at(micro_batch, ref) + u.bytes_saved.at(micro_batch, ref);

@@ -135,6 +135,21 @@ TEST(Compute, MeasuredTimesOnTheSameDeviceKindAreUsed) {
   EXPECT_FALSE(unit_compute_time(m, 1, a100(1), 1, "fp32").from_profile);  // measured on cpu, target cuda
 }
 
+TEST(Compute, AnEmbeddingWithoutFlopsIsTimedByTheBytesItMoves) {
+  ModelProfile m = testing::gpt(1, 64, 4, 16, 100);
+  UnitProfile& e = m.units[0];
+  e.type = "Embedding";
+  e.flops_fwd = Figure::constant(0);
+  e.flops_bwd = Figure::constant(0);
+  e.time_fwd_s = Figure::constant(0);
+  e.time_bwd_s = Figure::constant(0);
+  const auto c = a100(1);
+  const double bytes = double(e.params) * 2 + e.bytes_output.at(1, m.batch) + e.bytes_saved.at(1, m.batch);
+  ComputeTime t = unit_compute_time(m, 0, c, 1, "fp16");
+  EXPECT_GT(t.fwd_s, 0);
+  EXPECT_NEAR(t.fwd_s, bytes / c.device.mem_bw_bytes_per_s + 2 * c.device.launch_overhead_s, 1e-12);
+}
+
 TEST(Compute, NoTimeAndNoFlopsIsAClearError) {
   ModelProfile m = testing::gpt(1, 64, 4, 16, 100);
   m.units[1].flops_fwd = Figure::constant(0);
