@@ -1,0 +1,23 @@
+// A communicator for a world of one rank: every collective is a local copy or nothing, done at once.
+// The single-process reference runs through it, so it takes the same code path as a multi-rank run.
+#pragma once
+
+#include <zeroplan/exec/communicator.h>
+
+namespace zeroplan::exec {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  std::unique_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override;
+  std::unique_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op) override;
+  std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override;
+  void barrier() override {}
+  std::vector<std::string> fallbacks() const override { return {}; }
+};
+
+}  // namespace zeroplan::exec

@@ -1,0 +1,101 @@
+// Rendezvous: who this rank is (torchrun, Slurm, `zeroplan run --nproc`, or explicit values), the
+// c10d store all ranks share, and the communicator over it.
+//
+// Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) and under zeroplan's own launcher, the store is
+// already served on MASTER_ADDR:MASTER_PORT: ranks join it as clients under the prefix
+// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>". Otherwise rank 0 serves it. Each joined rank
+// publishes a heartbeat and its current step in the store, so a peer that died or hung can be named
+// (by the survivors' CommError and by the launcher) rather than waited on.
+#pragma once
+
+#include <zeroplan/exec/communicator.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace zeroplan::exec {
+
+// The launch environment is missing or contradicts itself; what() names the variable.
+class RendezvousError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // "torchrun", "slurm", "zeroplan" (launch_local), "env" (RANK/WORLD_SIZE set by hand), "single".
+  std::string launcher = "single";
+  // The store is served by the agent (torchrun or launch_local): join it under the attempt prefix.
+  bool agent_store = false;
+  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT
+  std::string error_file;     // TORCHELASTIC_ERROR_FILE ("" = none)
+  std::string output_dir;     // ZEROPLAN_OUTPUT_DIR: where launch_local gathers rank results
+  std::optional<std::chrono::milliseconds> timeout;  // ZEROPLAN_TIMEOUT_MS, set by launch_local
+};
+
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Reads torchrun's, Slurm's or zeroplan's variables; a process with none is a world of one.
+// Throws RendezvousError naming the variable that is malformed or out of range.
+RankContext rank_context_from_env();
+RankContext rank_context_from_env(const EnvLookup& env);  // for tests
+
+struct RendezvousOptions {
+  // Collective timeout; also how long to wait for the store and for every rank to arrive.
+  // RankContext::timeout, when set, wins.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::string device = "cpu";  // "cpu": Gloo; "cuda": NCCL on device LOCAL_RANK
+  // Gloo bind address; "" = 127.0.0.1 when MASTER_ADDR is loopback, else this machine's hostname.
+  std::string hostname;
+  std::chrono::milliseconds heartbeat_interval{1000};
+};
+
+// The store of this rank's group: a client of the agent's store under "/worker/attempt_<n>", or
+// TCPStore served by rank 0. Throws RendezvousError when it cannot connect within `timeout`.
+c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
+                                              std::chrono::milliseconds timeout);
+
+// Store keys a rank publishes (under the store's prefix), read by launch_local and the diagnosis.
+namespace store_keys {
+std::string heartbeat(int rank);  // "<sequence> <step>", rewritten every heartbeat_interval
+std::string failed(int rank);     // one-line error of a rank that failed on purpose
+std::string done(int rank);       // the rank finished normally
+}  // namespace store_keys
+
+// What a joined rank holds for the run. Destroying it stops the heartbeat.
+class RankSession {
+ public:
+  virtual ~RankSession() = default;
+  virtual const RankContext& context() const = 0;
+  virtual Communicator& comm() = 0;
+  virtual c10::intrusive_ptr<c10d::Store> store() const = 0;
+  // Published with the heartbeat; the launcher's failure line says "at step N".
+  virtual void set_step(int64_t step) = 0;
+  // Records a failure of this rank: the one-line message goes to the store (so peers and the
+  // launcher can name it) and to TORCHELASTIC_ERROR_FILE.
+  virtual void fail(const std::string& message) = 0;
+  // Marks this rank as finished normally (peers then do not blame it for leaving).
+  virtual void finish() = 0;
+};
+
+// Connects the store, forms the process group (Gloo or NCCL), starts the heartbeat.
+// Throws RendezvousError (store) or CommError (process group) with one line.
+std::unique_ptr<RankSession> join(const RankContext& ctx, const RendezvousOptions& options = {});
+
+// Writes torchrun's error file: {"message": {"message": M, "extraInfo": {"py_callstack": M,
+// "timestamp": "<unix seconds>"}}}. Does nothing when `path` is empty. Never throws.
+void write_error_file(const std::string& path, const std::string& message);
+
+}  // namespace zeroplan::exec

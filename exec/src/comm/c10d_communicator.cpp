@@ -1,0 +1,253 @@
+// Communicator over a c10d Backend (ProcessGroupGloo, ProcessGroupNCCL).
+#include <zeroplan/exec/c10d_communicator.h>
+
+#include <zeroplan/config.h>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#if ZEROPLAN_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "errors.h"
+
+namespace zeroplan::exec {
+namespace {
+
+// What ran for a collective Gloo does not have; the simulator models these (see REFERENCE.md).
+constexpr const char* kGlooAvgFallback = "gloo all_reduce avg via sum then divide by world size";
+constexpr const char* kGlooReduceScatterAvgFallback =
+    "gloo reduce_scatter avg via sum then divide by world size";
+constexpr const char* kGlooReduceScatterFallback =
+    "gloo reduce_scatter via all_reduce (reduce_scatter_single clones the input, all-reduces it and "
+    "copies out this rank's chunk): 2(N-1)/N traffic and a full-size temporary";
+
+class C10dCommunicator;
+
+class C10dWork final : public Work {
+ public:
+  C10dWork(const C10dCommunicator* comm, std::string what, c10::intrusive_ptr<c10d::Work> work,
+           std::function<void()> after)
+      : comm_(comm), what_(std::move(what)), work_(std::move(work)), after_(std::move(after)) {}
+  void wait() override;
+
+ private:
+  const C10dCommunicator* comm_;
+  std::string what_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> after_;
+  bool done_ = false;
+};
+
+class C10dCommunicator final : public Communicator {
+ public:
+  C10dCommunicator(c10::intrusive_ptr<c10d::Backend> pg, std::string backend, int rank, int world,
+                   C10dOptions options, bool native_avg)
+      : pg_(std::move(pg)),
+        backend_(std::move(backend)),
+        rank_(rank),
+        world_(world),
+        options_(std::move(options)),
+        native_avg_(native_avg) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return backend_; }
+
+  std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
+    c10d::AllreduceOptions opts;
+    opts.timeout = options_.timeout;
+    opts.reduceOp = c10d_op(op, kGlooAvgFallback);
+    std::vector<at::Tensor> tensors{tensor};
+    std::function<void()> after;
+    if (op == ReduceOp::kAvg && !native_avg_) {
+      after = [t = tensor, n = world_]() mutable { t.div_(n); };
+    }
+    return issue("all_reduce", tensor.nbytes(), [&] { return pg_->allreduce(tensors, opts); },
+                 std::move(after));
+  }
+
+  std::unique_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    TORCH_CHECK(output.is_contiguous() && input.is_contiguous(), "all_gather needs contiguous tensors");
+    TORCH_CHECK(output.numel() == input.numel() * world_ && output.dtype() == input.dtype(),
+                "all_gather: output has ", output.numel(), " elements, expected ", world_, " x ",
+                input.numel());
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout;
+    at::Tensor out = output.view({-1});
+    at::Tensor in = input.view({-1});
+    return issue("all_gather", output.nbytes(),
+                 [&] { return pg_->all_gather_single(out, in, opts); }, {});
+  }
+
+  std::unique_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                       ReduceOp op) override {
+    TORCH_CHECK(output.is_contiguous() && input.is_contiguous(),
+                "reduce_scatter needs contiguous tensors");
+    TORCH_CHECK(input.numel() == output.numel() * world_ && output.dtype() == input.dtype(),
+                "reduce_scatter: input has ", input.numel(), " elements, expected ", world_, " x ",
+                output.numel());
+    c10d::ReduceScatterOptions opts;
+    opts.timeout = options_.timeout;
+    opts.reduceOp = c10d_op(op, kGlooReduceScatterAvgFallback);
+    if (backend_ == "gloo") note(kGlooReduceScatterFallback);
+    at::Tensor out = output.view({-1});
+    // c10d takes the input by non-const reference; it only reads it.
+    at::Tensor in = input.view({-1});
+    std::function<void()> after;
+    if (op == ReduceOp::kAvg && !native_avg_) {
+      after = [t = output, n = world_]() mutable { t.div_(n); };
+    }
+    return issue("reduce_scatter", input.nbytes(),
+                 [&] { return pg_->reduce_scatter_single(out, in, opts); }, std::move(after));
+  }
+
+  std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override {
+    TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+    TORCH_CHECK(root >= 0 && root < world_, "broadcast root ", root, " outside [0, ", world_, ")");
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = options_.timeout;
+    std::vector<at::Tensor> tensors{tensor};
+    return issue("broadcast", tensor.nbytes(), [&] { return pg_->broadcast(tensors, opts); }, {});
+  }
+
+  void barrier() override {
+    c10d::BarrierOptions opts;
+    opts.timeout = options_.timeout;
+    issue("barrier", 0, [&] { return pg_->barrier(opts); }, {})->wait();
+  }
+
+  std::vector<std::string> fallbacks() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {fallbacks_.begin(), fallbacks_.end()};
+  }
+
+  // One line for a failed collective, with the diagnosis of the peers when there is one.
+  std::string failure(const std::string& what, const std::string& cause) const {
+    // Diagnose once: later failures of the same group have the same cause.
+    std::call_once(diagnosed_, [this] {
+      if (!options_.diagnose) return;
+      try {
+        diagnosis_ = options_.diagnose();
+      } catch (const std::exception&) {
+      }
+    });
+    const std::string& diag = diagnosis_;
+    return fmt::format("rank {}: {} {} failed: {}", rank_, backend_, what,
+                       diag.empty() ? cause : fmt::format("{} ({})", diag, cause));
+  }
+
+ private:
+  c10d::ReduceOp c10d_op(ReduceOp op, const char* fallback) {
+    if (op == ReduceOp::kSum) return c10d::ReduceOp::SUM;
+    if (native_avg_) return c10d::ReduceOp::AVG;
+    note(fallback);
+    return c10d::ReduceOp::SUM;
+  }
+
+  void note(const char* fallback) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fallbacks_.insert(fallback);
+  }
+
+  template <class Issue>
+  std::unique_ptr<Work> issue(const char* name, size_t bytes, Issue&& start,
+                              std::function<void()> after) {
+    std::string what = fmt::format("{} #{} ({} bytes)", name, ++sequence_, bytes);
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start();
+    } catch (const std::exception& e) {
+      throw CommError(failure(what, detail::first_line(e.what())));
+    }
+    return std::make_unique<C10dWork>(this, std::move(what), std::move(work), std::move(after));
+  }
+
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  std::string backend_;
+  int rank_;
+  int world_;
+  C10dOptions options_;
+  bool native_avg_;
+  int64_t sequence_ = 0;
+  mutable std::once_flag diagnosed_;
+  mutable std::string diagnosis_;
+  mutable std::mutex mutex_;
+  std::set<std::string> fallbacks_;
+};
+
+void C10dWork::wait() {
+  if (done_) return;
+  done_ = true;
+  try {
+    work_->wait();
+  } catch (const std::exception& e) {
+    throw CommError(comm_->failure(what_, detail::first_line(e.what())));
+  }
+  if (after_) after_();
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int world_size,
+                                                     const C10dOptions& options) {
+  TORCH_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " outside [0, ", world_size, ")");
+  try {
+    auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    if (!options.interface.empty()) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.interface));
+    } else if (!options.hostname.empty()) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    opts->threads = options.gloo_threads;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    // Gloo in torch 2.x has no ReduceOp::AVG for all reduction ops: sum, then divide.
+    return std::make_unique<C10dCommunicator>(std::move(pg), "gloo", rank, world_size, options,
+                                              /*native_avg=*/false);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}: gloo process group of {} ranks could not form: {}", rank,
+                                world_size, detail::first_line(e.what())));
+  }
+}
+
+bool have_nccl() { return ZEROPLAN_HAVE_NCCL != 0; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int world_size,
+                                                     const C10dOptions& options) {
+#if ZEROPLAN_HAVE_NCCL
+  TORCH_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " outside [0, ", world_size, ")");
+  try {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = options.timeout;
+    c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
+    pg->setBoundDeviceId(device);
+    return std::make_unique<C10dCommunicator>(std::move(pg), "nccl", rank, world_size, options,
+                                              /*native_avg=*/true);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}: nccl process group of {} ranks could not form: {}", rank,
+                                world_size, detail::first_line(e.what())));
+  }
+#else
+  (void)store;
+  (void)options;
+  throw CommError(fmt::format(
+      "rank {}: this zeroplan was built without NCCL; rebuild with the CUDA toolkit and the CUDA "
+      "torch wheel (ZEROPLAN_WITH_NCCL=ON) or use gloo ({} ranks)",
+      rank, world_size));
+#endif
+}
+
+}  // namespace zeroplan::exec

@@ -1,0 +1,201 @@
+// Communicators in one process: LocalCommunicator, CountingCommunicator, and Gloo with two ranks on
+// threads over a HashStore (the multi-process tests are in launcher_test.cpp).
+#include <zeroplan/exec/c10d_communicator.h>
+#include <zeroplan/exec/counting_communicator.h>
+#include <zeroplan/exec/local_communicator.h>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <functional>
+#include <thread>
+
+namespace zeroplan::exec {
+namespace {
+
+torch::Tensor input(int rank, int64_t n) {
+  return torch::arange(n, torch::kFloat) + 100.0f * static_cast<float>(rank);
+}
+
+TEST(LocalCommunicator, CollectivesOfOneRankAreIdentities) {
+  LocalCommunicator comm;
+  EXPECT_EQ(comm.world_size(), 1);
+  EXPECT_EQ(comm.backend(), "local");
+  auto t = input(0, 5);
+  comm.all_reduce(t, ReduceOp::kAvg)->wait();
+  EXPECT_TRUE(t.equal(input(0, 5)));
+  auto out = torch::zeros({5});
+  comm.all_gather(out, input(0, 5))->wait();
+  EXPECT_TRUE(out.equal(input(0, 5)));
+  auto rs = torch::zeros({5});
+  comm.reduce_scatter(rs, input(0, 5), ReduceOp::kSum)->wait();
+  EXPECT_TRUE(rs.equal(input(0, 5)));
+  comm.broadcast(t, 0)->wait();
+  comm.barrier();
+  EXPECT_TRUE(comm.fallbacks().empty());
+  auto wrong = torch::zeros({6});
+  EXPECT_THROW(comm.all_gather(wrong, input(0, 5)), c10::Error);
+}
+
+TEST(CountingCommunicator, CountsCallsAndBytesLikeNcclTests) {
+  CountingCommunicator comm(std::make_unique<LocalCommunicator>());
+  auto t = torch::zeros({10});        // 40 bytes
+  auto big = torch::zeros({10});
+  comm.all_reduce(t, ReduceOp::kSum)->wait();
+  comm.all_reduce(t, ReduceOp::kAvg)->wait();
+  comm.all_gather(big, t)->wait();
+  comm.reduce_scatter(t, big, ReduceOp::kSum)->wait();
+  comm.broadcast(t, 0)->wait();
+  comm.barrier();
+  auto c = comm.counts();
+  EXPECT_EQ(c.all_reduce, 2);
+  EXPECT_EQ(c.all_gather, 1);
+  EXPECT_EQ(c.reduce_scatter, 1);
+  EXPECT_EQ(c.broadcast, 1);
+  EXPECT_EQ(c.barrier, 1);
+  EXPECT_EQ(c.calls(), 6);
+  EXPECT_EQ(c.bytes_all_reduce, 80);
+  EXPECT_EQ(c.bytes(), 80 + 40 + 40 + 40);
+  ASSERT_EQ(comm.calls().size(), 6u);
+  EXPECT_EQ(comm.calls()[2].kind, Collective::kAllGather);
+  EXPECT_STREQ(to_string(comm.calls()[3].kind), "reduce_scatter");
+  comm.reset();
+  EXPECT_EQ(comm.counts().calls(), 0);
+}
+
+TEST(CountingCommunicator, DelaysEveryCollective) {
+  LocalCommunicator local;
+  CountingCommunicator comm(local, std::chrono::milliseconds(20));
+  auto t = torch::zeros({4});
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) comm.all_reduce(t, ReduceOp::kSum)->wait();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  comm.set_delay({});
+  start = std::chrono::steady_clock::now();
+  comm.all_reduce(t, ReduceOp::kSum)->wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
+}
+
+// Runs body(comm) on two Gloo ranks, one thread each, and returns what each rank's body threw.
+std::vector<std::string> on_two_gloo_ranks(const std::function<void(Communicator&)>& body,
+                                           std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                                           std::function<std::string()> diagnose = {}) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        C10dOptions o;
+        o.timeout = timeout;
+        o.diagnose = diagnose;
+        auto comm = make_gloo_communicator(store, r, 2, o);
+        body(*comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(GlooCommunicator, MatchesTheSingleProcessReductionOnUnevenSizes) {
+  auto errors = on_two_gloo_ranks([](Communicator& comm) {
+    const int r = comm.rank();
+    EXPECT_EQ(comm.backend(), "gloo");
+    for (int64_t n : {1, 3, 7, 1001}) {
+      auto expect_sum = input(0, n) + input(1, n);
+      auto t = input(r, n);
+      comm.all_reduce(t, ReduceOp::kSum)->wait();
+      EXPECT_TRUE(t.equal(expect_sum)) << n;
+      auto a = input(r, n);
+      comm.all_reduce(a, ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(a.allclose(expect_sum / 2)) << n;
+
+      auto g = torch::empty({2 * n});
+      comm.all_gather(g, input(r, n))->wait();
+      EXPECT_TRUE(g.equal(torch::cat({input(0, n), input(1, n)}))) << n;
+
+      auto full = input(0, 2 * n) + input(1, 2 * n);
+      auto rs = torch::empty({n});
+      comm.reduce_scatter(rs, input(r, 2 * n), ReduceOp::kSum)->wait();
+      EXPECT_TRUE(rs.equal(full.slice(0, r * n, (r + 1) * n))) << n;
+      auto rsa = torch::empty({n});
+      comm.reduce_scatter(rsa, input(r, 2 * n), ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(rsa.allclose(full.slice(0, r * n, (r + 1) * n) / 2)) << n;
+
+      auto b = input(r, n);
+      comm.broadcast(b, 1)->wait();
+      EXPECT_TRUE(b.equal(input(1, n))) << n;
+    }
+    // Views of a larger flat buffer (the executor's flat parameters) work in place.
+    auto flat = input(r, 10);
+    auto view = flat.narrow(0, 2, 4);
+    comm.all_reduce(view, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(flat.narrow(0, 2, 4).equal((input(0, 10) + input(1, 10)).narrow(0, 2, 4)));
+    EXPECT_TRUE(flat.narrow(0, 0, 2).equal(input(r, 10).narrow(0, 0, 2)));
+    comm.barrier();
+
+    auto fb = comm.fallbacks();
+    auto has = [&](const std::string& s) {
+      return std::any_of(fb.begin(), fb.end(), [&](const auto& f) { return f.find(s) != std::string::npos; });
+    };
+    EXPECT_TRUE(has("gloo reduce_scatter via all_reduce")) << fb.size();
+    EXPECT_TRUE(has("2(N-1)/N traffic and a full-size temporary"));
+    EXPECT_TRUE(has("gloo all_reduce avg via sum then divide"));
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(GlooCommunicator, ExactMicroCase) {
+  // Linear(1,1), w=1, b=2, input rank+1, y.backward(x), gradients averaged, SGD lr 0.1.
+  std::vector<float> w(2), b(2);
+  auto errors = on_two_gloo_ranks([&](Communicator& comm) {
+    torch::nn::Linear m(1, 1);
+    {
+      torch::NoGradGuard g;
+      m->weight.fill_(1.0f);
+      m->bias.fill_(2.0f);
+    }
+    torch::optim::SGD sgd(m->parameters(), torch::optim::SGDOptions(0.1));
+    auto x = torch::full({1}, static_cast<float>(comm.rank() + 1));
+    m->forward(x).backward(x);
+    for (auto& p : m->parameters()) {
+      auto g = p.grad();
+      comm.all_reduce(g, ReduceOp::kAvg)->wait();
+    }
+    sgd.step();
+    w[comm.rank()] = m->weight.item<float>();
+    b[comm.rank()] = m->bias.item<float>();
+  });
+  ASSERT_EQ(errors[0], "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FLOAT_EQ(w[r], 0.75f);
+    EXPECT_FLOAT_EQ(b[r], 1.85f);
+  }
+}
+
+TEST(GlooCommunicator, ATimedOutCollectiveThrowsOneLineNamingTheRank) {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = on_two_gloo_ranks(
+      [](Communicator& comm) {
+        if (comm.rank() == 1) {  // never joins the all_reduce
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;
+        }
+        auto t = torch::ones({8});
+        comm.all_reduce(t, ReduceOp::kSum)->wait();
+      },
+      std::chrono::seconds(2), [] { return std::string("rank 1 died or hung"); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("rank 0: gloo all_reduce #1 (32 bytes) failed: rank 1 died or hung ("),
+            std::string::npos)
+      << errors[0];
+  EXPECT_EQ(errors[0].find('\n'), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+}  // namespace
+}  // namespace zeroplan::exec

@@ -1,0 +1,131 @@
+// The launch environment (torchrun, Slurm, zeroplan, explicit) and torchrun's error file.
+#include <zeroplan/exec/launcher.h>
+#include <zeroplan/exec/rendezvous.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace zeroplan::exec {
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(RankContext, NoVariablesIsAWorldOfOne) {
+  auto c = rank_context_from_env(env_of({}));
+  EXPECT_EQ(c.rank, 0);
+  EXPECT_EQ(c.world_size, 1);
+  EXPECT_EQ(c.launcher, "single");
+  EXPECT_FALSE(c.agent_store);
+}
+
+TEST(RankContext, TorchrunWithAgentStore) {
+  auto c = rank_context_from_env(env_of({{"RANK", "3"},
+                                         {"WORLD_SIZE", "4"},
+                                         {"LOCAL_RANK", "1"},
+                                         {"LOCAL_WORLD_SIZE", "2"},
+                                         {"MASTER_ADDR", "10.0.0.7"},
+                                         {"MASTER_PORT", "29731"},
+                                         {"TORCHELASTIC_RUN_ID", "none"},
+                                         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                         {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                         {"TORCHELASTIC_ERROR_FILE", "/tmp/x/error.json"}}));
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.local_rank, 1);
+  EXPECT_EQ(c.local_world_size, 2);
+  EXPECT_EQ(c.master_addr, "10.0.0.7");
+  EXPECT_EQ(c.master_port, 29731);
+  EXPECT_EQ(c.launcher, "torchrun");
+  EXPECT_TRUE(c.agent_store);
+  EXPECT_EQ(c.restart_count, 2);
+  EXPECT_EQ(c.error_file, "/tmp/x/error.json");
+}
+
+TEST(RankContext, Slurm) {
+  auto c = rank_context_from_env(env_of({{"SLURM_PROCID", "5"},
+                                         {"SLURM_NTASKS", "8"},
+                                         {"SLURM_LOCALID", "1"},
+                                         {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                         {"MASTER_ADDR", "node01"},
+                                         {"MASTER_PORT", "12345"}}));
+  EXPECT_EQ(c.launcher, "slurm");
+  EXPECT_EQ(c.rank, 5);
+  EXPECT_EQ(c.world_size, 8);
+  EXPECT_EQ(c.local_rank, 1);
+  EXPECT_EQ(c.local_world_size, 4);
+  EXPECT_EQ(c.master_addr, "node01");
+  EXPECT_FALSE(c.agent_store);
+}
+
+TEST(RankContext, ExplicitVariablesWithoutAgentStoreMakeRankZeroServe) {
+  auto c = rank_context_from_env(
+      env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}));
+  EXPECT_EQ(c.launcher, "env");
+  EXPECT_FALSE(c.agent_store);
+  EXPECT_EQ(c.local_world_size, 2);
+}
+
+TEST(RankContext, ErrorsNameTheVariable) {
+  auto message = [](std::map<std::string, std::string> vars) {
+    try {
+      rank_context_from_env(env_of(std::move(vars)));
+    } catch (const RendezvousError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({{"RANK", "x"}, {"WORLD_SIZE", "2"}}),
+            "RANK='x' is not an integer in [0, 1048576]");
+  EXPECT_EQ(message({{"RANK", "0"}}), "WORLD_SIZE is not set");
+  EXPECT_EQ(message({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}), "rank 2 outside [0, 2)");
+  EXPECT_NE(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"), std::string::npos);
+  EXPECT_NE(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+                .find("MASTER_PORT='70000'"),
+            std::string::npos);
+  EXPECT_NE(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("MASTER_ADDR is not set under Slurm"),
+            std::string::npos);
+}
+
+TEST(ErrorFile, HasTheLayoutTorchrunReads) {
+  auto dir = std::filesystem::temp_directory_path() / "zeroplan_error_file_test";
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "error.json").string();
+  write_error_file(path, "rank 1: gloo all_reduce #3 failed: \"quoted\"");
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["message"]["message"], "rank 1: gloo all_reduce #3 failed: \"quoted\"");
+  EXPECT_EQ(j["message"]["extraInfo"]["py_callstack"], j["message"]["message"]);
+  auto ts = j["message"]["extraInfo"]["timestamp"].get<std::string>();
+  EXPECT_GT(std::stoll(ts), 1600000000LL);
+  write_error_file("", "nothing happens");  // no path: no file, no throw
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Launcher, WithoutOptionDropsTheLaunchersOwnArguments) {
+  std::vector<std::string> argv{"zeroplan", "run", "--nproc", "2", "--plan", "p.json", "--nproc=4", "x"};
+  EXPECT_EQ(without_option(argv, "--nproc"),
+            (std::vector<std::string>{"zeroplan", "run", "--plan", "p.json", "x"}));
+  EXPECT_EQ(rank_file("/d", 1, ".json"), "/d/rank1.json");
+}
+
+TEST(Join, AWorldOfOneNeedsNoNetwork) {
+  RankContext c;
+  auto s = join(c);
+  EXPECT_EQ(s->comm().backend(), "local");
+  EXPECT_EQ(s->comm().world_size(), 1);
+  s->set_step(1);
+  s->finish();
+}
+
+}  // namespace
+}  // namespace zeroplan::exec
