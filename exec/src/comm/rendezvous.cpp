@@ -209,6 +209,9 @@ class Monitor {
   }
 
   // Published at once, so a rank that dies right after is reported at the right step.
+  // The last diagnosis named a peer that failed, died or hung first.
+  bool blamed_peer() const { return blamed_peer_.load(); }
+
   void set_step(int64_t step) {
     step_.store(step);
     beat();
@@ -242,6 +245,7 @@ class Monitor {
         }
       }
       if (silent.empty()) return "";
+      blamed_peer_ = true;
       return fmt::format("{} died or hung: no heartbeat for {:.1f} s", fmt::join(silent, ", "),
                          std::chrono::duration<double>(3 * interval_).count() + 0.5);
     } catch (const std::exception&) {
@@ -276,6 +280,7 @@ class Monitor {
   std::string failed_peer() {
     for (int r = 0; r < ctx_.world_size; ++r) {
       if (r != ctx_.rank && has(store_keys::failed(r))) {
+        blamed_peer_ = true;
         return fmt::format("rank {} failed: {}", r, get(store_keys::failed(r)));
       }
     }
@@ -299,6 +304,7 @@ class Monitor {
   RankContext ctx_;
   std::chrono::milliseconds interval_;
   std::atomic<int64_t> step_{-1};
+  std::atomic<bool> blamed_peer_{false};
   std::atomic<int64_t> sequence_{0};
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -323,6 +329,12 @@ class Session final : public RankSession {
   }
   void fail(const std::string& message) override {
     if (monitor_) monitor_->put(store_keys::failed(ctx_.rank), message);
+    // torchrun reports the failure with the earliest error-file timestamp (whole seconds) as the
+    // root cause. A rank failing because of a peer holds back, so the agent sees the peer's failure
+    // first and stops this rank, instead of a tie that may name the wrong rank.
+    if (monitor_ && monitor_->blamed_peer() && ctx_.launcher == "torchrun") {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    }
     write_error_file(ctx_.error_file, message);
   }
   void finish() override {
