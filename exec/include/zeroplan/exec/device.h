@@ -1,0 +1,85 @@
+// The device behind the executor: its memory pool (measured, optionally limited), the host pool that
+// offloaded state lives in, copies between them, timers' synchronisation and the random state.
+// CPU: the device pool is the counting CPU allocator (every tensor ATen allocates), the host pool a
+// separate arena the executor owns. CUDA: the caching allocator's statistics and pinned host memory.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace zeroplan::exec {
+
+// The host pool: tensors whose memory the device pool never sees (pinned on CUDA). Thread-safe.
+class HostPool {
+ public:
+  // alloc/free are the raw memory (malloc or cudaHostAlloc); the pool counts live and peak bytes.
+  using AllocFn = void* (*)(std::size_t bytes);
+  using FreeFn = void (*)(void* ptr);
+  HostPool(AllocFn alloc, FreeFn free);
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  // A 1-D fp32 (or `dtype`) CPU tensor of numel zeros. The memory returns to the pool when the last
+  // reference dies; the pool must outlive its tensors.
+  torch::Tensor zeros(std::int64_t numel, torch::ScalarType dtype = torch::kFloat32);
+  torch::Tensor empty(std::int64_t numel, torch::ScalarType dtype = torch::kFloat32);
+
+  std::int64_t live_bytes() const;
+  std::int64_t peak_bytes() const;
+  void reset_peak();  // peak := live
+
+ private:
+  AllocFn alloc_;
+  FreeFn free_;
+  mutable std::mutex mutex_;
+  std::int64_t live_ = 0;
+  std::int64_t peak_ = 0;
+};
+
+// A refused device allocation (the limit was hit).
+struct DeviceRefusal {
+  std::int64_t need_bytes = 0;
+  std::int64_t limit_bytes = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;               // "cpu", "cuda:0"
+  virtual torch::Device torch_device() const = 0;
+  virtual void synchronize() = 0;                     // wait for everything queued on the device
+
+  // Device pool.
+  virtual std::int64_t live_bytes() const = 0;
+  virtual std::int64_t peak_bytes() const = 0;
+  virtual void reset_peak() = 0;
+  // 0 removes the limit. Past it, allocations fail (an exception out of the allocating op) and
+  // is_out_of_memory() recognises the exception.
+  virtual void set_limit(std::int64_t bytes) = 0;
+  virtual std::int64_t limit() const = 0;
+  // Whether `e` is this device refusing an allocation (the limit, or a real out-of-memory); if so,
+  // what was needed.
+  virtual bool is_out_of_memory(const std::exception& e, DeviceRefusal* out) const = 0;
+
+  virtual HostPool& host_pool() = 0;
+
+  // dst (host) <- src (device) and dst (device) <- src (host); same numel. May be asynchronous on
+  // CUDA; wait_copies() waits for all of them.
+  virtual void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) = 0;
+  virtual void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) = 0;
+  virtual void wait_copies() = 0;
+
+  // Random state of the device's default generator (dropout), for checkpoint recompute.
+  virtual torch::Tensor rng_state() = 0;
+  virtual void set_rng_state(const torch::Tensor& state) = 0;
+};
+
+// "cpu" or "cuda[:i]". Throws ExecError when the device is unknown or unavailable in this build or on
+// this machine. The CPU device installs the counting allocator on first use (process-wide).
+std::unique_ptr<Device> make_device(const std::string& name);
+
+}  // namespace zeroplan::exec

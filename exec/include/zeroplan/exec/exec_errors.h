@@ -1,0 +1,34 @@
+// Errors a user can cause when running a plan (CommError, for dead or hung peers, is in
+// communicator.h). what() is one line, ready to print.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace zeroplan::exec {
+
+// A plan or option the executor cannot run (unsupported feature, unknown device, bad numbers).
+class ExecError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The device pool refused an allocation past --device-memory-limit (or the real device ran out):
+// "out of device memory in unit U, phase F: need A bytes, limit L".
+class OutOfDeviceMemory : public ExecError {
+ public:
+  OutOfDeviceMemory(std::string unit, std::string phase, std::int64_t need_bytes, std::int64_t limit_bytes);
+  const std::string& unit() const { return unit_; }
+  const std::string& phase() const { return phase_; }
+  std::int64_t need_bytes() const { return need_bytes_; }
+  std::int64_t limit_bytes() const { return limit_bytes_; }
+
+ private:
+  std::string unit_;
+  std::string phase_;
+  std::int64_t need_bytes_;
+  std::int64_t limit_bytes_;
+};
+
+}  // namespace zeroplan::exec

@@ -1,0 +1,67 @@
+// Running a plan on one rank, and merging the ranks' results into a RunRecord: the entry points of
+// `zeroplan run`.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "zeroplan/exec/communicator.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/run_record.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan::exec {
+
+struct RunOptions {
+  std::string model = "gpt";        // zoo name
+  std::string preset;               // e.g. "gpt2-tiny"
+  zoo::Options model_options;       // overrides of the preset
+  Plan plan;
+  int steps = 10;
+  int warmup_steps = 1;             // excluded from the statistics, still run and recorded
+  std::string device = "cpu";       // "cpu" | "cuda[:i]"
+  std::int64_t device_memory_limit_bytes = 0;  // 0: none; applies from after the model is built
+  std::string trace_path;           // "" none; "{rank}" is replaced, else "-rank<r>" goes before ".json"
+  bool progress = false;            // one line per step on stderr (rank 0): step, loss, step time
+  bool keep_parameters = false;     // RunResult::parameters (tests)
+};
+
+struct RunResult {
+  int rank = 0;
+  std::string backend;
+  std::string device;
+  std::vector<double> step_times_s;                          // every step, warm-up included
+  std::vector<std::map<std::string, double>> phase_times_s;  // per step: phase -> seconds
+  std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
+  std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
+  std::int64_t host_peak_bytes = 0;
+  std::vector<std::string> fallbacks;
+  std::string trace_path;              // written trace, or ""
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON
+};
+
+// Builds the model (same seed on every rank), runs warm-up + measured steps, writes the trace. The
+// model seed is options.plan.seed. Collective: every rank calls it with the same options.
+// Throws ExecError (incl. OutOfDeviceMemory), CommError, SchemaError (bad model or plan).
+RunResult run_rank(const RunOptions& options, Communicator& comm);
+
+// One RunRecord from every rank's result (any order). Step times and phases per step are the slowest
+// rank's; statistics over the measured steps.
+RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>& ranks);
+
+// Per-rank results travel from rank processes to the launcher as JSON (parameters excluded).
+void to_json(nlohmann::json& j, const RunResult& result);
+void from_json(const nlohmann::json& j, RunResult& result);
+
+// The trace path of `rank` for a user-given path (see RunOptions::trace_path).
+std::string rank_trace_path(const std::string& path, int rank);
+
+}  // namespace zeroplan::exec

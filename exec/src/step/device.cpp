@@ -1,0 +1,197 @@
+#include "zeroplan/exec/device.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "zeroplan/config.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/profiles/counting_allocator.h"
+
+#if ZEROPLAN_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace zeroplan::exec {
+
+// ---- HostPool ----
+
+HostPool::HostPool(AllocFn alloc, FreeFn free) : alloc_(alloc), free_(free) {}
+
+torch::Tensor HostPool::empty(std::int64_t numel, torch::ScalarType dtype) {
+  const std::int64_t bytes = numel * static_cast<std::int64_t>(c10::elementSize(dtype));
+  void* ptr = alloc_(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 64)));
+  if (ptr == nullptr) throw ExecError("host pool: cannot allocate " + std::to_string(bytes) + " bytes");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  FreeFn free_fn = free_;
+  auto deleter = [this, free_fn, bytes](void* p) {
+    free_fn(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ -= bytes;
+  };
+  return torch::from_blob(ptr, {numel}, deleter, torch::TensorOptions().dtype(dtype));
+}
+
+torch::Tensor HostPool::zeros(std::int64_t numel, torch::ScalarType dtype) {
+  torch::Tensor t = empty(numel, dtype);
+  t.zero_();
+  return t;
+}
+
+std::int64_t HostPool::live_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_;
+}
+std::int64_t HostPool::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_;
+}
+void HostPool::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_ = live_;
+}
+
+namespace {
+
+void* aligned_host_alloc(std::size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+void aligned_host_free(void* p) { std::free(p); }
+
+torch::Tensor cpu_rng_state() {
+  const at::Generator& gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(gen).mutex());
+  return gen.get_state();
+}
+void set_cpu_rng_state(const torch::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// CPU: the device pool is every tensor ATen allocates (counting allocator, installed for the
+// device's lifetime); the host pool is aligned malloc outside it. Copies are synchronous.
+class CpuDevice final : public Device {
+ public:
+  CpuDevice() : host_(aligned_host_alloc, aligned_host_free) {}
+  std::string name() const override { return "cpu"; }
+  torch::Device torch_device() const override { return torch::kCPU; }
+  void synchronize() override {}
+  std::int64_t live_bytes() const override { return scope_.allocator().live_bytes(); }
+  std::int64_t peak_bytes() const override { return scope_.allocator().peak_bytes(); }
+  void reset_peak() override { scope_.allocator().reset_peak(); }
+  void set_limit(std::int64_t bytes) override { scope_.allocator().set_limit(bytes > 0 ? bytes : -1); }
+  std::int64_t limit() const override { return std::max<std::int64_t>(scope_.allocator().limit(), 0); }
+  bool is_out_of_memory(const std::exception& e, DeviceRefusal* out) const override {
+    const auto* oom = dynamic_cast<const zeroplan::OutOfMemoryError*>(&e);
+    if (oom == nullptr) return false;
+    out->need_bytes = oom->need_bytes();
+    out->limit_bytes = oom->limit_bytes();
+    return true;
+  }
+  HostPool& host_pool() override { return host_; }
+  void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src); }
+  void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src); }
+  void wait_copies() override {}
+  torch::Tensor rng_state() override { return cpu_rng_state(); }
+  void set_rng_state(const torch::Tensor& state) override { set_cpu_rng_state(state); }
+
+ private:
+  ScopedCpuAllocator scope_;
+  HostPool host_;
+};
+
+#if ZEROPLAN_HAVE_CUDA
+void* pinned_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  return cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess ? p : nullptr;
+}
+void pinned_free(void* p) { cudaFreeHost(p); }
+
+// CUDA: the caching allocator's statistics; the limit is a memory fraction; the host pool is pinned.
+// Copies are queued on the current stream with non_blocking (ordered with compute).
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(c10::DeviceIndex index) : index_(index), host_(pinned_alloc, pinned_free) {
+    c10::cuda::set_device(index_);
+  }
+  std::string name() const override { return "cuda:" + std::to_string(index_); }
+  torch::Device torch_device() const override { return torch::Device(torch::kCUDA, index_); }
+  void synchronize() override { c10::cuda::device_synchronize(); }
+  std::int64_t live_bytes() const override { return stat().current; }
+  std::int64_t peak_bytes() const override { return stat().peak; }
+  void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(index_); }
+  void set_limit(std::int64_t bytes) override {
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    limit_ = bytes;
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(
+        bytes > 0 ? std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total_b)) : 1.0, index_);
+  }
+  std::int64_t limit() const override { return limit_; }
+  bool is_out_of_memory(const std::exception& e, DeviceRefusal* out) const override {
+    if (dynamic_cast<const c10::OutOfMemoryError*>(&e) == nullptr) return false;
+    out->need_bytes = 0;  // the caching allocator's message has the details
+    out->limit_bytes = limit_;
+    return true;
+  }
+  HostPool& host_pool() override { return host_; }
+  void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src, true); }
+  void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src, true); }
+  void wait_copies() override { synchronize(); }
+  torch::Tensor rng_state() override {
+    // CPU and CUDA states side by side.
+    const at::Generator& g = at::cuda::detail::getDefaultCUDAGenerator(index_);
+    torch::Tensor cuda_state;
+    {
+      std::lock_guard<std::mutex> lock(const_cast<at::Generator&>(g).mutex());
+      cuda_state = g.get_state();
+    }
+    return torch::cat({cpu_rng_state().view(-1), cuda_state.view(-1)});
+  }
+  void set_rng_state(const torch::Tensor& state) override {
+    const std::int64_t cpu_n = cpu_rng_state().numel();
+    set_cpu_rng_state(state.narrow(0, 0, cpu_n).clone());
+    at::Generator g = at::cuda::detail::getDefaultCUDAGenerator(index_);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(state.narrow(0, cpu_n, state.numel() - cpu_n).clone());
+  }
+
+ private:
+  c10::CachingAllocator::Stat stat() const {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index_);
+    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  }
+  c10::DeviceIndex index_;
+  std::int64_t limit_ = 0;
+  HostPool host_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<Device> make_device(const std::string& name) {
+  if (name == "cpu") return std::make_unique<CpuDevice>();
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+#if ZEROPLAN_HAVE_CUDA
+    const int index = name == "cuda" ? 0 : std::atoi(name.c_str() + 5);
+    if (!torch::cuda::is_available() || index >= static_cast<int>(torch::cuda::device_count())) {
+      throw ExecError("device " + name + ": no such CUDA device on this machine (" +
+                      std::to_string(torch::cuda::device_count()) + " visible)");
+    }
+    return std::make_unique<CudaDevice>(static_cast<c10::DeviceIndex>(index));
+#else
+    throw ExecError("device " + name + ": this build has no CUDA (configure with -DZEROPLAN_WITH_CUDA=ON)");
+#endif
+  }
+  throw ExecError("unknown device '" + name + "' (cpu, cuda, cuda:<i>)");
+}
+
+}  // namespace zeroplan::exec

@@ -1,0 +1,174 @@
+#include "zeroplan/exec/run.h"
+
+#include "strformat.h"
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "zeroplan/config.h"
+#include "zeroplan/exec/device.h"
+#include "zeroplan/exec/executor.h"
+#include "zeroplan/exec/recorder.h"
+
+namespace zeroplan::exec {
+
+std::string rank_trace_path(const std::string& path, int rank) {
+  if (path.empty()) return path;
+  if (auto pos = path.find("{rank}"); pos != std::string::npos) {
+    return path.substr(0, pos) + std::to_string(rank) + path.substr(pos + 6);
+  }
+  const std::string suffix = ".json";
+  if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return path.substr(0, path.size() - suffix.size()) + "-rank" + std::to_string(rank) + suffix;
+  }
+  return path + "-rank" + std::to_string(rank);
+}
+
+RunResult run_rank(const RunOptions& options, Communicator& comm) {
+  if (options.steps < 1) throw ExecError(detail::format("steps {} < 1", options.steps));
+  if (options.warmup_steps < 0 || options.warmup_steps >= options.steps) {
+    throw ExecError(detail::format("warmup steps {} must be in [0, steps {})", options.warmup_steps, options.steps));
+  }
+  std::unique_ptr<Device> device = make_device(options.device);
+  RunResult result;
+  result.rank = comm.rank();
+  result.backend = comm.backend();
+  result.device = device->name();
+
+  zoo::Model model = zoo::build_model(options.model, options.preset, options.model_options, options.plan.seed);
+  if (device->torch_device() != torch::Device(torch::kCPU)) {
+    for (auto& unit : model.units) unit.module->to(device->torch_device());
+  }
+  if (options.device_memory_limit_bytes > 0) device->set_limit(options.device_memory_limit_bytes);
+
+  Recorder recorder(comm.rank(), !options.trace_path.empty());
+  Executor executor(model, options.plan, comm, *device, recorder);
+  device->reset_peak();
+  device->host_pool().reset_peak();
+
+  std::vector<double> local_losses;
+  for (int s = 0; s < options.steps; ++s) {
+    const bool warmup = s < options.warmup_steps;
+    recorder.begin_step(s, warmup);
+    StepStats st = executor.step(s);
+    result.step_times_s.push_back(st.time_s);
+    result.phase_times_s.push_back(std::move(st.phase_s));
+    local_losses.push_back(st.loss);
+    if (options.progress && comm.rank() == 0) {
+      std::fprintf(stderr, "step %d/%d%s  loss %.4f (rank 0)  %.3f s\n", s + 1, options.steps,
+                   warmup ? " (warm-up)" : "", st.loss, st.time_s);
+    }
+  }
+  result.device_peak_bytes = device->peak_bytes();
+  result.host_peak_bytes = device->host_pool().peak_bytes();
+  device->set_limit(0);
+
+  // Global losses: one all-reduce for the whole run, outside the measured steps.
+  torch::Tensor losses = torch::tensor(local_losses, torch::kFloat64);
+  if (comm.world_size() > 1) {
+    comm.all_reduce(losses, ReduceOp::kSum)->wait();
+    losses.div_(comm.world_size());
+  }
+  result.losses.assign(losses.data_ptr<double>(), losses.data_ptr<double>() + losses.numel());
+  result.fallbacks = comm.fallbacks();
+
+  if (options.keep_parameters) result.parameters = executor.full_parameters();
+  if (!options.trace_path.empty()) {
+    result.trace_path = rank_trace_path(options.trace_path, comm.rank());
+    std::ofstream out(result.trace_path);
+    out << recorder.chrome_trace_json();
+    if (!out) throw ExecError("cannot write trace " + result.trace_path);
+  }
+  return result;
+}
+
+RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>& ranks_in) {
+  if (ranks_in.empty()) throw ExecError("no rank results to merge");
+  std::vector<const RunResult*> ranks;
+  for (const auto& r : ranks_in) ranks.push_back(&r);
+  std::sort(ranks.begin(), ranks.end(), [](const RunResult* a, const RunResult* b) { return a->rank < b->rank; });
+  const std::size_t steps = ranks[0]->step_times_s.size();
+  for (const RunResult* r : ranks) {
+    if (r->step_times_s.size() != steps) {
+      throw ExecError(detail::format("rank {} ran {} steps, rank {} ran {}", r->rank, r->step_times_s.size(),
+                                  ranks[0]->rank, steps));
+    }
+  }
+  RunRecord rec;
+  rec.model = options.preset.empty() ? options.model : options.preset;
+  rec.plan = options.plan;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  rec.environment.hostname = host;
+  rec.environment.backend = ranks[0]->backend == "local" ? "gloo" : ranks[0]->backend;
+  rec.environment.device = ranks[0]->device;
+  rec.environment.threads_per_rank = at::get_num_threads();
+  rec.environment.torch_version = ZEROPLAN_TORCH_VERSION;
+  rec.environment.zeroplan_version = ZEROPLAN_VERSION;
+  rec.environment.ranks = static_cast<int>(ranks.size());
+  rec.warmup_steps = options.warmup_steps;
+
+  std::vector<std::map<std::string, double>> phases(steps);
+  for (std::size_t s = 0; s < steps; ++s) {
+    double t = 0;
+    for (const RunResult* r : ranks) {
+      t = std::max(t, r->step_times_s[s]);
+      if (s < r->phase_times_s.size()) {
+        for (const auto& [k, v] : r->phase_times_s[s]) phases[s][k] = std::max(phases[s][k], v);
+      }
+    }
+    rec.step_times_s.push_back(t);
+  }
+  std::set<std::string> names;
+  for (const auto& p : phases) for (const auto& [k, v] : p) names.insert(k);
+  for (const auto& name : names) {
+    std::vector<double> values;
+    for (std::size_t s = static_cast<std::size_t>(options.warmup_steps); s < steps; ++s) {
+      auto it = phases[s].find(name);
+      values.push_back(it == phases[s].end() ? 0.0 : it->second);
+    }
+    if (!values.empty()) rec.phase_times_s[name] = percentile(values, 50);
+  }
+  for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes});
+  rec.losses = ranks[0]->losses;
+  std::set<std::string> fb;
+  for (const RunResult* r : ranks) fb.insert(r->fallbacks.begin(), r->fallbacks.end());
+  rec.fallbacks.assign(fb.begin(), fb.end());
+  const bool traces = std::all_of(ranks.begin(), ranks.end(), [](const RunResult* r) { return !r->trace_path.empty(); });
+  if (traces) for (const RunResult* r : ranks) rec.trace_paths.push_back(r->trace_path);
+  rec.compute_step_statistics();
+  return rec;
+}
+
+void to_json(nlohmann::json& j, const RunResult& r) {
+  j = nlohmann::json{{"rank", r.rank},
+                     {"backend", r.backend},
+                     {"device", r.device},
+                     {"step_times_s", r.step_times_s},
+                     {"phase_times_s", r.phase_times_s},
+                     {"losses", r.losses},
+                     {"device_peak_bytes", r.device_peak_bytes},
+                     {"host_peak_bytes", r.host_peak_bytes},
+                     {"fallbacks", r.fallbacks},
+                     {"trace_path", r.trace_path}};
+}
+
+void from_json(const nlohmann::json& j, RunResult& r) {
+  j.at("rank").get_to(r.rank);
+  j.at("backend").get_to(r.backend);
+  j.at("device").get_to(r.device);
+  j.at("step_times_s").get_to(r.step_times_s);
+  j.at("phase_times_s").get_to(r.phase_times_s);
+  r.losses.clear();
+  for (const auto& v : j.at("losses")) r.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());
+  j.at("device_peak_bytes").get_to(r.device_peak_bytes);
+  j.at("host_peak_bytes").get_to(r.host_peak_bytes);
+  j.at("fallbacks").get_to(r.fallbacks);
+  j.at("trace_path").get_to(r.trace_path);
+}
+
+}  // namespace zeroplan::exec

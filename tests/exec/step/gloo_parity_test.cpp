@@ -1,0 +1,217 @@
+// Real ranks: 2 processes over Gloo (launch_local re-runs this binary as the ranks), several plans
+// per launch. Parity of every stage and offload flag against the single-process reference, with and
+// without a delay before collectives; measured device peaks; --device-memory-limit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "step_test_util.h"
+#include "zeroplan/exec/launcher.h"
+#include "zeroplan/exec/rendezvous.h"
+#include "zeroplan/exec/run.h"
+
+namespace zeroplan::exec::testing {
+namespace {
+
+constexpr const char* kJobVar = "ZEROPLAN_STEP_TEST_JOB";
+
+struct Case {
+  ModelSpec model;
+  PlanSpec plan;
+  int steps = 10;
+  int delay_us = 0;
+  std::int64_t limit_bytes = 0;
+};
+
+nlohmann::json to_json(const Case& c) {
+  nlohmann::json plan;
+  zeroplan::to_json(plan, make_plan(c.model, 2, c.plan));
+  return {{"model", c.model.name}, {"preset", c.model.preset}, {"options", c.model.options},
+          {"plan", plan},          {"steps", c.steps},          {"delay_us", c.delay_us},
+          {"limit_bytes", c.limit_bytes}};
+}
+
+// ---- the rank side: runs every case of the job, writes <dir>/rank<r>.case<i>.json and .pt ----
+
+int rank_main(const std::string& job_path) {
+  std::ifstream in(job_path);
+  nlohmann::json job = nlohmann::json::parse(in);
+  RankContext ctx = rank_context_from_env();
+  RendezvousOptions ro;
+  ro.timeout = std::chrono::seconds(30);
+  auto session = join(ctx, ro);
+  at::set_num_threads(1);
+  for (std::size_t i = 0; i < job.size(); ++i) {
+    const auto& c = job[i];
+    RunOptions opt;
+    opt.model = c.at("model");
+    opt.preset = c.at("preset");
+    opt.model_options = c.at("options").get<zoo::Options>();
+    zeroplan::from_json(c.at("plan"), opt.plan);
+    opt.steps = c.at("steps");
+    opt.warmup_steps = 1;
+    opt.device_memory_limit_bytes = c.at("limit_bytes");
+    opt.keep_parameters = true;
+    CountingCommunicator comm(session->comm(), std::chrono::microseconds(c.at("delay_us").get<int>()));
+    nlohmann::json out;
+    try {
+      RunResult r = run_rank(opt, comm);
+      exec::to_json(out, r);
+      std::vector<torch::Tensor> tensors;
+      for (auto& [n, t] : r.parameters) tensors.push_back(t);
+      torch::save(tensors, rank_file(ctx.output_dir, ctx.rank, ".case" + std::to_string(i) + ".pt"));
+    } catch (const std::exception& e) {
+      out = {{"error", e.what()}};
+    }
+    std::ofstream(rank_file(ctx.output_dir, ctx.rank, ".case" + std::to_string(i) + ".json")) << out.dump();
+  }
+  session->finish();
+  return 0;
+}
+
+// Before gtest: when launched as a rank, run the job and exit.
+const bool kRankMain = [] {
+  if (const char* job = std::getenv(kJobVar)) {
+    int code = 1;
+    try {
+      code = rank_main(job);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank failed: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return false;
+}();
+
+// ---- the parent side ----
+
+struct CaseResult {
+  nlohmann::json json;  // RunResult or {"error": ...}
+  std::vector<torch::Tensor> params;
+};
+
+// Runs the cases on 2 Gloo ranks; results[rank][case].
+std::vector<std::vector<CaseResult>> launch(const std::vector<Case>& cases) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("zeroplan_step_" + std::to_string(::getpid()) + "_" +
+                                              std::to_string(std::rand()));
+  fs::create_directories(dir);
+  nlohmann::json job = nlohmann::json::array();
+  for (const auto& c : cases) job.push_back(to_json(c));
+  const fs::path job_path = dir / "job.json";
+  std::ofstream(job_path) << job.dump();
+  LaunchOptions lo;
+  lo.timeout = std::chrono::seconds(30);
+  lo.output_dir = dir.string();
+  lo.capture_output = true;
+  lo.env = {{kJobVar, job_path.string()}, {"OMP_NUM_THREADS", "1"}};
+  LaunchResult lr = launch_local(2, {"exec_step_test"}, lo);
+  EXPECT_EQ(lr.exit_code, 0) << lr.message;
+  std::vector<std::vector<CaseResult>> out(2);
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      CaseResult cr;
+      const std::string base = rank_file(dir.string(), r, ".case" + std::to_string(i));
+      std::ifstream in(base + ".json");
+      if (in) cr.json = nlohmann::json::parse(in);
+      if (fs::exists(base + ".pt")) torch::load(cr.params, base + ".pt");
+      out[static_cast<std::size_t>(r)].push_back(std::move(cr));
+    }
+  }
+  fs::remove_all(dir);
+  return out;
+}
+
+std::string label(const Case& c) {
+  return c.model.name + " " + c.plan.label() + (c.delay_us > 0 ? " delay" : "");
+}
+
+void check_parity(const ModelSpec& m, const std::vector<PlanSpec>& plans, int delay_us) {
+  const int steps = 10;
+  TrainResult ref = reference_run(m, make_plan(m, 1, {}), steps);
+  std::vector<Case> cases;
+  for (const auto& p : plans) cases.push_back({m, p, steps, delay_us, 0});
+  auto results = launch(cases);
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const CaseResult& cr = results[static_cast<std::size_t>(r)][i];
+      const std::string what = label(cases[i]) + " rank " + std::to_string(r);
+      ASSERT_FALSE(cr.json.is_null()) << what << ": no result";
+      ASSERT_FALSE(cr.json.contains("error")) << what << ": " << cr.json["error"];
+      expect_losses_close(cr.json.at("losses").get<std::vector<double>>(), ref.losses, what);
+      ASSERT_EQ(cr.params.size(), ref.params.size()) << what;
+      NamedTensors got;
+      for (std::size_t k = 0; k < cr.params.size(); ++k) got.emplace_back(ref.params[k].first, cr.params[k]);
+      expect_params_close(got, ref.params, what);
+    }
+  }
+}
+
+// Every stage, reshard on/off, each offload flag, microbatches 1 and 4, checkpointing on/off.
+std::vector<PlanSpec> parity_plans() {
+  return {
+      {0, 1},
+      {0, 4, false, false, false, false, true},
+      {1, 1, false, false, false, false, true},
+      {1, 4},
+      {1, 1, false, false, false, true},              // offload optimizer
+      {1, 4, false, false, true, true},               // offload grads + optimizer
+      {2, 1},
+      {2, 4, false, false, false, false, true},
+      {2, 1, false, false, true, true, true},
+      {3, 1, true},
+      {3, 4, true, false, false, false, true},
+      {3, 1, false},
+      {3, 4, false, false, false, false, true},
+      {3, 1, true, true},                             // offload params only
+      {3, 4, true, false, false, true},               // offload optimizer only
+      {3, 1, true, false, true, true},                // offload grads + optimizer
+      {3, 4, true, true, true, true, true},           // everything offloaded
+  };
+}
+
+TEST(ExecutorGlooParity, Gpt2TinyEveryPlan) { check_parity(gpt_tiny(), parity_plans(), 0); }
+TEST(ExecutorGlooParity, MlpOddParameterCountEveryPlan) { check_parity(mlp_odd(), parity_plans(), 0); }
+TEST(ExecutorGlooParity, DelayBeforeCollectives) {
+  check_parity(gpt_tiny(), {{0, 2}, {2, 2}, {3, 2, true, false, false, false, true}}, 500);
+}
+
+// Measured peaks fall as the plan predicts, and the limit fails stage 0 where stage 3 + offload runs.
+TEST(ExecutorGlooMemory, Stage3OffloadBelowStage0AndLimit) {
+  const ModelSpec m = gpt_tiny();
+  const PlanSpec s0{0, 1};
+  const PlanSpec s3{3, 1, true, true, true, true};
+  auto free_run = launch({{m, s0, 3, 0, 0}, {m, s3, 3, 0, 0}});
+  std::int64_t peak0 = 0, peak3 = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto& rr = free_run[static_cast<std::size_t>(r)];
+    ASSERT_FALSE(rr[0].json.contains("error")) << rr[0].json.dump();
+    ASSERT_FALSE(rr[1].json.contains("error")) << rr[1].json.dump();
+    peak0 = std::max(peak0, rr[0].json.at("device_peak_bytes").get<std::int64_t>());
+    peak3 = std::max(peak3, rr[1].json.at("device_peak_bytes").get<std::int64_t>());
+    EXPECT_GT(rr[1].json.at("host_peak_bytes").get<std::int64_t>(), 0);
+    EXPECT_EQ(rr[0].json.at("host_peak_bytes").get<std::int64_t>(), 0);
+  }
+  std::printf("gpt2-tiny device peak per rank: stage 0 %lld B, stage 3 + offload %lld B\n",
+              static_cast<long long>(peak0), static_cast<long long>(peak3));
+  EXPECT_LT(peak3, peak0);
+
+  const std::int64_t limit = (peak0 + peak3) / 2;
+  auto limited = launch({{m, s3, 3, 0, limit}, {m, s0, 3, 0, limit}});
+  for (int r = 0; r < 2; ++r) {
+    const auto& rr = limited[static_cast<std::size_t>(r)];
+    EXPECT_FALSE(rr[0].json.contains("error")) << rr[0].json.dump();
+    ASSERT_TRUE(rr[1].json.contains("error"));
+    const std::string msg = rr[1].json["error"];
+    EXPECT_EQ(msg.rfind("out of device memory in unit ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(", phase "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" bytes, limit " + std::to_string(limit)), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::exec::testing
