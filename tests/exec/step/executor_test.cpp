@@ -172,10 +172,10 @@ std::vector<PlanSpec> thread_plans() {
   };
 }
 
-void check_thread_parity(const ModelSpec& m) {
+void check_thread_parity(const ModelSpec& m, const std::vector<PlanSpec>& plans) {
   const int steps = 10;
   TrainResult ref = reference_run(m, make_plan(m, 1, {}), steps);
-  for (const PlanSpec& s : thread_plans()) {
+  for (const PlanSpec& s : plans) {
     const Plan plan = make_plan(m, 2, s);
     auto runs = thread_run(m, plan, steps, cpu_device());
     expect_losses_close(global_losses(runs), ref.losses, m.name + " " + s.label());
@@ -186,8 +186,12 @@ void check_thread_parity(const ModelSpec& m) {
   }
 }
 
-TEST(ExecutorThreadParity, MlpWithOddParameterCount) { check_thread_parity(mlp_odd()); }
-TEST(ExecutorThreadParity, Gpt2Tiny) { check_thread_parity(gpt_tiny()); }
+TEST(ExecutorThreadParity, MlpWithOddParameterCount) { check_thread_parity(mlp_odd(), thread_plans()); }
+// Every plan of gpt2-tiny runs on real Gloo ranks in gloo_parity_test.cpp; here a quick subset.
+TEST(ExecutorThreadParity, Gpt2Tiny) {
+  auto plans = thread_plans();
+  check_thread_parity(gpt_tiny(), {plans[1], plans[5], plans[8], plans[9]});
+}
 
 TEST(ExecutorThreadParity, SgdMomentumAndAdamWWithWeightDecay) {
   for (const char* name : {"sgd", "adamw", "adam"}) {

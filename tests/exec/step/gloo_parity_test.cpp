@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "step_test_util.h"
 #include "zeroplan/exec/launcher.h"
@@ -24,6 +25,7 @@ struct Case {
   int steps = 10;
   int delay_us = 0;
   std::int64_t limit_bytes = 0;
+  bool trace = false;
 };
 
 nlohmann::json to_json(const Case& c) {
@@ -31,7 +33,7 @@ nlohmann::json to_json(const Case& c) {
   zeroplan::to_json(plan, make_plan(c.model, 2, c.plan));
   return {{"model", c.model.name}, {"preset", c.model.preset}, {"options", c.model.options},
           {"plan", plan},          {"steps", c.steps},          {"delay_us", c.delay_us},
-          {"limit_bytes", c.limit_bytes}};
+          {"limit_bytes", c.limit_bytes}, {"trace", c.trace}};
 }
 
 // ---- the rank side: runs every case of the job, writes <dir>/rank<r>.case<i>.json and .pt ----
@@ -55,6 +57,7 @@ int rank_main(const std::string& job_path) {
     opt.warmup_steps = 1;
     opt.device_memory_limit_bytes = c.at("limit_bytes");
     opt.keep_parameters = true;
+    if (c.at("trace").get<bool>()) opt.trace_path = ctx.output_dir + "/trace" + std::to_string(i) + ".json";
     CountingCommunicator comm(session->comm(), std::chrono::microseconds(c.at("delay_us").get<int>()));
     nlohmann::json out;
     try {
@@ -92,6 +95,7 @@ const bool kRankMain = [] {
 struct CaseResult {
   nlohmann::json json;  // RunResult or {"error": ...}
   std::vector<torch::Tensor> params;
+  nlohmann::json trace;  // when the case asked for one
 };
 
 // Runs the cases on 2 Gloo ranks; results[rank][case].
@@ -119,6 +123,8 @@ std::vector<std::vector<CaseResult>> launch(const std::vector<Case>& cases) {
       std::ifstream in(base + ".json");
       if (in) cr.json = nlohmann::json::parse(in);
       if (fs::exists(base + ".pt")) torch::load(cr.params, base + ".pt");
+      const std::string trace = rank_trace_path((dir / ("trace" + std::to_string(i) + ".json")).string(), r);
+      if (fs::exists(trace)) cr.trace = nlohmann::json::parse(std::ifstream(trace));
       out[static_cast<std::size_t>(r)].push_back(std::move(cr));
     }
   }
@@ -211,6 +217,49 @@ TEST(ExecutorGlooMemory, Stage3OffloadBelowStage0AndLimit) {
     EXPECT_NE(msg.find(", phase "), std::string::npos) << msg;
     EXPECT_NE(msg.find(" bytes, limit " + std::to_string(limit)), std::string::npos) << msg;
   }
+}
+
+// The ranks' results merge into a valid RunRecord; each rank's trace has the simulator's lanes.
+TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
+  const ModelSpec m = gpt_tiny();
+  Case c{m, PlanSpec{3, 2, true, false, true, true, true}, 4, 0, 0, true};
+  auto results = launch({c});
+  std::vector<RunResult> ranks;
+  for (int r = 0; r < 2; ++r) {
+    const CaseResult& cr = results[static_cast<std::size_t>(r)][0];
+    ASSERT_FALSE(cr.json.is_null() || cr.json.contains("error")) << cr.json.dump();
+    RunResult rr;
+    exec::from_json(cr.json, rr);
+    ranks.push_back(rr);
+    std::set<std::string> lanes, names;
+    for (const auto& e : cr.trace.at("traceEvents")) {
+      if (e.at("ph") == "M" && e.at("name") == "thread_name") lanes.insert(e.at("args").at("name").get<std::string>());
+      if (e.at("ph") == "X") {
+        names.insert(e.at("name").get<std::string>().substr(0, e.at("name").get<std::string>().find(' ')));
+        EXPECT_GE(e.at("dur").get<double>(), 0.0);
+      }
+    }
+    EXPECT_EQ(lanes, (std::set<std::string>{"compute", "comm", "h2d", "d2h", "optimizer"}));
+    for (const char* n : {"forward", "backward", "recompute", "all_gather", "reduce_scatter", "optimizer", "d2h", "h2d"}) {
+      EXPECT_TRUE(names.count(n)) << "rank " << r << " trace has no " << n;
+    }
+  }
+  RunOptions opt;
+  opt.model = m.name;
+  opt.preset = m.preset;
+  opt.plan = make_plan(m, 2, c.plan);
+  opt.steps = 4;
+  opt.warmup_steps = 1;
+  RunRecord rec = merge_results(opt, ranks);
+  EXPECT_NO_THROW(validate(rec));
+  EXPECT_EQ(rec.step_times_s.size(), 4u);
+  EXPECT_EQ(rec.losses.size(), 4u);
+  EXPECT_EQ(rec.peaks.size(), 2u);
+  EXPECT_EQ(rec.trace_paths.size(), 2u);
+  for (const char* phase : {"forward", "backward", "optimizer", "all_gather", "reduce_scatter", "comm_wait"}) {
+    EXPECT_TRUE(rec.phase_times_s.count(phase)) << phase;
+  }
+  EXPECT_GT(rec.peaks[0].host_peak_bytes, 0);
 }
 
 }  // namespace
