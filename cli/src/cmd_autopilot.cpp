@@ -32,6 +32,7 @@
 #include "zeroplan/sim/compare.h"
 #include "zeroplan/sim/simulate.h"
 #include "zeroplan/tuner/constraints.h"
+#include "zeroplan/tuner/report.h"
 #include "zeroplan/tuner/tune.h"
 
 extern char** environ;
@@ -114,8 +115,8 @@ std::string describe(const Plan& p) {
   if (p.offload.grads) s += ", offload grads";
   if (p.offload.optimizer) s += ", offload optimizer";
   if (p.offload.activations_ratio > 0) s += fmt::format(", offload {:.0f}% activations", 100 * p.offload.activations_ratio);
-  if (p.checkpointing.mode == "all") s += ", checkpoint all";
-  else if (p.checkpointing.mode == "units") s += fmt::format(", checkpoint {} units", p.checkpointing.units.size());
+  if (p.checkpointing.mode == Checkpointing::Mode::all) s += ", checkpoint all";
+  else if (p.checkpointing.mode == Checkpointing::Mode::units) s += fmt::format(", checkpoint {} units", p.checkpointing.units.size());
   s += fmt::format(", micro batch {} x {}", p.micro_batch, p.microbatches);
   return s;
 }
@@ -130,6 +131,14 @@ struct Trial {
   std::optional<RunRecord> record;
   std::optional<Comparison> comparison;
 };
+
+Trial make_trial(std::string label, const Plan& plan, const Prediction& prediction) {
+  Trial t;
+  t.label = std::move(label);
+  t.plan = plan;
+  t.prediction = prediction;
+  return t;
+}
 
 // A horizontal grouped bar chart: per trial, predicted vs measured.
 std::string bar_svg(const std::string& title, const std::vector<Trial>& trials,
@@ -267,8 +276,8 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   // 4. Run the top plans and the default, budget enforced.
   std::vector<Trial> trials;
   for (size_t i = 0; i < tuned.ranking.size() && static_cast<int>(i) < a.verify; ++i)
-    trials.push_back({fmt::format("#{}", i + 1), tuned.ranking[i].plan, tuned.ranking[i].prediction});
-  trials.push_back({"default", ddp, sim::simulate(profile, budgeted, ddp)});
+    trials.push_back(make_trial(fmt::format("#{}", i + 1), tuned.ranking[i].plan, tuned.ranking[i].prediction));
+  trials.push_back(make_trial("default", ddp, sim::simulate(profile, budgeted, ddp)));
   std::string opts;
   for (const auto& [k, v] : overrides) opts += (opts.empty() ? "" : ",") + k + "=" + v;
   int n = 0;

@@ -96,8 +96,10 @@ int run_parent(const RunArgs& a, const Globals& g) {
 }
 
 // A rank: under launch_local, torchrun, Slurm, or alone.
-int run_rank(const RunArgs& a, const Globals& g) {
+int run_rank(RunArgs a, const Globals& g) {
   exec::RankContext ctx = exec::rank_context_from_env();
+  // Without a plan file or --world-size, the plan spans the ranks that were launched.
+  if (a.plan.file.empty() && !a.plan.world_size) a.plan.world_size = ctx.world_size;
   exec::RunOptions options = run_options(a, g);
   if (options.plan.world_size != ctx.world_size)
     throw ExitError(kBadInput, fmt::format("plan world_size {} != launched world size {} ({})",

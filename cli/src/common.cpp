@@ -7,7 +7,7 @@
 namespace zeroplan::cli {
 
 std::string registry_footer() {
-  std::string out = "Models (--model NAME [--preset P] [--set k=v]):\n";
+  std::string out = "Models (--model NAME [--preset P] [--opt k=v]):\n";
   for (const auto& m : zoo::registered_models()) {
     out += fmt::format("  {:<10} {}\n", m.name, m.description);
     if (!m.presets.empty()) {

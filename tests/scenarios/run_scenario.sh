@@ -7,7 +7,7 @@
 # a fresh temporary folder. Files written into @OUT@ are part of the output (listed as "file NAME").
 set -euo pipefail
 zeroplan=$1; dir=$(cd "$2" && pwd); mode=${3:-check}
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+out=$(mktemp -d); actual=$(mktemp); trap 'rm -rf "$out" "$actual"' EXIT
 mapfile -t args < <(sed -e "s|@DIR@|$dir|g" -e "s|@OUT@|$out|g" "$dir/args")
 set +e
 (cd "$out" && ZEROPLAN_DATA_DIR="${ZEROPLAN_DATA_DIR:-}" "$zeroplan" "${args[@]}" >"$out/.stdout" 2>"$out/.stderr")
@@ -20,9 +20,9 @@ set -e
   for f in $(cd "$out" && find . -type f ! -name '.std*' | sort); do
     echo "--- file ${f#./}"; cat "$out/$f"
   done
-} | sed -e "s|$out|@OUT@|g" -e "s|$dir|@DIR@|g" >"$out/.actual"
+} | sed -e "s|$out|@OUT@|g" -e "s|$dir|@DIR@|g" >"$actual"
 if [ "$mode" = --update ]; then
-  cp "$out/.actual" "$dir/expected"; echo "updated $dir/expected"
+  cp "$actual" "$dir/expected"; echo "updated $dir/expected"
 else
-  diff -u "$dir/expected" "$out/.actual"
+  diff -u "$dir/expected" "$actual"
 fi
