@@ -1,0 +1,93 @@
+// `zeroplan probe`: measures this machine and returns a ClusterProfile with the provenance of every
+// number ("measured by zeroplan probe on <date>: <method>").
+//
+// CPU is the device (DESIGN.md): one device is one rank's share of the machine (cores / ranks per
+// node threads), the device pool is the default allocator, the host pool the executor's separate
+// arena, so H2D and D2H are memcpy between the two pools. Collectives are timed over Gloo on
+// 127.0.0.1 by worker processes started with launch_local, and fitted as alpha + beta x bytes.
+//
+//   ProbeOptions o;                        // world sizes {2}, full sizes
+//   o.worker_argv = {"zeroplan", "probe", "--collectives-worker"};
+//   ClusterProfile c = probe_cluster(o);   // ~15-30 s on 2 cores
+//
+// The worker side: a process started by probe_cluster has kProbeWorkerEnv set; it must call
+// run_collectives_worker() (the CLI's hidden `probe --collectives-worker`, or a test binary's
+// static initialiser).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zeroplan/profiles/cluster.h"
+
+namespace zeroplan::exec {
+
+// The probe could not measure something (a worker failed or hung, a measurement was not finite).
+// what() is one line.
+class ProbeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ProbeOptions {
+  std::string name = "local";               // ClusterProfile::name
+  std::vector<int> world_sizes{2};          // collectives are fitted for each; each >= 2
+  bool quick = false;                       // small sizes and few repeats (tests, CI): a few seconds
+  bool collectives = true;                  // false: no workers, no fits; links from memcpy (tests)
+  // device.mem_bytes: 0 = the node's memory (RAM, or the cgroup limit) / ranks per node.
+  std::int64_t device_memory_bytes = 0;
+  // How one collectives worker is started: argv[0] is its program name, the rest its arguments.
+  std::vector<std::string> worker_argv{"zeroplan", "probe", "--collectives-worker"};
+  std::string worker_executable;            // "" = this program (/proc/self/exe)
+  std::chrono::milliseconds worker_timeout{std::chrono::seconds(90)};
+  std::function<void(const std::string& line)> progress;  // one line per stage; may be empty
+
+  ProbeOptions& set_world_sizes(std::vector<int> v) { world_sizes = std::move(v); return *this; }
+  ProbeOptions& set_quick(bool v) { quick = v; return *this; }
+  ProbeOptions& set_device_memory_bytes(std::int64_t v) { device_memory_bytes = v; return *this; }
+};
+
+// Measures the machine (progress on options.progress). Throws ExecError for bad options (a world size
+// below 2), ProbeError when a measurement fails. The result validates (validate(ClusterProfile)).
+ClusterProfile probe_cluster(const ProbeOptions& options);
+
+// The profile at `file` when it exists, is younger than `max_age`, reads and validates, and has
+// collective fits for every world size asked; otherwise nullopt (never throws).
+std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std::chrono::seconds max_age,
+                                          const std::vector<int>& world_sizes);
+
+// ---- the pieces, public for tests ----
+
+// A least-squares fit of time(bytes) = alpha_s + beta_s_per_byte x bytes that minimises the relative
+// error (weights 1 / time^2), so small and large messages count alike; alpha and beta are clamped at 0
+// (refitting the other). residual = relative RMS of (fit - time) / time. Exact data is recovered exactly.
+struct AlphaBetaFit {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  double residual = 0;
+};
+// REQUIRES: at least one point, every time > 0.
+AlphaBetaFit fit_alpha_beta(const std::vector<std::pair<double, double>>& bytes_and_seconds);
+
+// Peak FLOP/s of `threads` cores from /proc/cpuinfo text: clock (cpu MHz) x SIMD fp32 lanes (avx512f
+// 16, avx/avx2 8, else 4) x 2 (fma) x 2 FMA units (assumed). nullopt when the text says
+// neither clock nor flags (not x86). `how` receives the formula with its numbers.
+std::optional<double> estimate_peak_fp32_flops(const std::string& cpuinfo, int threads, std::string* how);
+
+// The environment variable that carries a worker's settings (JSON) from probe_cluster to the ranks.
+inline constexpr const char* kProbeWorkerEnv = "ZEROPLAN_PROBE_WORKER";
+bool is_collectives_worker();  // kProbeWorkerEnv is set
+
+// One rank of the collectives probe (under launch_local): joins, times every collective the
+// executor uses at each size, writes rank_file(ZEROPLAN_OUTPUT_DIR, rank, ".json"). Returns the
+// process exit code (0, or 1 after recording the failure for the launcher); never throws.
+int run_collectives_worker();
+
+}  // namespace zeroplan::exec
