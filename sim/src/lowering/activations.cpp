@@ -22,6 +22,10 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   const Unit& x = c_.units[i];
   if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
   c_.g.alloc(fwd, c_.dev, x.peak_fwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+  // The loss reads the last unit's output (the logits) and keeps what its backward needs (e.g. the
+  // log-softmax, of the same size) until that unit's backward: one more output-sized tensor.
+  if (i + 1 == c_.units.size())
+    loss_ = c_.g.alloc(fwd, c_.dev, x.output, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (x.checkpoint) {
     const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
     pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
@@ -66,6 +70,10 @@ void Activations::after_bwd(int u, int mb, TaskId bwd) {
   const auto i = static_cast<std::size_t>(u);
   c_.g.alloc(bwd, c_.dev, c_.units[i].peak_bwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
   c_.g.set_free_at(pending_[i], bwd);
+  if (i + 1 == c_.units.size() && loss_ != kNone) {
+    c_.g.set_free_at(loss_, bwd);
+    loss_ = kNone;
+  }
   if (offloaded_[i] != kNone) c_.g.set_free_at(offloaded_[i], bwd);
   pending_[i] = offloaded_[i] = host_part_[i] = d2h_[i] = kNone;
 }

@@ -117,6 +117,7 @@ struct Activations {
  private:
   Ctx& c_;
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
+  AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward
   std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward
   std::vector<AllocId> host_part_;   // per unit: the host copy of the offloaded part
   std::vector<TaskId> d2h_;          // per unit: the D2H of its offloaded part
