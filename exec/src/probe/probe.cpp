@@ -207,7 +207,7 @@ Sizes sizes_for(bool quick) {
                .opt_flat = 1000 * 4096,
                .opt_reps = 5,
                .coll_bytes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
-               .coll_reps = 10,
+               .coll_reps = 20,
                .coll_warmup = 2};
 }
 
@@ -216,9 +216,10 @@ Sizes sizes_for(bool quick) {
 struct Gemm {
   double flops_per_s = 0;
   std::int64_t size = 0;
+  std::string error;  // why this dtype could not be measured
 };
 
-// Achieved FLOP/s of an n x n x n GEMM in `dtype`; 0 when this build cannot run it.
+// Achieved FLOP/s of an n x n x n GEMM in `dtype`; flops_per_s 0 and the reason when it cannot run.
 Gemm gemm_rate(torch::ScalarType dtype, std::int64_t n, int reps) {
   try {
     auto a = torch::rand({n, n}).to(dtype);
@@ -229,9 +230,10 @@ Gemm gemm_rate(torch::ScalarType dtype, std::int64_t n, int reps) {
     // A dtype that runs at a crawl (no hardware support) gets one sample, not a minute.
     const double first = seconds_since(t0);
     const double t = first > 1.0 ? first : median_s(reps, 0, [&] { torch::mm_out(c, a, b); });
-    return {2.0 * static_cast<double>(n * n * n) / t, n};
-  } catch (const c10::Error&) {
-    return {};
+    return {2.0 * static_cast<double>(n * n * n) / t, n, ""};
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    return {0, n, what.substr(0, what.find('\n'))};
   }
 }
 
@@ -468,6 +470,10 @@ int run_collectives_worker() {
                        {"world_size", ctx.world_size},
                        {"threads", at::get_num_threads()},
                        {"backend", comm.backend()}};
+    // One untimed pass over every op and size first: the first collectives after the group forms pay
+    // for connection set-up and first-touch allocations.
+    for (const std::string op : kOps)
+      for (std::int64_t bytes : w.bytes) time_collective(comm, op, bytes, 1, 0);
     nlohmann::json timings = nlohmann::json::object();
     for (const std::string op : kOps) {
       for (std::int64_t bytes : w.bytes) {
@@ -674,7 +680,10 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
     std::string low;
     for (const auto& [dtype, name] : {std::pair{torch::kBFloat16, "bf16"}, std::pair{torch::kFloat16, "fp16"}}) {
       const Gemm g = gemm_rate(dtype, s.gemm_low, s.gemm_low_reps);
-      if (!(g.flops_per_s > 0)) continue;
+      if (!(g.flops_per_s > 0)) {
+        low += fmt::format(", {} not measured ({})", name, g.error);
+        continue;
+      }
       c.device.peak_flops[name] = g.flops_per_s / c.device.compute_efficiency;
       c.provenance[std::string("device.peak_flops.") + name] = measured(
           fmt::format("{0} GEMM {1}x{1}x{1} achieved {2:.1f} GFLOP/s (median of {3}, {4}); recorded as achieved / "
