@@ -1,4 +1,5 @@
 // "Why this plan": a telescoping walk from another plan to the winner, knob by knob.
+#include "export_common.h"
 #include "zeroplan/tuner/explain.h"
 
 #include <fmt/format.h>
@@ -33,19 +34,6 @@ std::string precision_text(const Precision& p) {
   return s;
 }
 
-std::string checkpointing_text(const Checkpointing& c) {
-  switch (c.mode) {
-    case Checkpointing::Mode::none: return "none";
-    case Checkpointing::Mode::all: return "all";
-    case Checkpointing::Mode::units: {
-      std::vector<std::string> u;
-      for (int i : c.units) u.push_back(std::to_string(i));
-      return "units [" + text::join(u, ",") + "]";
-    }
-  }
-  return "?";
-}
-
 const std::vector<KnobField>& fields() {
   static const std::vector<KnobField> f = {
       {"precision", [](const Plan& p) { return precision_text(p.precision); },
@@ -75,7 +63,7 @@ const std::vector<KnobField>& fields() {
                             o.microbatches);
        },
        [](Plan& p, const Plan& w) { p.offload_model = w.offload_model; }},
-      {"checkpointing", [](const Plan& p) { return checkpointing_text(p.checkpointing); },
+      {"checkpointing", [](const Plan& p) { return exports::checkpointing_text(p.checkpointing); },
        [](Plan& p, const Plan& w) { p.checkpointing = w.checkpointing; }},
       {"offload_activations", [](const Plan& p) { return text::num(p.offload.activations_ratio); },
        [](Plan& p, const Plan& w) { p.offload.activations_ratio = w.offload.activations_ratio; }},
