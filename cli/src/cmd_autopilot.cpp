@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -30,6 +31,7 @@
 #include "zeroplan/profiles/profiler.h"
 #include "zeroplan/profiles/zoo.h"
 #include "zeroplan/sim/compare.h"
+#include "zeroplan/sim/fidelity.h"
 #include "zeroplan/sim/simulate.h"
 #include "zeroplan/tuner/constraints.h"
 #include "zeroplan/tuner/report.h"
@@ -57,6 +59,7 @@ struct AutopilotArgs {
   int warmup = 2;
   double probe_max_age_h = 24;
   std::string knobs = "zero_stage,reshard_after_forward,offload_params,offload_grads,offload_optimizer,checkpointing,micro_batch";
+  bool grid = false;               // also run the fidelity grid (no budget) and report the errors
 };
 
 // The built-in default: a GPT sized so that a step takes a fraction of a second on 2 CPU cores while
@@ -197,6 +200,169 @@ std::string html_escape(const std::string& in) {
   return out;
 }
 
+// The fidelity grid: plans covering every knob the executor runs (zero_stage 0-3, resharding on and
+// off, each offload, microbatches 1/2/4, checkpointing on and off), built on the default DDP plan.
+// Variants whose microbatch count does not divide the per-rank batch are left out.
+std::vector<std::pair<std::string, Plan>> fidelity_grid(int nproc, int global_batch) {
+  const Plan base = Plan::default_ddp(nproc, global_batch);
+  const int per_rank = base.micro_batch;
+  std::vector<std::pair<std::string, Plan>> out;
+  auto add = [&](const std::string& label, int stage, int microbatches, auto&& tweak) {
+    if (per_rank % microbatches != 0) return;
+    Plan p = base;
+    p.zero_stage = stage;
+    p.reshard_after_forward = stage == 3;
+    p.microbatches = microbatches;
+    p.micro_batch = per_rank / microbatches;
+    tweak(p);
+    out.emplace_back(label, p);
+  };
+  auto none = [](Plan&) {};
+  auto ckpt = [](Plan& p) { p.checkpointing.mode = Checkpointing::Mode::all; };
+  add("g01", 0, 1, none);
+  add("g02", 0, 1, ckpt);
+  add("g03", 0, 4, none);
+  add("g04", 1, 1, none);
+  add("g05", 1, 2, [](Plan& p) { p.offload.optimizer = true; });
+  add("g06", 2, 1, none);
+  add("g07", 2, 2, none);
+  add("g08", 2, 1, [](Plan& p) { p.offload.optimizer = p.offload.grads = true; });
+  add("g09", 3, 1, none);
+  add("g10", 3, 1, [](Plan& p) { p.reshard_after_forward = false; });
+  add("g11", 3, 1, [](Plan& p) { p.offload.params = p.offload.grads = p.offload.optimizer = true; });
+  add("g12", 3, 2, ckpt);
+  add("g13", 3, 4, [](Plan& p) {
+    p.checkpointing.mode = Checkpointing::Mode::all;
+    p.offload.params = p.offload.grads = p.offload.optimizer = true;
+  });
+  add("g14", 1, 4, ckpt);
+  return out;
+}
+
+struct RunSetup {
+  const AutopilotArgs& a;
+  const Globals& g;
+  const ModelProfile& profile;
+  const ClusterProfile& cluster;  // the one predictions are made on
+  std::string opts;               // model options for `zeroplan run --opt`
+};
+
+// Simulates `t.plan`, runs it for real (with `--device-memory-limit` when `limit` > 0), compares, and
+// writes everything into `dir`.
+void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t limit) {
+  const AutopilotArgs& a = r.a;
+  fs::create_directories(dir);
+  write_document(dir / "plan.json", t.plan);
+  sim::Simulation s = sim::simulate_step(r.profile, r.cluster, t.plan);
+  {
+    std::ofstream tr(dir / "predicted_trace.json", std::ios::binary);
+    tr << s.trace_json();
+  }
+  t.prediction = s.prediction;
+  t.prediction.trace_path = (dir / "predicted_trace.json").string();
+  write_document(dir / "prediction.json", t.prediction);
+  say(r.g, fmt::format("4/5 running {} ({}) on {} ranks for {} steps", t.label, describe(t.plan), a.nproc, a.steps));
+  std::vector<std::string> args{"run", "--nproc", std::to_string(a.nproc), "--model", a.model,
+                                "--plan", (dir / "plan.json").string(), "--steps", std::to_string(a.steps),
+                                "--warmup", std::to_string(a.warmup),
+                                "--trace", (dir / "measured_trace.json").string(), "-o", (dir / "run_record.json").string()};
+  if (limit > 0) args.insert(args.end(), {"--device-memory-limit", std::to_string(limit)});
+  if (!a.preset.empty()) args.insert(args.end(), {"--preset", a.preset});
+  if (!r.opts.empty()) args.insert(args.end(), {"--opt", r.opts});
+  t.exit_code = run_child(args, dir / "run.log");
+  if (t.exit_code != 0 || !fs::exists(dir / "run_record.json")) {
+    t.failure = last_line(dir / "run.log");
+    say(r.g, fmt::format("    run failed (exit {}): {}", t.exit_code, t.failure));
+    return;
+  }
+  t.ran = true;
+  t.record = read_document<RunRecord>(dir / "run_record.json");
+  sim::CompareOptions co;
+  co.set_model(&r.profile).set_zeroplan_version(ZEROPLAN_VERSION);
+  Comparison c = sim::compare(t.prediction, *t.record, co);
+  c.predicted = (dir / "prediction.json").string();
+  c.measured = (dir / "run_record.json").string();
+  write_document(dir / "comparison.json", c);
+  t.comparison = c;
+  if (!t.record->trace_paths.empty() && fs::exists(t.record->trace_paths.front())) {
+    std::ifstream pt(dir / "predicted_trace.json"), mt(t.record->trace_paths.front());
+    std::stringstream ps, ms;
+    ps << pt.rdbuf();
+    ms << mt.rdbuf();
+    std::ofstream ov(dir / "overlay_trace.json", std::ios::binary);
+    ov << sim::overlay_traces(ps.str(), ms.str());
+  }
+  std::int64_t peak = 0;
+  for (const auto& p : t.record->peaks) peak = std::max(peak, p.device_peak_bytes);
+  say(r.g, fmt::format("    step {:.4f} s measured vs {:.4f} s predicted; device peak {} measured vs {} predicted",
+                       t.record->step_time_median_s, t.prediction.step_time_s, gib(double(peak)),
+                       gib(double(t.prediction.device.peak_bytes))));
+}
+
+std::string percent(double v) { return std::isnan(v) ? "n/a" : fmt::format("{:.1f}%", 100 * v); }
+
+// The fidelity section of the report (and fidelity.json): one row per grid plan that ran.
+std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out) {
+  std::vector<sim::FidelityRow> rows;
+  std::string md = "## Fidelity over the grid\n\n";
+  md += "Each plan ran without a memory limit. Predicted peak: the simulator's device allocations "
+        "(`device.peak_bytes`); measured: the largest device peak over the ranks (counting allocator). "
+        "Errors are (predicted - measured) / measured.\n\n";
+  md += "| plan | knobs | predicted step s | measured step s | error | predicted peak | measured peak | error | measured peak in | largest source of error |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const Trial& t : grid) {
+    if (!t.ran) {
+      md += fmt::format("| {} | {} | {:.4f} | failed | | {} | | | | {} |\n", t.label, describe(t.plan),
+                        t.prediction.step_time_s, gib(double(t.prediction.device.peak_bytes)), t.failure);
+      continue;
+    }
+    std::int64_t peak = 0;
+    std::string peak_at;
+    for (const auto& p : t.record->peaks) {
+      if (p.device_peak_bytes > peak) peak_at = p.device_peak_at;
+      peak = std::max(peak, p.device_peak_bytes);
+    }
+    sim::FidelityRow row{t.label, t.prediction.step_time_s, t.record->step_time_median_s,
+                         double(t.prediction.device.peak_bytes), double(peak)};
+    rows.push_back(row);
+    const std::string source = t.comparison && !t.comparison->largest_error_sources.empty()
+                                   ? t.comparison->largest_error_sources.front() : "";
+    md += fmt::format("| {} | {} | {:.4f} | {:.4f} | {:+.1f}% | {} | {} | {:+.1f}% | {} | {} |\n", t.label, describe(t.plan),
+                      row.predicted_time_s, row.measured_time_s,
+                      100 * relative_error(row.predicted_time_s, row.measured_time_s), gib(row.predicted_peak_bytes),
+                      gib(row.measured_peak_bytes), 100 * relative_error(row.predicted_peak_bytes, row.measured_peak_bytes),
+                      peak_at, source);
+  }
+  nlohmann::json j = {{"schema", "zeroplan.fidelity/1"}, {"rows", nlohmann::json::array()}};
+  for (const auto& r : rows)
+    j["rows"].push_back({{"label", r.label}, {"predicted_time_s", r.predicted_time_s}, {"measured_time_s", r.measured_time_s},
+                         {"predicted_peak_bytes", r.predicted_peak_bytes}, {"measured_peak_bytes", r.measured_peak_bytes}});
+  if (rows.empty()) {
+    md += "\nNo grid plan ran, so there is no summary.\n\n";
+  } else {
+    const sim::FidelitySummary f = sim::summarize_fidelity(rows);
+    auto met = [](bool ok) { return ok ? "met" : "**missed**"; };
+    md += fmt::format("\n{} plans. Step time: median |error| {}, maximum {} ({}); target median under 10%: {}.\n", f.plans,
+                      percent(f.time.median_abs_error), percent(f.time.max_abs_error), f.time.max_label,
+                      met(f.time.median_abs_error < 0.10));
+    md += fmt::format("Peak device memory: median |error| {}, maximum {} ({}); target median under 5%: {}.\n",
+                      percent(f.memory.median_abs_error), percent(f.memory.max_abs_error), f.memory.max_label,
+                      met(f.memory.median_abs_error < 0.05));
+    md += fmt::format("Ranking of the plans, measured vs predicted (Spearman): step time {:.3f}, peak memory {:.3f}; "
+                      "target above 0.9: {}.\n\n",
+                      f.time_spearman, f.memory_spearman, met(f.time_spearman > 0.9));
+    auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+    j["summary"] = {{"plans", f.plans},
+                    {"time_median_abs_error", f.time.median_abs_error}, {"time_max_abs_error", f.time.max_abs_error},
+                    {"time_max_plan", f.time.max_label},
+                    {"memory_median_abs_error", f.memory.median_abs_error}, {"memory_max_abs_error", f.memory.max_abs_error},
+                    {"memory_max_plan", f.memory.max_label},
+                    {"time_spearman", num(f.time_spearman)}, {"memory_spearman", num(f.memory_spearman)}};
+  }
+  std::ofstream(out / "fidelity.json") << j.dump(2) << "\n";
+  return md;
+}
+
 int run_autopilot(AutopilotArgs& a, const Globals& g) {
   const auto started = std::chrono::steady_clock::now();
   if (a.output_dir.empty()) {
@@ -273,61 +439,24 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   tuner::write_reports(tuned, out / "tune");
   if (!tuned.best()) throw ExitError(kBadInput, fmt::format("no plan fits a budget of {} bytes; see {}", budget, (out / "tune/report.md").string()));
 
-  // 4. Run the top plans and the default, budget enforced.
+  // 4. Run the top plans and the default, budget enforced; then the fidelity grid, unlimited.
   std::vector<Trial> trials;
   for (size_t i = 0; i < tuned.ranking.size() && static_cast<int>(i) < a.verify; ++i)
     trials.push_back(make_trial(fmt::format("#{}", i + 1), tuned.ranking[i].plan, tuned.ranking[i].prediction));
   trials.push_back(make_trial("default", ddp, sim::simulate(profile, budgeted, ddp)));
   std::string opts;
   for (const auto& [k, v] : overrides) opts += (opts.empty() ? "" : ",") + k + "=" + v;
+  const RunSetup setup{a, g, profile, budgeted, opts};
   int n = 0;
   for (auto& t : trials) {
     ++n;
-    const std::string tag = t.label == "default" ? "default" : fmt::format("plan{}", n);
-    fs::path dir = out / tag;
-    fs::create_directories(dir);
-    write_document(dir / "plan.json", t.plan);
-    sim::Simulation s = sim::simulate_step(profile, budgeted, t.plan);
-    {
-      std::ofstream tr(dir / "predicted_trace.json", std::ios::binary);
-      tr << s.trace_json();
-    }
-    t.prediction = s.prediction;
-    t.prediction.trace_path = (dir / "predicted_trace.json").string();
-    write_document(dir / "prediction.json", t.prediction);
-    say(g, fmt::format("4/5 running {} ({}) on {} ranks for {} steps", t.label, describe(t.plan), a.nproc, a.steps));
-    std::vector<std::string> args{"run", "--nproc", std::to_string(a.nproc), "--model", a.model,
-                                  "--plan", (dir / "plan.json").string(), "--steps", std::to_string(a.steps),
-                                  "--warmup", std::to_string(a.warmup), "--device-memory-limit", std::to_string(budget),
-                                  "--trace", (dir / "measured_trace.json").string(), "-o", (dir / "run_record.json").string()};
-    if (!a.preset.empty()) args.insert(args.end(), {"--preset", a.preset});
-    if (!opts.empty()) args.insert(args.end(), {"--opt", opts});
-    t.exit_code = run_child(args, dir / "run.log");
-    if (t.exit_code == 0 && fs::exists(dir / "run_record.json")) {
-      t.ran = true;
-      t.record = read_document<RunRecord>(dir / "run_record.json");
-      sim::CompareOptions co;
-      co.set_model(&profile).set_zeroplan_version(ZEROPLAN_VERSION);
-      Comparison c = sim::compare(t.prediction, *t.record, co);
-      c.predicted = (dir / "prediction.json").string();
-      c.measured = (dir / "run_record.json").string();
-      write_document(dir / "comparison.json", c);
-      t.comparison = c;
-      if (!t.record->trace_paths.empty() && fs::exists(t.record->trace_paths.front())) {
-        std::ifstream pt(dir / "predicted_trace.json"), mt(t.record->trace_paths.front());
-        std::stringstream ps, ms;
-        ps << pt.rdbuf();
-        ms << mt.rdbuf();
-        std::ofstream ov(dir / "overlay_trace.json", std::ios::binary);
-        ov << sim::overlay_traces(ps.str(), ms.str());
-      }
-      say(g, fmt::format("    step {:.4f} s measured vs {:.4f} s predicted; device peak {} measured vs {} predicted",
-                         t.record->step_time_median_s, t.prediction.step_time_s,
-                         gib(t.record->peaks.empty() ? 0 : t.record->peaks.front().device_peak_bytes),
-                         gib(t.prediction.device.total_bytes())));
-    } else {
-      t.failure = last_line(dir / "run.log");
-      say(g, fmt::format("    run failed (exit {}): {}", t.exit_code, t.failure));
+    run_trial(t, out / (t.label == "default" ? std::string("default") : fmt::format("plan{}", n)), setup, budget);
+  }
+  std::vector<Trial> grid;
+  if (a.grid) {
+    for (auto& [label, plan] : fidelity_grid(a.nproc, a.global_batch)) {
+      grid.push_back(make_trial(label, plan, Prediction{}));
+      run_trial(grid.back(), out / "grid" / label, setup, 0);
     }
   }
 
@@ -375,6 +504,7 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
     for (const auto& w : t.comparison->warnings) md += "- warning: " + w + "\n";
     md += "\n";
   }
+  if (a.grid) md += fidelity_section(grid, out);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   md += fmt::format("Files: `model_profile.json`, `cluster.json`, `tune/`, and per plan `plan.json`, "
                     "`prediction.json`, `run_record.json`, `comparison.json`, traces (open in Perfetto; "
@@ -430,6 +560,8 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--knobs", a->knobs, "Knobs the tuner may vary (those the executor runs)")->capture_default_str();
   app.add_option("--probe-max-age-h", a->probe_max_age_h, "Reuse a probe younger than this (hours)")->capture_default_str();
   app.add_option("-o,--output-dir", a->output_dir, "Output folder (default: autopilot-<date>-<time>)");
+  app.add_flag("--grid", a->grid, "Also run the fidelity grid (14 plans over every knob, no budget) and report "
+               "median and maximum errors and the rank correlation");
   return [a, &globals] { return run_autopilot(*a, globals); };
 }
 

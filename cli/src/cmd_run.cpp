@@ -9,7 +9,10 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -38,6 +41,7 @@ struct RunArgs {
   std::int64_t device_memory_limit = 0;
   double timeout_s = 300;
   bool progress = false;
+  int threads = 0;                // 0: OMP_NUM_THREADS if set, else the cores shared by the local ranks
   std::vector<std::string> argv;  // the full command line, for the launcher
 };
 
@@ -53,6 +57,7 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   o.device_memory_limit_bytes = a.device_memory_limit;
   o.trace_path = a.trace;
   o.progress = a.progress && !g.quiet;
+  o.threads = a.threads;
   if (o.warmup_steps >= o.steps)
     throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", o.warmup_steps, o.steps));
   return o;
@@ -65,7 +70,8 @@ void print_record(const RunRecord& r) {
              r.step_time_p10_s, r.step_time_p90_s);
   for (const auto& [phase, s] : r.phase_times_s) fmt::print(stderr, "  phase {:<22} {:.6f} s/step\n", phase, s);
   for (const auto& p : r.peaks)
-    fmt::print(stderr, "  rank {} peak device {:>12} B   host {:>12} B\n", p.rank, p.device_peak_bytes, p.host_peak_bytes);
+    fmt::print(stderr, "  rank {} peak device {:>12} B   host {:>12} B{}\n", p.rank, p.device_peak_bytes, p.host_peak_bytes,
+               p.device_peak_at.empty() ? "" : "   device peak in " + p.device_peak_at);
   if (!r.losses.empty()) fmt::print(stderr, "  loss {:.6f} -> {:.6f}\n", r.losses.front(), r.losses.back());
   for (const auto& f : r.fallbacks) fmt::print(stderr, "  fallback: {}\n", f);
 }
@@ -98,6 +104,11 @@ int run_parent(const RunArgs& a, const Globals& g) {
 // A rank: under launch_local, torchrun, Slurm, or alone.
 int run_rank(RunArgs a, const Globals& g) {
   exec::RankContext ctx = exec::rank_context_from_env();
+  // Like torchrun, never oversubscribe the cores: ranks on one machine share them.
+  if (a.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    a.threads = std::max(1, cores / std::max(1, ctx.local_world_size));
+  }
   // Without a plan file or --world-size, the plan spans the ranks that were launched.
   if (a.plan.file.empty() && !a.plan.world_size) a.plan.world_size = ctx.world_size;
   exec::RunOptions options = run_options(a, g);
@@ -165,6 +176,8 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")->capture_default_str();
   app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)");
   app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
+  app.add_option("--threads", a->threads, "Intra-op threads per rank (default: OMP_NUM_THREADS, else cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("-o,--output", a->output, "Write the RunRecord here");
   return [a, &app, &globals] {
     a->argv = globals.argv;

@@ -17,8 +17,10 @@ MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& 
   // gathered parameters and unsharded gradients.
   std::int64_t largest = 0;
   const bool stage3 = plan.zero_stage == 3 && !plan.offload_model.enabled;
-  for (const lowering::Unit& u : units) {
-    largest = std::max(largest, u.peak_fwd);
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const lowering::Unit& u = units[i];
+    // A forward allocates at least its profiled peak (checkpointed) or its workspace and saved bytes.
+    largest = std::max(largest, std::min(u.peak_fwd, lowering::forward_workspace(units, i)));
     if (stage3) largest = std::max({largest, u.padded * b.param, u.padded * b.grad});
   }
   out.device_bytes = out.device_model_state_bytes + r.dev_buffers + largest;

@@ -50,7 +50,7 @@ RunRecord record(double time = 1.0, double memory = 1.0) {
   r.phase_times_s = {{"forward", 0.03 * time},   {"backward", 0.05 * time}, {"optimizer", 0.01 * time},
                      {"all_reduce", 0.03 * time}, {"comm_wait", 0.01 * time}};
   const auto peak = static_cast<std::int64_t>(400 * kMiB * memory);
-  r.peaks = {{0, peak, 0}, {1, peak, 0}};
+  r.peaks = {{0, peak, 0, ""}, {1, peak, 0, ""}};
   r.units = {{"embed", 0.01 * time, 0.02 * time}, {"block[0]", 0.02 * time, 0.03 * time}};
   return r;
 }

@@ -510,12 +510,16 @@ class Executor::Impl {
       cur_phase_ = "loss";
       const double t0 = rec_.now_s();
       torch::Tensor z = last.detach().requires_grad_(true);
+      last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
       torch::Tensor loss = model_.task->loss(z, target);
       loss_sum += loss.item<double>();
       torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
       rec_.span(Lane::compute, "loss", t0, rec_.now_s(), "forward", -1, k);
       z = loss = torch::Tensor();
       backward(gz, k, k == m - 1);
+      // Like FSDP's end-of-backward callback: every reduce-scatter of this microbatch lands in the
+      // gradient shard before the next microbatch, so its buffers are not carried into that forward.
+      if (stage_ >= 2) drain_reduces(0);
     }
     cur_unit_ = "all";
     drain_reduces(0);

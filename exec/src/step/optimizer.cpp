@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "zeroplan/exec/exec_errors.h"
@@ -63,22 +64,31 @@ void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::ve
     TORCH_INTERNAL_ASSERT(p.is_contiguous() && g.is_contiguous() && p.numel() == g.numel());
     if (p.numel() == 0) continue;
     if (!host_) {
-      // torch::optim's formulas, as its C++ implementation writes them.
-      if (kind == Kind::sgd) {
-        torch::Tensor d_p = wd != 0 ? g.add(p, wd) : g;
-        if (config_.momentum != 0) {
-          exp_avg_[i].mul_(config_.momentum).add_(d_p);
-          d_p = exp_avg_[i];
+      // torch::optim's formulas, as its C++ implementation writes them, over chunks of the flat buffer
+      // so that the temporaries (the denominator, a weight-decayed gradient) stay at kStepChunk
+      // elements instead of the buffer's size. Element-wise, so the chunking changes no result.
+      const std::int64_t numel = p.numel();
+      for (std::int64_t off = 0; off < numel; off += kStepChunk) {
+        const std::int64_t len = std::min(kStepChunk, numel - off);
+        torch::Tensor pc = p.narrow(0, off, len), gc = g.narrow(0, off, len);
+        torch::Tensor mc = exp_avg_[i].defined() ? exp_avg_[i].narrow(0, off, len) : torch::Tensor();
+        if (kind == Kind::sgd) {
+          torch::Tensor d_p = wd != 0 ? gc.add(pc, wd) : gc;
+          if (config_.momentum != 0) {
+            mc.mul_(config_.momentum).add_(d_p);
+            d_p = mc;
+          }
+          pc.add_(d_p, -lr);
+          continue;
         }
-        p.add_(d_p, -lr);
-        continue;
+        torch::Tensor vc = exp_avg_sq_[i].narrow(0, off, len);
+        if (kind == Kind::adamw && wd != 0) pc.mul_(1 - lr * wd);
+        torch::Tensor grad = (kind == Kind::adam && wd != 0) ? gc.add(pc, wd) : gc;
+        mc.mul_(b1).add_(grad, 1 - b1);
+        vc.mul_(b2).addcmul_(grad, grad, 1 - b2);
+        torch::Tensor denom = (vc.sqrt() / sqrt_bc2).add_(eps);
+        pc.addcdiv_(mc, denom, -step_size);
       }
-      if (kind == Kind::adamw && wd != 0) p.mul_(1 - lr * wd);
-      torch::Tensor grad = (kind == Kind::adam && wd != 0) ? g.add(p, wd) : g;
-      exp_avg_[i].mul_(b1).add_(grad, 1 - b1);
-      exp_avg_sq_[i].mul_(b2).addcmul_(grad, grad, 1 - b2);
-      torch::Tensor denom = (exp_avg_sq_[i].sqrt() / sqrt_bc2).add_(eps);
-      p.addcdiv_(exp_avg_[i], denom, -step_size);
       continue;
     }
     // Host: the same math as one allocation-free loop (no device memory, no temporaries).

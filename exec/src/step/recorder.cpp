@@ -37,6 +37,13 @@ void Recorder::add_phase(const std::string& phase, double seconds) { phases_[pha
 void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s, const std::string& phase,
                     int unit, int microbatch) {
   if (!phase.empty()) phases_[phase] += t1_s - t0_s;
+  if (peak_probe_) {
+    const std::int64_t peak = peak_probe_();
+    if (peak > peak_seen_) {
+      peak_seen_ = peak;
+      peak_at_ = name + " (step " + std::to_string(step_) + (microbatch >= 0 ? ", microbatch " + std::to_string(microbatch) : "") + ")";
+    }
+  }
   if (keep_spans_) spans_.push_back({lane, name, t0_s, t1_s, unit, microbatch, step_, warmup_});
 }
 

@@ -29,6 +29,7 @@ std::string rank_trace_path(const std::string& path, int rank) {
 }
 
 RunResult run_rank(const RunOptions& options, Communicator& comm) {
+  if (options.threads > 0) at::set_num_threads(options.threads);
   if (options.steps < 1) throw ExecError(detail::format("steps {} < 1", options.steps));
   if (options.warmup_steps < 0 || options.warmup_steps >= options.steps) {
     throw ExecError(detail::format("warmup steps {} must be in [0, steps {})", options.warmup_steps, options.steps));
@@ -49,6 +50,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   Executor executor(model, options.plan, comm, *device, recorder);
   device->reset_peak();
   device->host_pool().reset_peak();
+  recorder.set_peak_probe([&device] { return device->peak_bytes(); });
 
   std::vector<double> local_losses;
   for (int s = 0; s < options.steps; ++s) {
@@ -65,6 +67,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   }
   result.device_peak_bytes = device->peak_bytes();
   result.host_peak_bytes = device->host_pool().peak_bytes();
+  result.device_peak_at = recorder.peak_at();
   device->set_limit(0);
 
   // Global losses: one all-reduce for the whole run, outside the measured steps.
@@ -133,7 +136,7 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
     if (!values.empty()) rec.phase_times_s[name] = percentile(values, 50);
   }
-  for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes});
+  for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at});
   rec.losses = ranks[0]->losses;
   std::set<std::string> fb;
   for (const RunResult* r : ranks) fb.insert(r->fallbacks.begin(), r->fallbacks.end());
@@ -153,6 +156,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"losses", r.losses},
                      {"device_peak_bytes", r.device_peak_bytes},
                      {"host_peak_bytes", r.host_peak_bytes},
+                     {"device_peak_at", r.device_peak_at},
                      {"fallbacks", r.fallbacks},
                      {"trace_path", r.trace_path}};
 }
@@ -167,6 +171,7 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   for (const auto& v : j.at("losses")) r.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());
   j.at("device_peak_bytes").get_to(r.device_peak_bytes);
   j.at("host_peak_bytes").get_to(r.host_peak_bytes);
+  if (j.contains("device_peak_at")) j.at("device_peak_at").get_to(r.device_peak_at);
   j.at("fallbacks").get_to(r.fallbacks);
   j.at("trace_path").get_to(r.trace_path);
 }

@@ -97,8 +97,14 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   head.params = 2 * h + (o.tied_embeddings ? 0 : V * h);
   head.input_shape = {b, s, h};
   head.output_shape = {b, s, V};
-  head.bytes_saved = prop(2.0 * e * bd * sd * hd);
-  head.bytes_output = prop(e * bd * sd * vd);
+  // The head carries the task's loss (as the profiler measures the last unit): cross-entropy in fp32
+  // (autocast's rule) keeps the log-softmax and builds its gradient, then the logits' gradient, in the
+  // logits' dtype, waits for the head's backward (saved). Forward peak: the saved bytes, the logits,
+  // and the two fp32 logits-sized temporaries of the loss.
+  const double logits = e * bd * sd * vd, loss_fp32 = 4 * bd * sd * vd;
+  head.bytes_saved = prop(2.0 * e * bd * sd * hd + logits);
+  head.bytes_output = prop(logits);
+  head.bytes_peak_fwd = prop(2.0 * e * bd * sd * hd + 2 * logits + 2 * loss_fp32);
   head.flops_fwd = prop(2 * bd * sd * hd * vd);
   head.flops_bwd = prop(4 * bd * sd * hd * vd);
 

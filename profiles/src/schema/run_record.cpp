@@ -62,6 +62,7 @@ ojson write_peak(const RankPeak& p) {
   j["rank"] = p.rank;
   j["device_peak_bytes"] = p.device_peak_bytes;
   j["host_peak_bytes"] = p.host_peak_bytes;
+  if (!p.device_peak_at.empty()) j["device_peak_at"] = p.device_peak_at;
   return j;
 }
 
@@ -94,6 +95,7 @@ void read_value(const nlohmann::json& j, RankPeak& p, const std::string& path) {
   r.req("rank", p.rank);
   r.req("device_peak_bytes", p.device_peak_bytes);
   r.req("host_peak_bytes", p.host_peak_bytes);
+  r.opt("device_peak_at", p.device_peak_at);
   r.finish();
 }
 

@@ -4,12 +4,27 @@
 // the backward). Forward and backward workspaces are transient allocations of their task. The forward of
 // unit u waits for the D2H of unit u-2, so at most two units' copies are pending when the copy stream
 // is slower than compute (else a higher ratio could hold more on the device, waiting to be copied).
+#include <algorithm>
 #include <cmath>
 
 #include "context.h"
 #include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::sim::lowering {
+
+// What a unit's forward holds on top of its saved bytes, which are allocated with the forward: the
+// profiled forward peak counts everything the forward allocates (saved bytes but not the input, which
+// was live before it, and the output), so the rest is peak - saved + input. The output of an inner unit
+// is the next unit's input, counted in its saved bytes from the next forward on: here it is part of the
+// workspace. The last unit's output has its own allocation (the loss keeps it), so it is taken out.
+std::int64_t forward_workspace(const std::vector<Unit>& units, std::size_t i) {
+  const Unit& x = units[i];
+  const std::int64_t input = i > 0 ? units[i - 1].output : 0;
+  const std::int64_t own_output = i + 1 == units.size() ? x.output : 0;
+  return std::max<std::int64_t>(0, x.peak_fwd - x.saved + input - own_output);
+}
+
+std::int64_t Activations::fwd_workspace(int u) const { return forward_workspace(c_.units, static_cast<std::size_t>(u)); }
 
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (pending_.empty()) {
@@ -21,9 +36,16 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
   if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
-  c_.g.alloc(fwd, c_.dev, x.peak_fwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
-  // The loss reads the last unit's output (the logits) and keeps what its backward needs (e.g. the
-  // log-softmax, of the same size) until that unit's backward: one more output-sized tensor.
+  // A checkpointed forward saves nothing: its peak is bounded by the profiled (grad-mode) one (the last
+  // unit's output aside: the loss's allocation below; after the loss the output's gradient waits in
+  // its place).
+  const std::int64_t own_output = i + 1 == c_.units.size() ? x.output : 0;
+  c_.g.alloc(fwd, c_.dev, x.checkpoint ? std::max<std::int64_t>(0, x.peak_fwd - own_output) : fwd_workspace(u),
+             MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+  // The last unit's output (the logits) stays referenced until that unit's backward: the loss reads it
+  // and the unit's backward starts from its gradient. Not in `saved` (the next unit's input is counted
+  // there; the last unit has none), so one more output-sized tensor. The loss's own temporaries and the
+  // logits' gradient are in the last unit's forward peak and saved bytes (the profiler measures them).
   if (i + 1 == c_.units.size())
     loss_ = c_.g.alloc(fwd, c_.dev, x.output, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (x.checkpoint) {
@@ -49,8 +71,12 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   if (x.checkpoint) {
     const TaskId re = c_.compute_task(x.fwd_s, c_.n_recompute, u, mb);
     c_.g.add_dep(re, params_ready);
-    c_.g.alloc(re, c_.dev, x.peak_fwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
-    offloaded_[i] = c_.g.alloc(re, c_.dev, x.saved, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
+    // The recompute runs on the kept input (already allocated, so not again in the saved bytes): a
+    // forward's workspace, plus the output's gradient, already waiting.
+    const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
+    c_.g.alloc(re, c_.dev, fwd_workspace(u) + incoming_grad(u), MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+    offloaded_[i] = c_.g.alloc(re, c_.dev, std::max<std::int64_t>(0, x.saved - input), MemCategory::activations,
+                               c_.label(c_.n_saved, u, mb), kNone);
     return re;
   }
   if (d2h_[i] == kNone) return kNone;
@@ -66,9 +92,20 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   return h2d;
 }
 
+// An inner unit's backward starts from the gradient of its output, computed by the next unit's
+// backward (in that unit's peak) and held through this one; the output itself stays referenced as the
+// root of this unit's graph until its backward ends, after the next unit freed its saved copy of it
+// (recomputed, for a checkpointed unit).
+// The last unit's output and its gradient are already held (the loss's allocation and its saved bytes).
+std::int64_t Activations::incoming_grad(int u) const {
+  const auto i = static_cast<std::size_t>(u);
+  return i + 1 < c_.units.size() ? c_.units[i].output : 0;
+}
+
 void Activations::after_bwd(int u, int mb, TaskId bwd) {
   const auto i = static_cast<std::size_t>(u);
-  c_.g.alloc(bwd, c_.dev, c_.units[i].peak_bwd, MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+  c_.g.alloc(bwd, c_.dev, c_.units[i].peak_bwd + 2 * incoming_grad(u), MemCategory::activations,
+             c_.label(c_.n_workspace, u, mb));
   c_.g.set_free_at(pending_[i], bwd);
   if (i + 1 == c_.units.size() && loss_ != kNone) {
     c_.g.set_free_at(loss_, bwd);

@@ -109,12 +109,17 @@ struct ParamResidency {
 };
 
 // Activation policy (keep, offload a ratio, checkpoint): activations.cpp
+// The bytes a unit's forward allocates beyond its saved activations (activations.cpp).
+std::int64_t forward_workspace(const std::vector<Unit>& units, std::size_t i);
+
 struct Activations {
   explicit Activations(Ctx& c) : c_(c) {}
   void on_fwd(int u, int mb, TaskId fwd);
   TaskId before_bwd(int u, int mb, TaskId params_ready);  // H2D or recompute the backward waits for
   void after_bwd(int u, int mb, TaskId bwd);
  private:
+  std::int64_t fwd_workspace(int u) const;
+  std::int64_t incoming_grad(int u) const;
   Ctx& c_;
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
   AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward

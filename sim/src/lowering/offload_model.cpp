@@ -67,7 +67,7 @@ void schedule_offload_model(Ctx& c) {
         last = c.compute_task(unit(u).fwd_s, c.n_fwd, u, k);
         if (k == 0) c.fwd0[static_cast<std::size_t>(u)] = last;
         c.g.add_dep(last, in);
-        c.g.alloc(last, c.dev, unit(u).peak_fwd, MemCategory::activations, c.label(c.n_workspace, u, k));
+        c.g.alloc(last, c.dev, forward_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations, c.label(c.n_workspace, u, k));
         if (!ckpt) at(u, k) = c.g.alloc(last, c.dev, unit(u).saved, MemCategory::activations, c.label(c.n_saved, u, k), kNone);
       }
       if (ckpt && s + 1 < slices) {  // the next slice's input goes to the host
@@ -105,7 +105,7 @@ void schedule_offload_model(Ctx& c) {
         for (int u = first; u < end; ++u) {
           const TaskId re = c.compute_task(unit(u).fwd_s, c.n_recompute, u, k);
           c.g.add_dep(re, ready);
-          c.g.alloc(re, c.dev, unit(u).peak_fwd, MemCategory::activations, c.label(c.n_workspace, u, k));
+          c.g.alloc(re, c.dev, forward_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations, c.label(c.n_workspace, u, k));
           at(u, k) = c.g.alloc(re, c.dev, unit(u).saved, MemCategory::activations, c.label(c.n_saved, u, k), kNone);
         }
       }

@@ -180,7 +180,7 @@ inline RunRecord sample_run_record() {
   r.step_times_s = {0.5, 0.3, 0.21, 0.2, 0.22, 0.19, 0.2};
   r.compute_step_statistics();
   r.phase_times_s = {{"forward", 0.05}, {"backward", 0.1}, {"optimizer", 0.04}};
-  r.peaks = {{0, 1000, 200}, {1, 1010, 210}};
+  r.peaks = {{0, 1000, 200, "backward head (step 2, microbatch 0)"}, {1, 1010, 210, ""}};
   r.losses = {2.5, 2.4, std::nan(""), 2.2, 2.1, 2.05, 2.0};
   r.units = {{"embed", 0.001, 0.002}};
   r.fallbacks = {"gloo reduce_scatter via all_reduce"};

@@ -12,6 +12,9 @@
 
 namespace zeroplan::exec {
 
+// Elements per chunk of a device step: its temporaries peak at two chunks (4 bytes each), 8 MiB.
+inline constexpr std::int64_t kStepChunk = 1 << 20;
+
 class FlatOptimizer {
  public:
   // Allocates zeroed state (K x segment sizes) with `alloc(numel)`. host: the state and every

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,7 +31,15 @@ class Recorder {
 
   std::string chrome_trace_json() const;
 
+  // Peak attribution: with a probe of the device's peak bytes, each span that ends with the peak
+  // higher than when the last span ended is where the peak was reached (the latest such span wins).
+  void set_peak_probe(std::function<std::int64_t()> probe) { peak_probe_ = std::move(probe); }
+  const std::string& peak_at() const { return peak_at_; }
+
  private:
+  std::function<std::int64_t()> peak_probe_;
+  std::int64_t peak_seen_ = -1;
+  std::string peak_at_;
   struct Span {
     Lane lane;
     std::string name;

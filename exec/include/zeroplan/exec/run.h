@@ -32,6 +32,7 @@ struct RunOptions {
   std::string trace_path;           // "" none; "{rank}" is replaced, else "-rank<r>" goes before ".json"
   bool progress = false;            // one line per step on stderr (rank 0): step, loss, step time
   bool keep_parameters = false;     // RunResult::parameters (tests)
+  int threads = 0;                  // intra-op threads of this rank (0: leave torch's setting)
 };
 
 struct RunResult {
@@ -43,6 +44,7 @@ struct RunResult {
   std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
   std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
   std::int64_t host_peak_bytes = 0;
+  std::string device_peak_at;          // Recorder::peak_at
   std::vector<std::string> fallbacks;
   std::string trace_path;              // written trace, or ""
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON

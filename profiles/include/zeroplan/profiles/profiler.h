@@ -18,6 +18,10 @@
 //   time_fwd_s / time_bwd_s         median over `repeats` after `warmup` iterations
 //   time_*_spread_s                 p90 - p10 of the same samples (linear interpolation)
 //   flops_fwd / flops_bwd           see flops.h
+// The last unit is measured with the task's loss after it, as a training step runs it: its forward
+// figures include computing the loss and the output's gradient (time, temporaries in bytes_peak_fwd;
+// the gradient, held until the unit's backward, in bytes_saved), and its backward starts from that
+// gradient. A profile without the loss would miss the largest transient of a model with a big vocabulary.
 // Every figure is fitted over the profiled batches (least squares: intercept + per_sample * batch);
 // `value` is the measurement at the reference batch.
 #pragma once

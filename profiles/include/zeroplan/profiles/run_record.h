@@ -29,6 +29,8 @@ struct RankPeak {
   int rank = 0;
   std::int64_t device_peak_bytes = 0;
   std::int64_t host_peak_bytes = 0;
+  std::string device_peak_at;       // the span during which the device peak was reached, e.g.
+                                    // "forward head (step 1, microbatch 0)"; "" when not known
 
   bool operator==(const RankPeak&) const = default;
 };

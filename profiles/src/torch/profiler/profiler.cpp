@@ -131,11 +131,19 @@ struct Devices {
   PhaseTimer* kernel_timer = nullptr;  // CUPTI: summed kernel time; null when not available
 };
 
+// The task's loss after the last unit, as a training step runs it: the loss of the detached output
+// and its gradient, which then feeds the unit's backward. Empty for every other unit.
+using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
+
 // Measures `unit` on `input`; returns the measurement and the (detached) output for the next unit.
 // `grad_params`: every parameter whose gradient the unit's backward may write (own and borrowed).
+// With `loss` (the last unit), the forward figures include the loss and its gradient: its time, its
+// temporaries in the forward peak, and the output's gradient, held until the unit's backward, in the
+// saved bytes; the backward starts from that gradient.
 std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const torch::Tensor& input,
                                                   const std::vector<torch::Tensor>& grad_params,
-                                                  const ProfileOptions& options, Devices& dev) {
+                                                  const ProfileOptions& options, Devices& dev,
+                                                  const LossFn& loss = {}) {
   UnitMeasurement m;
   for (const auto& p : unit.parameters()) {
     m.params += p.numel();
@@ -153,12 +161,20 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   auto backward = [&](const torch::Tensor& y, const torch::Tensor& g) {
     if (y.requires_grad()) torch::autograd::backward({y}, {g});
   };
+  // The gradient the unit's backward starts from: the loss's (computed here, part of the forward) or
+  // ones for an inner unit (allocated outside the measured phases).
+  auto output_grad = [&](const torch::Tensor& y) {
+    if (!loss || !y.requires_grad()) return torch::ones_like(y);
+    torch::Tensor z = y.detach().requires_grad_(true);
+    torch::Tensor l = loss(z);
+    return torch::autograd::grad({l}, {z})[0];
+  };
 
   // Warm-up: lazy initialisation, thread pools, allocator state.
   for (int i = 0; i < options.warmup; ++i) {
     clear();
     torch::Tensor y = unit.forward(x);
-    backward(y, torch::ones_like(y));
+    backward(y, output_grad(y));
   }
 
   // Memory pass. The unit runs on a fresh copy of its input that only the unit's graph can keep
@@ -171,6 +187,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   const std::int64_t live0 = dev.memory.begin_phase();
   torch::Tensor y = unit.forward(x_copy);
   x_copy = torch::Tensor();
+  torch::Tensor g_loss = loss ? output_grad(y) : torch::Tensor();
   dev.synchronize();
   const std::int64_t live1 = dev.memory.live();
   m.bytes_peak_fwd = static_cast<double>(dev.memory.peak() - live0);
@@ -179,7 +196,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   m.bytes_saved =
       std::max(0.0, static_cast<double>(live1 - live0) + bytes_x_copy - m.bytes_output);
   {
-    torch::Tensor g = torch::ones_like(y);
+    torch::Tensor g = loss ? std::move(g_loss) : torch::ones_like(y);
     dev.synchronize();
     const std::int64_t live2 = dev.memory.begin_phase();
     backward(y, g);
@@ -208,8 +225,9 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     clear();
     dev.timer.start();
     torch::Tensor yt = unit.forward(x);
+    torch::Tensor g = loss ? output_grad(yt) : torch::Tensor();
     fwd.push_back(dev.timer.stop_s());
-    torch::Tensor g = torch::ones_like(yt);
+    if (!loss) g = torch::ones_like(yt);
     dev.timer.start();
     backward(yt, g);
     bwd.push_back(dev.timer.stop_s());
@@ -219,8 +237,9 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     clear();
     dev.kernel_timer->start();
     torch::Tensor yk = unit.forward(x);
+    torch::Tensor g = loss ? output_grad(yk) : torch::Tensor();
     m.kernel_time_fwd_s = dev.kernel_timer->stop_s();
-    torch::Tensor g = torch::ones_like(yk);
+    if (!loss) g = torch::ones_like(yk);
     dev.kernel_timer->start();
     backward(yk, g);
     m.kernel_time_bwd_s = dev.kernel_timer->stop_s();
@@ -354,7 +373,12 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
         std::fprintf(stderr, "profile: batch %d unit %zu/%zu %s\n", b, i + 1, model.units.size(),
                      model.units[i].name.c_str());
       }
-      auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev);
+      LossFn loss;
+      if (i + 1 == model.units.size()) {
+        torch::Tensor target = data.target.to(device);
+        loss = [&model, target](const torch::Tensor& y) { return model.task->loss(y, target); };
+      }
+      auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss);
       row.push_back(std::move(m));
       x = out;
     }
