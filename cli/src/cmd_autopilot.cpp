@@ -60,6 +60,7 @@ struct AutopilotArgs {
   double probe_max_age_h = 24;
   std::string knobs = "zero_stage,reshard_after_forward,offload_params,offload_grads,offload_optimizer,checkpointing,micro_batch";
   bool grid = false;               // also run the fidelity grid (no budget) and report the errors
+  bool calibrate = false;          // with grid: fit factors on half the grid, judge on the other half
 };
 
 // The built-in default: a GPT sized so that a step takes a fraction of a second on 2 CPU cores while
@@ -301,8 +302,103 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
 
 std::string percent(double v) { return std::isnan(v) ? "n/a" : fmt::format("{:.1f}%", 100 * v); }
 
-// The fidelity section of the report (and fidelity.json): one row per grid plan that ran.
-std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out) {
+std::string summary_text(const sim::FidelitySummary& f) {
+  auto met = [](bool ok) { return ok ? "met" : "**missed**"; };
+  std::string md;
+  md += fmt::format("{} plans. Step time: median |error| {}, maximum {} ({}); target median under 10%: {}.\n", f.plans,
+                    percent(f.time.median_abs_error), percent(f.time.max_abs_error), f.time.max_label,
+                    met(f.time.median_abs_error < 0.10));
+  md += fmt::format("Peak device memory: median |error| {}, maximum {} ({}); target median under 5%: {}.\n",
+                    percent(f.memory.median_abs_error), percent(f.memory.max_abs_error), f.memory.max_label,
+                    met(f.memory.median_abs_error < 0.05));
+  md += fmt::format("Ranking of the plans, measured vs predicted (Spearman): step time {:.3f}, peak memory {:.3f}; "
+                    "target above 0.9: {}.\n\n",
+                    f.time_spearman, f.memory_spearman, met(f.time_spearman > 0.9));
+  return md;
+}
+
+nlohmann::json summary_json(const sim::FidelitySummary& f) {
+  auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  return {{"plans", f.plans},
+          {"time_median_abs_error", f.time.median_abs_error}, {"time_max_abs_error", f.time.max_abs_error},
+          {"time_max_plan", f.time.max_label},
+          {"memory_median_abs_error", f.memory.median_abs_error}, {"memory_max_abs_error", f.memory.max_abs_error},
+          {"memory_max_plan", f.memory.max_label},
+          {"time_spearman", num(f.time_spearman)}, {"memory_spearman", num(f.memory_spearman)}};
+}
+
+std::optional<double> metric(const Trial& t, const std::string& name) {
+  if (!t.comparison) return std::nullopt;
+  for (const Metric& m : t.comparison->metrics)
+    if (m.name == name && m.predicted > 0 && m.measured > 0) return m.measured / m.predicted;
+  return std::nullopt;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// What calibration needs: the profile and the cluster the grid was predicted on, and where to write.
+struct CalibrationInput {
+  const ModelProfile& profile;
+  const ClusterProfile& cluster;
+  fs::path out;
+};
+
+// Calibration, judged fairly: fit ClusterProfile factors (the median measured / predicted compute and
+// collective time) on the odd-numbered grid plans, re-simulate the even-numbered ones with them, and
+// judge those only.
+std::string calibration_section(const std::vector<Trial>& grid, const CalibrationInput& in, nlohmann::json& j) {
+  std::vector<double> compute, comm;
+  std::string fitted_on, judged_on;
+  for (std::size_t i = 0; i < grid.size(); i += 2) {
+    if (!grid[i].ran) continue;
+    if (auto r = metric(grid[i], "phase.compute_s")) compute.push_back(*r);
+    if (auto r = metric(grid[i], "phase.comm_s")) comm.push_back(*r);
+    fitted_on += (fitted_on.empty() ? "" : ", ") + grid[i].label;
+  }
+  std::string md = "### Calibrated\n\n";
+  if (compute.empty()) return md + "No calibration plan ran, so nothing was fitted.\n\n";
+  ClusterProfile cal = in.cluster;
+  cal.calibration.compute_time_scale = median_of(compute);
+  cal.calibration.comm_time_scale = comm.empty() ? 1.0 : median_of(comm);
+  cal.provenance["calibration"] =
+      Provenance{"calibration", fmt::format("zeroplan autopilot --calibrate: median measured / predicted compute and "
+                                            "collective time over plans {}", fitted_on)};
+  write_document(in.out / "cluster_calibrated.json", cal);
+  std::vector<sim::FidelityRow> rows;
+  for (std::size_t i = 1; i < grid.size(); i += 2) {
+    const Trial& t = grid[i];
+    if (!t.ran) continue;
+    std::int64_t peak = 0;
+    for (const auto& p : t.record->peaks) peak = std::max(peak, p.device_peak_bytes);
+    const Prediction pred = sim::simulate(in.profile, cal, t.plan);
+    rows.push_back({t.label, pred.step_time_s, t.record->step_time_median_s, double(pred.device.peak_bytes), double(peak)});
+    judged_on += (judged_on.empty() ? "" : ", ") + t.label;
+  }
+  md += fmt::format("Fitted on {} (compute time x{:.3f}, collective time x{:.3f}: `cluster_calibrated.json`), then "
+                    "judged on the other plans only ({}), whose predictions were made again with those factors:\n\n",
+                    fitted_on, cal.calibration.compute_time_scale, cal.calibration.comm_time_scale, judged_on);
+  md += "| plan | calibrated predicted step s | measured step s | error |\n|---|---|---|---|\n";
+  for (const auto& r : rows)
+    md += fmt::format("| {} | {:.4f} | {:.4f} | {:+.1f}% |\n", r.label, r.predicted_time_s, r.measured_time_s,
+                      100 * relative_error(r.predicted_time_s, r.measured_time_s));
+  j["calibration"] = {{"compute_time_scale", cal.calibration.compute_time_scale},
+                      {"comm_time_scale", cal.calibration.comm_time_scale},
+                      {"fitted_on", fitted_on}, {"judged_on", judged_on}};
+  if (!rows.empty()) {
+    const sim::FidelitySummary f = sim::summarize_fidelity(rows);
+    md += "\n" + summary_text(f);
+    j["calibration"]["summary"] = summary_json(f);
+  }
+  return md;
+}
+
+// The fidelity section of the report (and fidelity.json): one row per grid plan that ran; with
+// `calibration`, also the calibrated predictions judged on plans the fit did not see.
+std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out,
+                             const std::optional<CalibrationInput>& calibration) {
   std::vector<sim::FidelityRow> rows;
   std::string md = "## Fidelity over the grid\n\n";
   md += "Each plan ran without a memory limit. Predicted peak: the simulator's device allocations "
@@ -341,23 +437,11 @@ std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out
     md += "\nNo grid plan ran, so there is no summary.\n\n";
   } else {
     const sim::FidelitySummary f = sim::summarize_fidelity(rows);
-    auto met = [](bool ok) { return ok ? "met" : "**missed**"; };
-    md += fmt::format("\n{} plans. Step time: median |error| {}, maximum {} ({}); target median under 10%: {}.\n", f.plans,
-                      percent(f.time.median_abs_error), percent(f.time.max_abs_error), f.time.max_label,
-                      met(f.time.median_abs_error < 0.10));
-    md += fmt::format("Peak device memory: median |error| {}, maximum {} ({}); target median under 5%: {}.\n",
-                      percent(f.memory.median_abs_error), percent(f.memory.max_abs_error), f.memory.max_label,
-                      met(f.memory.median_abs_error < 0.05));
-    md += fmt::format("Ranking of the plans, measured vs predicted (Spearman): step time {:.3f}, peak memory {:.3f}; "
-                      "target above 0.9: {}.\n\n",
-                      f.time_spearman, f.memory_spearman, met(f.time_spearman > 0.9));
-    auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
-    j["summary"] = {{"plans", f.plans},
-                    {"time_median_abs_error", f.time.median_abs_error}, {"time_max_abs_error", f.time.max_abs_error},
-                    {"time_max_plan", f.time.max_label},
-                    {"memory_median_abs_error", f.memory.median_abs_error}, {"memory_max_abs_error", f.memory.max_abs_error},
-                    {"memory_max_plan", f.memory.max_label},
-                    {"time_spearman", num(f.time_spearman)}, {"memory_spearman", num(f.memory_spearman)}};
+    md += "\n" + summary_text(f);
+    j["summary"] = summary_json(f);
+  }
+  if (calibration) {
+    md += calibration_section(grid, *calibration, j);
   }
   std::ofstream(out / "fidelity.json") << j.dump(2) << "\n";
   return md;
@@ -504,7 +588,11 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
     for (const auto& w : t.comparison->warnings) md += "- warning: " + w + "\n";
     md += "\n";
   }
-  if (a.grid) md += fidelity_section(grid, out);
+  if (a.grid) {
+    std::optional<CalibrationInput> cal;
+    if (a.calibrate) cal.emplace(CalibrationInput{profile, budgeted, out});
+    md += fidelity_section(grid, out, cal);
+  }
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   md += fmt::format("Files: `model_profile.json`, `cluster.json`, `tune/`, and per plan `plan.json`, "
                     "`prediction.json`, `run_record.json`, `comparison.json`, traces (open in Perfetto; "
@@ -562,6 +650,8 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("-o,--output-dir", a->output_dir, "Output folder (default: autopilot-<date>-<time>)");
   app.add_flag("--grid", a->grid, "Also run the fidelity grid (14 plans over every knob, no budget) and report "
                "median and maximum errors and the rank correlation");
+  app.add_flag("--calibrate", a->calibrate, "With --grid: fit compute and collective time factors on the odd-numbered "
+               "grid plans and judge the calibrated predictions on the even-numbered ones")->needs("--grid");
   return [a, &globals] { return run_autopilot(*a, globals); };
 }
 

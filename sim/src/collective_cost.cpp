@@ -89,7 +89,16 @@ std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& c, std::int64_t byt
   return default_backend(c) == "gloo" ? bytes : 0;
 }
 
+namespace {
+double uncalibrated_collective_time(const ClusterProfile& c, CollOp op, double bytes, int ranks, const CollectiveOptions& o);
+}  // namespace
+
 double collective_time(const ClusterProfile& c, CollOp op, double bytes, int ranks, const CollectiveOptions& o) {
+  return uncalibrated_collective_time(c, op, bytes, ranks, o) * c.calibration.comm_time_scale;
+}
+
+namespace {
+double uncalibrated_collective_time(const ClusterProfile& c, CollOp op, double bytes, int ranks, const CollectiveOptions& o) {
   if (ranks <= 1 || bytes <= 0) return 0.0;
   const std::string_view backend = o.backend.empty() ? default_backend(c) : std::string_view(o.backend);
   const int d = std::max(1, c.devices_per_node);
@@ -118,5 +127,6 @@ double collective_time(const ClusterProfile& c, CollOp op, double bytes, int ran
   }
   return 0.0;
 }
+}  // namespace
 
 }  // namespace zeroplan::sim

@@ -85,6 +85,41 @@ TEST(Lowering, CommunicationOverlapsTheBackward) {
   EXPECT_GE(pred.step_time_s, pred.resource_busy_s.at("compute"));
 }
 
+// Calibration factors scale what they name: every compute task, every collective.
+TEST(Lowering, CalibrationScalesComputeAndCollectives) {
+  const ModelProfile m = gpt(2, 512, 8, 256, 1000);
+  ClusterProfile c = a100(1);
+  const Plan p = mixed_plan(8, 3, 1);
+  const Prediction base = simulate(m, c, p);
+  c.calibration = Calibration{2.0, 3.0};
+  const Prediction cal = simulate(m, c, p);
+  EXPECT_NEAR(cal.resource_busy_s.at("compute"), 2 * base.resource_busy_s.at("compute"), 1e-12);
+  EXPECT_NEAR(cal.resource_busy_s.at("comm"), 3 * base.resource_busy_s.at("comm"), 1e-12);
+  EXPECT_GT(cal.step_time_s, 2 * base.step_time_s * 0.99);
+}
+
+// A tied embedding (the head borrows the embedding's weight): at stages 2-3 the embedding's full
+// gradient lives from the head's backward to the embedding's; at stage 3 the embedding stays gathered
+// from its forward to its backward. Below stage 2 nothing changes (gradients are resident).
+TEST(Lowering, BorrowedParametersHoldTheOwnersGradientAndGatheredWeight) {
+  ModelProfile tied = gpt(2, 512, 8, 256, 32000);
+  ModelProfile untied = tied;
+  tied.units.back().borrowed = {{0, 32000 * 512}};
+  const ClusterProfile c = a100(1);
+  for (int stage : {0, 1, 2, 3}) {
+    Plan p = mixed_plan(8, stage, 1);
+    p.reshard_after_forward = stage == 3;
+    const Simulation a = simulate_step(tied, c, p), b = simulate_step(untied, c, p);
+    if (stage < 2) {
+      EXPECT_EQ(a.prediction.device.peak_bytes, b.prediction.device.peak_bytes) << stage;
+      continue;
+    }
+    // At least the embedding's full gradient beyond this rank's share is added at the peak.
+    const std::int64_t embed = tied.units.front().params;
+    EXPECT_GE(a.prediction.device.peak_bytes - b.prediction.device.peak_bytes, (embed - embed / 8) * 2) << stage;
+  }
+}
+
 TEST(Lowering, ActivationOffloadWithInfinitelyFastCopiesKeepsTimeAndOnlyTheUnitInFlight) {
   const ModelProfile m = gpt(6, 512, 8, 256, 1000);
   ClusterProfile c = a100(1);

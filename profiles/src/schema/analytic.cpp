@@ -107,6 +107,7 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   head.bytes_peak_fwd = prop(2.0 * e * bd * sd * hd + 2 * logits + 2 * loss_fp32);
   head.flops_fwd = prop(2 * bd * sd * hd * vd);
   head.flops_bwd = prop(4 * bd * sd * hd * vd);
+  if (o.tied_embeddings) head.borrowed.push_back({0, V * h});  // the token embedding's weight
 
   for (UnitProfile* u : {&embed, &block, &head}) {
     u->bytes_param = u->params * e;

@@ -269,6 +269,10 @@ ojson to_ordered_json(const ClusterProfile& c) {
   j["collectives"] = write_array(c.collectives, write_collective);
   j["shares_cores"] = c.shares_cores;
   j["allocator_overhead_factor"] = c.allocator_overhead_factor;
+  if (c.calibration != Calibration{}) {
+    j["calibration"] = ojson{{"compute_time_scale", c.calibration.compute_time_scale},
+                             {"comm_time_scale", c.calibration.comm_time_scale}};
+  }
   ojson provenance = ojson::object();
   for (const auto& [path, p] : c.provenance) provenance[path] = ojson{{"source", p.source}, {"citation", p.citation}};
   j["provenance"] = provenance;
@@ -335,6 +339,10 @@ void validate(const ClusterProfile& c) {
 
   if (!(c.allocator_overhead_factor >= 1))
     cluster_error("allocator_overhead_factor must be >= 1 (got " + num(c.allocator_overhead_factor) + ")");
+  if (!(c.calibration.compute_time_scale > 0))
+    cluster_error("calibration.compute_time_scale must be > 0 (got " + num(c.calibration.compute_time_scale) + ")");
+  if (!(c.calibration.comm_time_scale > 0))
+    cluster_error("calibration.comm_time_scale must be > 0 (got " + num(c.calibration.comm_time_scale) + ")");
 
   // Provenance: known sources, every number covered, no entry naming a path that does not exist.
   const ojson j = to_ordered_json(c);
@@ -343,7 +351,7 @@ void validate(const ClusterProfile& c) {
     if (!path.empty() && !outside_provenance(top_key_of(path))) paths.insert(path);
   });
   for (const auto& [path, p] : c.provenance) {
-    check_enum("provenance." + path + ".source", p.source, {"datasheet", "paper", "probe", "estimate"});
+    check_enum("provenance." + path + ".source", p.source, {"datasheet", "paper", "probe", "estimate", "calibration"});
     if (p.citation.empty()) cluster_error("provenance." + path + ".citation is empty");
     if (!paths.count(path)) {
       std::string message = "provenance names " + quote_json(path) + ", which is not a field";
@@ -354,6 +362,13 @@ void validate(const ClusterProfile& c) {
   }
   for (const std::string& path : numeric_paths(j))
     if (!covered(c.provenance, path)) cluster_error("no provenance for " + path);
+}
+
+void read_value(const nlohmann::json& j, Calibration& cal, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("compute_time_scale", cal.compute_time_scale);
+  r.opt("comm_time_scale", cal.comm_time_scale);
+  r.finish();
 }
 
 void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
@@ -370,6 +385,7 @@ void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
   r.opt("collectives", c.collectives);
   r.req("shares_cores", c.shares_cores);
   r.opt("allocator_overhead_factor", c.allocator_overhead_factor);
+  r.opt("calibration", c.calibration);
   r.req("provenance", c.provenance);
   r.finish();
   validate(c);

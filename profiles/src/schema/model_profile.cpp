@@ -40,6 +40,15 @@ ojson write_unit(const UnitProfile& u) {
   j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
   j["flops_fwd"] = write_figure(u.flops_fwd);
   j["flops_bwd"] = write_figure(u.flops_bwd);
+  if (!u.borrowed.empty()) {
+    j["borrowed"] = ojson::array();
+    for (const BorrowedParams& b : u.borrowed) {
+      ojson e;
+      e["unit"] = b.unit;
+      e["params"] = b.params;
+      j["borrowed"].push_back(e);
+    }
+  }
   return j;
 }
 
@@ -87,6 +96,13 @@ void read_value(const nlohmann::json& j, Figure& f, const std::string& path) {
   r.finish();
 }
 
+void read_value(const nlohmann::json& j, BorrowedParams& b, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("unit", b.unit);
+  r.req("params", b.params);
+  r.finish();
+}
+
 void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path) {
   ObjectReader r(j, path);
   r.req("name", u.name);
@@ -107,6 +123,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.req("bytes_peak_bwd", u.bytes_peak_bwd);
   r.req("flops_fwd", u.flops_fwd);
   r.req("flops_bwd", u.flops_bwd);
+  r.opt("borrowed", u.borrowed);
   r.finish();
 }
 
@@ -177,6 +194,17 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
     check_figure(at + ".flops_fwd", u.flops_fwd);
     check_figure(at + ".flops_bwd", u.flops_bwd);
+    for (std::size_t k = 0; k < u.borrowed.size(); ++k) {
+      const BorrowedParams& b = u.borrowed[k];
+      const std::string bw = at + ".borrowed[" + std::to_string(k) + "]";
+      if (b.unit < 0 || static_cast<std::size_t>(b.unit) >= i)
+        model_error(bw + ".unit " + num(b.unit) + " is not an earlier unit (0.." + num(static_cast<std::int64_t>(i) - 1) + ")");
+      const UnitProfile& owner = m.units[static_cast<std::size_t>(b.unit)];
+      if (owner.count != 1)
+        model_error(bw + ".unit " + num(b.unit) + " (" + owner.name + ") has count " + num(owner.count) + "; an owner must have count 1");
+      if (b.params < 1 || b.params > owner.params)
+        model_error(bw + ".params " + num(b.params) + " is not in 1.." + num(owner.params) + " (the parameters of " + owner.name + ")");
+    }
   }
 }
 

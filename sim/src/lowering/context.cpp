@@ -30,6 +30,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
   const double act_scale = static_cast<double>(b.compute) / dtype_bytes(model.dtype);
   std::vector<Unit> units;
   units.reserve(static_cast<std::size_t>(model.expanded_unit_count()));
+  std::vector<int> first_expanded;  // profile index -> expanded index of its first repetition
   for (int i = 0; i < static_cast<int>(model.units.size()); ++i) {
     const UnitProfile& up = model.units[static_cast<std::size_t>(i)];
     Unit u;
@@ -49,9 +50,15 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
     u.peak_fwd = bytes(up.bytes_peak_fwd);
     u.peak_bwd = bytes(up.bytes_peak_bwd);
     u.checkpoint = plan.checkpointing.applies_to(i);
+    first_expanded.push_back(static_cast<int>(units.size()));
     for (int r = 0; r < up.count; ++r) {
       u.rep = up.count > 1 ? r : -1;
       units.push_back(u);
+      for (const BorrowedParams& b : up.borrowed) {
+        Unit& owner = units[static_cast<std::size_t>(first_expanded[static_cast<std::size_t>(b.unit)])];
+        owner.pinned = true;
+        owner.first_borrower = static_cast<int>(units.size()) - 1;
+      }
     }
   }
   return units;
@@ -120,7 +127,7 @@ std::string Ctx::unit_name(int u) const {
 }
 
 TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
-  last_compute = g.add_task(compute, s, {name, u, mb}, {}, n_cat_compute);
+  last_compute = g.add_task(compute, s * cluster.calibration.compute_time_scale, {name, u, mb}, {}, n_cat_compute);
   return last_compute;
 }
 

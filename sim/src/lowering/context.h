@@ -29,6 +29,10 @@ struct Unit {
   std::int64_t peak_fwd = 0;       // transient workspace
   std::int64_t peak_bwd = 0;
   bool checkpoint = false;
+  // Shared parameters (UnitProfile::borrowed), as expanded unit indices. An owner stays gathered from
+  // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
+  bool pinned = false;
+  int first_borrower = -1;         // owner: the borrower whose backward runs first (the latest unit)
 };
 
 // Precision: bytes per element of each copy of the model states.
@@ -137,6 +141,9 @@ struct GradSync {
   explicit GradSync(Ctx& c) : c_(c) {}
   void after_bwd(int u, int mb, TaskId bwd);  // allocate gradients, launch bucket collectives
   void finish_microbatch(int mb);            // flush a partial bucket
+  // Stages 2-3: the microbatch's last reduce-scatter, which the next microbatch's forward waits for
+  // (FSDP's end-of-backward callback, DeepSpeed's end-of-backward reduction); else kNone.
+  TaskId microbatch_barrier() const { return c_.plan.zero_stage >= 2 && !reduces_.empty() ? reduces_.back() : kNone; }
   std::vector<GradDone> done;                // final gradients (last microbatch), in backward order
  private:
   void flush(int mb);
@@ -146,6 +153,7 @@ struct GradSync {
   TaskId bucket_last_ = kNone;
   std::vector<AllocId> bucket_allocs_;
   std::vector<TaskId> reduces_;  // reduce-scatters issued, in order (the in-flight limit)
+  std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
 };
 
 // Optimizer step and the parameter sync after it (device or host, flat or per tensor): optimizer_step.cpp

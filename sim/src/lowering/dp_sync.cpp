@@ -50,6 +50,26 @@ TaskId to_host(Ctx& c, std::int64_t elems, int u, int mb, TaskId after) {
 void GradSync::after_bwd(int u, int mb, TaskId bwd) {
   const Unit& x = c_.units[static_cast<std::size_t>(u)];
   const bool last_mb = mb + 1 == c_.m;
+  if (c_.plan.zero_stage >= 2) {
+    // A borrower's backward writes into its owners' gradients: allocated here, not at the owner's.
+    if (early_.empty()) early_.assign(c_.units.size(), kNone);
+    for (std::size_t o = 0; o < c_.units.size(); ++o) {
+      const Unit& owner = c_.units[o];
+      if (owner.first_borrower != u) continue;
+      const std::int64_t elems = c_.plan.zero_stage == 2 ? std::max<std::int64_t>(0, owner.params - owner.shard) : owner.padded;
+      early_[o] = c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads,
+                             c_.label(c_.n_full_grads, static_cast<int>(o), mb), kNone);
+    }
+  }
+  // This unit's own full gradient: allocated early by a borrower, or now.
+  auto full_grad = [&](std::int64_t elems) {
+    if (!early_.empty() && early_[static_cast<std::size_t>(u)] != kNone) {
+      const AllocId a = early_[static_cast<std::size_t>(u)];
+      early_[static_cast<std::size_t>(u)] = kNone;
+      return a;
+    }
+    return c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+  };
   switch (c_.plan.zero_stage) {
     case 0:
     case 1: {
@@ -64,8 +84,7 @@ void GradSync::after_bwd(int u, int mb, TaskId bwd) {
       // Unsharded gradients of the unit beyond this rank's share, until the bucket is reduced.
       const std::int64_t transient = std::max<std::int64_t>(0, x.params - x.shard);
       if (bucket_elems_ == 0 && reduces_.size() >= 2) c_.g.add_dep(bwd, reduces_[reduces_.size() - 2]);
-      bucket_allocs_.push_back(
-          c_.g.alloc(bwd, c_.dev, transient * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone));
+      bucket_allocs_.push_back(full_grad(transient));
       bucket_elems_ += x.params;
       bucket_last_ = bwd;
       if (bucket_elems_ >= c_.plan.buckets.reduce_buffer_elems) flush(mb);
@@ -73,8 +92,7 @@ void GradSync::after_bwd(int u, int mb, TaskId bwd) {
     }
     default: {
       if (reduces_.size() >= 2) c_.g.add_dep(bwd, reduces_[reduces_.size() - 2]);
-      const AllocId full =
-          c_.g.alloc(bwd, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+      const AllocId full = full_grad(x.padded);
       const TaskId rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, x.padded, c_.n, c_.n_reduce_scatter, u, mb, bwd);
       c_.g.set_free_at(full, rs);
       reduces_.push_back(rs);

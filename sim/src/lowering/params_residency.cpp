@@ -1,6 +1,8 @@
 // Parameter residency at stage 3 (FSDP): all-gather a unit's flat parameter before its forward and (when
 // resharded) again before its backward, free it after use, prefetch the next unit; offloaded shards are
-// copied in first. The last unit is the root: its backward follows its forward at once, so it is kept.
+// copied in first. The last unit's backward follows its forward at once, so it is kept; the first unit
+// (the root's own parameters, FSDP's root is never resharded after forward) and every owner of shared
+// parameters (its borrowers use them in between) stay gathered from forward to backward.
 // Below stage 3 parameters are resident and nothing is scheduled here.
 #include "context.h"
 #include "zeroplan/sim/cost_models.h"
@@ -46,8 +48,8 @@ TaskId ParamResidency::before_fwd(int u, int mb) {
 void ParamResidency::after_fwd(int u, int mb, TaskId fwd) {
   (void)mb;
   if (c_.plan.zero_stage != 3) return;
-  const bool root = u + 1 == static_cast<int>(c_.units.size());
-  if (c_.plan.reshard_after_forward && !root) {
+  const bool keep = u + 1 == static_cast<int>(c_.units.size()) || u == 0 || c_.units[static_cast<std::size_t>(u)].pinned;
+  if (c_.plan.reshard_after_forward && !keep) {
     c_.g.set_free_at(gathered_alloc_[static_cast<std::size_t>(u)], fwd);
     gathered_[static_cast<std::size_t>(u)] = kNone;
   }

@@ -14,6 +14,7 @@ void schedule_step(Ctx& c) {
       const TaskId ready = params.before_fwd(u, mb);
       const TaskId fwd = c.compute_task(c.units[static_cast<std::size_t>(u)].fwd_s, c.n_fwd, u, mb);
       c.g.add_dep(fwd, ready);
+      if (u == 0 && mb > 0) c.g.add_dep(fwd, grads.microbatch_barrier());
       c.fwd[static_cast<std::size_t>(u)] = fwd;
       if (mb == 0) c.fwd0[static_cast<std::size_t>(u)] = fwd;
       acts.on_fwd(u, mb, fwd);

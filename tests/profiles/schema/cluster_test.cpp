@@ -78,6 +78,10 @@ TEST(Cluster, RoundTrip) {
   c.provenance["collectives"] = Provenance{"probe", "measured by zeroplan probe on 2025-01-31"};
   validate(c);
   testing::expect_round_trip(c);
+  c.calibration = Calibration{1.25, 2.5};
+  c.provenance["calibration"] = Provenance{"calibration", "fitted by zeroplan autopilot --calibrate on 7 runs"};
+  validate(c);
+  testing::expect_round_trip(c);
 }
 
 TEST(Cluster, SpecWithNodes) {
@@ -308,8 +312,14 @@ const Rule kRules[] = {
     {"AllocatorFactor", [](ClusterProfile& c) { c.allocator_overhead_factor = 0.9; },
      "cluster: allocator_overhead_factor must be >= 1 (got 0.9)"},
     {"ProvenanceSource", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].source = "vendor"; },
-     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"probe\", \"estimate\" "
-     "(got \"vendor\")"},
+     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"probe\", \"estimate\", "
+     "\"calibration\" (got \"vendor\")"},
+    {"CalibrationCompute", [](ClusterProfile& c) { c.calibration.compute_time_scale = 0; },
+     "cluster: calibration.compute_time_scale must be > 0 (got 0.0)"},
+    {"CalibrationComm", [](ClusterProfile& c) { c.calibration.comm_time_scale = -2; },
+     "cluster: calibration.comm_time_scale must be > 0 (got -2.0)"},
+    {"CalibrationNeedsProvenance", [](ClusterProfile& c) { c.calibration.comm_time_scale = 1.5; },
+     "cluster: no provenance for calibration.compute_time_scale"},
     {"ProvenanceCitation", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].citation.clear(); },
      "cluster: provenance.device.mem_bytes.citation is empty"},
     {"ProvenanceDangling", [](ClusterProfile& c) { c.provenance["device.mem_byte"] = {"estimate", "typo"}; },

@@ -122,6 +122,12 @@ const Rule kRules[] = {
      "model_profile: units[0] (embed).flops_fwd.points must be >= 0 (got -1)"},
     {"FigureR2", [](ModelProfile& m) { m.units[0].bytes_saved.fit.r2 = 1.5; },
      "model_profile: units[0] (embed).bytes_saved.r2 must be <= 1 (got 1.5)"},
+    {"BorrowedLaterUnit", [](ModelProfile& m) { m.units[2].borrowed[0].unit = 2; },
+     "model_profile: units[2] (head).borrowed[0].unit 2 is not an earlier unit (0..1)"},
+    {"BorrowedRepeatedOwner", [](ModelProfile& m) { m.units[2].borrowed[0].unit = 1; },
+     "model_profile: units[2] (head).borrowed[0].unit 1 (block) has count 4; an owner must have count 1"},
+    {"BorrowedTooMany", [](ModelProfile& m) { m.units[2].borrowed[0].params = 1001; },
+     "model_profile: units[2] (head).borrowed[0].params 1001 is not in 1..1000 (the parameters of embed)"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Rules, ModelRule, ::testing::ValuesIn(kRules),

@@ -145,6 +145,7 @@ inline ModelProfile sample_model() {
   head.params = 2000;
   head.bytes_param = 8000;
   head.bytes_buffer = 16;
+  head.borrowed = {{0, 800}};  // a tied embedding: round-tripped with the rest
   m.units = {embed, block, head};
   return m;
 }

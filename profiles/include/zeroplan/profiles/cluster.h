@@ -87,10 +87,19 @@ struct CollectiveFit {
 };
 
 struct Provenance {
-  std::string source;    // "datasheet" | "paper" | "probe" | "estimate"
+  std::string source;    // "datasheet" | "paper" | "probe" | "estimate" | "calibration"
   std::string citation;  // URL and section, or "measured by zeroplan probe on 2025-01-31"
 
   bool operator==(const Provenance&) const = default;
+};
+
+// Factors fitted from measured runs (zeroplan autopilot --grid --calibrate) for what a datasheet or a
+// probe of one process alone cannot see, e.g. ranks slowing each other down on a shared machine.
+// Written only when not 1; each factor then needs its provenance.
+struct Calibration {
+  double compute_time_scale = 1;  // every compute task's time is multiplied by this, > 0
+  double comm_time_scale = 1;     // every collective's time, > 0
+  bool operator==(const Calibration&) const = default;
 };
 
 struct ClusterProfile {
@@ -104,6 +113,7 @@ struct ClusterProfile {
   std::vector<CollectiveFit> collectives;   // may be empty: the simulator then derives costs from links
   bool shares_cores = false;                // compute, copies and collectives share cores (CPU clusters)
   double allocator_overhead_factor = 1.0;   // reserved / allocated bytes of the caching allocator, >= 1
+  Calibration calibration;                  // optional
   // Field path ("device.mem_bytes", "device.peak_flops.bf16", "collectives[0]") -> where the number came
   // from. An entry covers its path and everything below it. Every number except `nodes` must be
   // covered, and every entry must name an existing path.

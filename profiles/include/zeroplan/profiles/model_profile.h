@@ -14,6 +14,15 @@ namespace zeroplan {
 
 // One unit of the model (transformer block, ResNet stage, embedding, head): the grain at which
 // strategies wrap, offload, checkpoint and profile. Shapes are at the profile's reference batch.
+// Parameters a unit uses but another (earlier) unit owns: a tied embedding's weight in the head. The
+// owner counts them; the borrower needs them gathered for its forward and backward, and its backward
+// adds to the owner's gradient.
+struct BorrowedParams {
+  int unit = 0;              // index in ModelProfile::units of the owner (an earlier entry with count 1)
+  std::int64_t params = 0;   // how many of the owner's parameters
+  bool operator==(const BorrowedParams&) const = default;
+};
+
 struct UnitProfile {
   std::string name;                  // "block", "embed", "layer3"
   std::string type;                  // "Embedding", "TransformerBlock", "Linear", "Head", "ResNetStage"
@@ -34,6 +43,7 @@ struct UnitProfile {
   Figure bytes_peak_bwd;     // transient peak during backward above what was live before it
   Figure flops_fwd;
   Figure flops_bwd;
+  std::vector<BorrowedParams> borrowed;  // optional, default none
 
   bool operator==(const UnitProfile&) const = default;
 };

@@ -414,6 +414,14 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
     u.bytes_peak_bwd = figure(&UnitMeasurement::bytes_peak_bwd);
     u.flops_fwd = figure(&UnitMeasurement::flops_fwd);
     u.flops_bwd = figure(&UnitMeasurement::flops_bwd);
+    for (const zoo::BorrowedParam& b : model.units[i].borrowed) {
+      const auto owned = model.units[static_cast<std::size_t>(b.owner_unit)].module->named_parameters();
+      const torch::Tensor* p = owned.find(b.owner_name);
+      TORCH_CHECK(p != nullptr, "unit ", u.name, " borrows ", b.owner_name, " which unit ", b.owner_unit, " does not have");
+      auto same = std::find_if(u.borrowed.begin(), u.borrowed.end(), [&](const BorrowedParams& x) { return x.unit == b.owner_unit; });
+      if (same == u.borrowed.end()) u.borrowed.push_back({b.owner_unit, p->numel()});
+      else same->params += p->numel();
+    }
     profile.units.push_back(std::move(u));
   }
   return profile;

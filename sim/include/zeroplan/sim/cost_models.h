@@ -70,6 +70,7 @@ struct CollectiveOptions {
 // the intra-node phase on d ranks (NVLink) plus the inter-node phase on m nodes, where the node's
 // inter-node bandwidth is shared by its d devices (all_reduce: intra reduce-scatter + inter all-reduce
 // + intra all-gather). Gloo has no real reduce-scatter: it runs an all-reduce (see REFERENCE.md).
+// Multiplied by the cluster's calibration.comm_time_scale.
 double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
                        const CollectiveOptions& options = {});
 
