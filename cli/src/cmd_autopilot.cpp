@@ -361,8 +361,11 @@ std::string calibration_section(const std::vector<Trial>& grid, const Calibratio
   std::string md = "### Calibrated\n\n";
   if (compute.empty()) return md + "No calibration plan ran, so nothing was fitted.\n\n";
   ClusterProfile cal = in.cluster;
-  cal.calibration.compute_time_scale = median_of(compute);
-  cal.calibration.comm_time_scale = comm.empty() ? 1.0 : median_of(comm);
+  // The predictions already carry the cluster's factors (e.g. the probe's compute slowdown): refine them.
+  cal.calibration.compute_time_scale = in.cluster.calibration.compute_time_scale * median_of(compute);
+  cal.calibration.comm_time_scale = in.cluster.calibration.comm_time_scale * (comm.empty() ? 1.0 : median_of(comm));
+  cal.provenance.erase("calibration.compute_time_scale");
+  cal.provenance.erase("calibration.comm_time_scale");
   cal.provenance["calibration"] =
       Provenance{"calibration", fmt::format("zeroplan autopilot --calibrate: median measured / predicted compute and "
                                             "collective time over plans {}", fitted_on)};

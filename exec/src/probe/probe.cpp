@@ -315,6 +315,8 @@ struct CollectiveRun {
   std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, median s)
   std::vector<std::string> fallbacks;
   int threads = 1;
+  double compute_alone_s = 0;     // rank 0's median of a small MLP step, the other ranks idle
+  double compute_together_s = 0;  // the same with every rank computing
 };
 
 CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings& settings) {
@@ -338,6 +340,8 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   const auto j = nlohmann::json::parse(in);
   CollectiveRun run;
   run.threads = j.at("threads").get<int>();
+  run.compute_alone_s = j.at("compute_alone_s").get<double>();
+  run.compute_together_s = j.at("compute_together_s").get<double>();
   run.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
   for (const auto& [op, rows] : j.at("timings").items())
     for (const auto& row : rows)
@@ -474,6 +478,29 @@ int run_collectives_worker() {
     // for connection set-up and first-touch allocations.
     for (const std::string op : kOps)
       for (std::int64_t bytes : w.bytes) time_collective(comm, op, bytes, 1, 0);
+    // Compute with the other ranks idle, then with every rank computing at once (as in training):
+    // ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
+    {
+      torch::manual_seed(0);
+      torch::Tensor x = torch::randn({512, 256});
+      torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
+      torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
+      auto once = [&] {
+        torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(w1)).matmul(w2) + x, {256});
+        y.pow(2).mean().backward();
+        w1.mutable_grad() = torch::Tensor();
+        w2.mutable_grad() = torch::Tensor();
+      };
+      const int reps = std::max(5, w.reps);
+      comm.barrier();
+      double alone = 0;
+      if (ctx.rank == 0) alone = median_s(reps, 2, once);
+      comm.barrier();
+      const double together = median_s(reps, 2, once);
+      comm.barrier();
+      out["compute_alone_s"] = alone;
+      out["compute_together_s"] = together;
+    }
     nlohmann::json timings = nlohmann::json::object();
     for (const std::string op : kOps) {
       for (std::int64_t bytes : w.bytes) {
@@ -539,7 +566,7 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
   const std::string as_rank =
       fmt::format("{} torch thread(s), one rank's share of {} cores for {} ranks per node", threads, m.cores, ranks);
 
-  Progress progress(o, 5 + static_cast<int>(o.collectives ? o.world_sizes.size() : 0));
+  Progress progress(o, 5 + static_cast<int>(o.collectives ? o.world_sizes.size() + 1 : 0));
   ClusterProfile c;
   c.name = o.name;
   c.nodes = 1;
@@ -621,6 +648,23 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
                             f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0, f.fit_residual);
       }
       progress(line);
+      // The smallest world size probed is the one the runs on this machine use first: its slowdown
+      // calibrates every compute task (profiles are measured with one process running).
+      if (n == sizes.front()) {
+        progress(fmt::format("compute with {} ranks at once: x{:.3f} of one rank alone{}", n,
+                             run.compute_together_s / run.compute_alone_s,
+                             run.compute_together_s > run.compute_alone_s ? "" : " (no slowdown recorded)"));
+      }
+      if (n == sizes.front() && run.compute_alone_s > 0 && run.compute_together_s > run.compute_alone_s) {
+        c.calibration.compute_time_scale = run.compute_together_s / run.compute_alone_s;
+        c.provenance["calibration.comm_time_scale"] =
+            Provenance{"estimate", "1: the probe times collectives alone; zeroplan autopilot --grid --calibrate "
+                                   "fits this factor from runs"};
+        c.provenance["calibration.compute_time_scale"] = measured(fmt::format(
+            "rank 0's median time of a small MLP forward + backward (512 x 256 -> 1024 -> 256, {} thread(s)) with "
+            "all {} ranks computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms)",
+            run.threads, n, run.compute_together_s * 1e3, run.compute_alone_s * 1e3));
+      }
     }
   }
 
