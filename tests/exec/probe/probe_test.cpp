@@ -131,7 +131,11 @@ TEST(Probe, QuickRunOnThisMachine) {
   const ClusterProfile c = probe_cluster(o);
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took_s, 120);  // the full probe's promise; --quick takes seconds on an idle machine
-  EXPECT_EQ(lines.size(), 6u);  // machine, memory, GEMM, copies, optimizer, collectives on 2 ranks
+  // machine, memory, GEMM, copies, optimizer, collectives on 2 ranks, compute with 2 ranks at once
+  EXPECT_EQ(lines.size(), 7u);
+  // The concurrent-compute slowdown is recorded (with its provenance) only when there is one.
+  EXPECT_GE(c.calibration.compute_time_scale, 1.0);
+  EXPECT_EQ(c.calibration.comm_time_scale, 1.0);
 
   EXPECT_NO_THROW(validate(c));
   EXPECT_TRUE(c.shares_cores);
