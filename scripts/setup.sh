@@ -3,7 +3,7 @@
 #   1. Debian packages (compiler, CMake, Boost.Graph, nlohmann_json, CLI11, fmt, GoogleTest, Google
 #      Benchmark, gloo headers), installed only when missing;
 #   2. the pinned torch wheel (requirements.txt) into .venv, reused when it already satisfies the pins;
-#   3. configure and build with CMake + Ninja into build/ (incremental on later runs).
+#   3. configure and build the zeroplan binary with CMake + Ninja into build/ (incremental on later runs).
 # Environment: ZEROPLAN_BUILD_DIR (default build), ZEROPLAN_JOBS (default nproc).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,5 +45,6 @@ fi
 
 say "configuring and building into $build_dir ($jobs jobs)"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build_dir" -j "$jobs"
+# The binary only (the first result sooner); scripts/test.sh builds the tests and benchmarks after it.
+cmake --build "$build_dir" -j "$jobs" --target zeroplan
 say "ready: $build_dir/zeroplan"

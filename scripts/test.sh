@@ -6,4 +6,5 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup.sh"
 build_dir=${ZEROPLAN_BUILD_DIR:-build}
 cd "$root"
+cmake --build "$build_dir" -j "${ZEROPLAN_JOBS:-$(nproc)}"   # the tests and benchmarks
 ctest --test-dir "$build_dir" --output-on-failure -j "${ZEROPLAN_TEST_JOBS:-2}" --timeout 600 "$@"
