@@ -144,6 +144,19 @@ Trial make_trial(std::string label, const Plan& plan, const Prediction& predicti
   return t;
 }
 
+// The largest device peak over the ranks of a run, and the span where that rank reached it.
+struct DevicePeak {
+  std::int64_t bytes = 0;
+  std::string at;
+};
+DevicePeak device_peak(const RunRecord& r) {
+  DevicePeak d;
+  for (const auto& p : r.peaks) {
+    if (p.device_peak_bytes > d.bytes) d = {p.device_peak_bytes, p.device_peak_at};
+  }
+  return d;
+}
+
 // A horizontal grouped bar chart: per trial, predicted vs measured.
 std::string bar_svg(const std::string& title, const std::vector<Trial>& trials,
                     const std::function<std::optional<double>(const Trial&, bool measured)>& value,
@@ -293,8 +306,7 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
     std::ofstream ov(dir / "overlay_trace.json", std::ios::binary);
     ov << sim::overlay_traces(ps.str(), ms.str());
   }
-  std::int64_t peak = 0;
-  for (const auto& p : t.record->peaks) peak = std::max(peak, p.device_peak_bytes);
+  const std::int64_t peak = device_peak(*t.record).bytes;
   say(r.g, fmt::format("    step {:.4f} s measured vs {:.4f} s predicted; device peak {} measured vs {} predicted",
                        t.record->step_time_median_s, t.prediction.step_time_s, gib(double(peak)),
                        gib(double(t.prediction.device.peak_bytes))));
@@ -334,11 +346,6 @@ std::optional<double> metric(const Trial& t, const std::string& name) {
   return std::nullopt;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 // What calibration needs: the profile and the cluster the grid was predicted on, and where to write.
 struct CalibrationInput {
   const ModelProfile& profile;
@@ -362,8 +369,8 @@ std::string calibration_section(const std::vector<Trial>& grid, const Calibratio
   if (compute.empty()) return md + "No calibration plan ran, so nothing was fitted.\n\n";
   ClusterProfile cal = in.cluster;
   // The predictions already carry the cluster's factors (e.g. the probe's compute slowdown): refine them.
-  cal.calibration.compute_time_scale = in.cluster.calibration.compute_time_scale * median_of(compute);
-  cal.calibration.comm_time_scale = in.cluster.calibration.comm_time_scale * (comm.empty() ? 1.0 : median_of(comm));
+  cal.calibration.compute_time_scale = in.cluster.calibration.compute_time_scale * sim::median(compute);
+  cal.calibration.comm_time_scale = in.cluster.calibration.comm_time_scale * (comm.empty() ? 1.0 : sim::median(comm));
   cal.provenance.erase("calibration.compute_time_scale");
   cal.provenance.erase("calibration.comm_time_scale");
   cal.provenance["calibration"] =
@@ -374,8 +381,7 @@ std::string calibration_section(const std::vector<Trial>& grid, const Calibratio
   for (std::size_t i = 1; i < grid.size(); i += 2) {
     const Trial& t = grid[i];
     if (!t.ran) continue;
-    std::int64_t peak = 0;
-    for (const auto& p : t.record->peaks) peak = std::max(peak, p.device_peak_bytes);
+    const std::int64_t peak = device_peak(*t.record).bytes;
     const Prediction pred = sim::simulate(in.profile, cal, t.plan);
     rows.push_back({t.label, pred.step_time_s, t.record->step_time_median_s, double(pred.device.peak_bytes), double(peak)});
     judged_on += (judged_on.empty() ? "" : ", ") + t.label;
@@ -415,14 +421,10 @@ std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out
                         t.prediction.step_time_s, gib(double(t.prediction.device.peak_bytes)), t.failure);
       continue;
     }
-    std::int64_t peak = 0;
-    std::string peak_at;
-    for (const auto& p : t.record->peaks) {
-      if (p.device_peak_bytes > peak) peak_at = p.device_peak_at;
-      peak = std::max(peak, p.device_peak_bytes);
-    }
+    const DevicePeak peak = device_peak(*t.record);
+    const std::string& peak_at = peak.at;
     sim::FidelityRow row{t.label, t.prediction.step_time_s, t.record->step_time_median_s,
-                         double(t.prediction.device.peak_bytes), double(peak)};
+                         double(t.prediction.device.peak_bytes), double(peak.bytes)};
     rows.push_back(row);
     const std::string source = t.comparison && !t.comparison->largest_error_sources.empty()
                                    ? t.comparison->largest_error_sources.front() : "";
@@ -551,9 +553,7 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   say(g, "5/5 writing the report");
   auto measured_peak = [](const Trial& t) -> std::optional<double> {
     if (!t.record || t.record->peaks.empty()) return std::nullopt;
-    std::int64_t m = 0;
-    for (const auto& p : t.record->peaks) m = std::max(m, p.device_peak_bytes);
-    return double(m);
+    return double(device_peak(*t.record).bytes);
   };
   std::string md;
   md += "# zeroplan autopilot report\n\n";

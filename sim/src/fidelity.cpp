@@ -43,13 +43,14 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return sab / std::sqrt(saa * sbb);
 }
 
-namespace {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   if (n == 0) return 0;
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+namespace {
 
 ErrorStats stats(const std::vector<FidelityRow>& rows, double FidelityRow::*predicted, double FidelityRow::*measured) {
   ErrorStats s;

@@ -55,9 +55,11 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       u.rep = up.count > 1 ? r : -1;
       units.push_back(u);
       for (const BorrowedParams& b : up.borrowed) {
-        Unit& owner = units[static_cast<std::size_t>(first_expanded[static_cast<std::size_t>(b.unit)])];
-        owner.pinned = true;
-        owner.first_borrower = static_cast<int>(units.size()) - 1;
+        const int o = first_expanded[static_cast<std::size_t>(b.unit)];
+        units[static_cast<std::size_t>(o)].pinned = true;
+        // The backward runs in reverse: the owner's gradient starts at its latest borrower's backward.
+        for (Unit& earlier : units) std::erase(earlier.owners_due, o);
+        units.back().owners_due.push_back(o);
       }
     }
   }

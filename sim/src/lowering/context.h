@@ -32,7 +32,7 @@ struct Unit {
   // Shared parameters (UnitProfile::borrowed), as expanded unit indices. An owner stays gathered from
   // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
   bool pinned = false;
-  int first_borrower = -1;         // owner: the borrower whose backward runs first (the latest unit)
+  std::vector<int> owners_due;     // borrower: owners whose gradient starts at this unit's backward
 };
 
 // Precision: bytes per element of each copy of the model states.

@@ -53,12 +53,11 @@ void GradSync::after_bwd(int u, int mb, TaskId bwd) {
   if (c_.plan.zero_stage >= 2) {
     // A borrower's backward writes into its owners' gradients: allocated here, not at the owner's.
     if (early_.empty()) early_.assign(c_.units.size(), kNone);
-    for (std::size_t o = 0; o < c_.units.size(); ++o) {
-      const Unit& owner = c_.units[o];
-      if (owner.first_borrower != u) continue;
+    for (const int o : x.owners_due) {
+      const Unit& owner = c_.units[static_cast<std::size_t>(o)];
       const std::int64_t elems = c_.plan.zero_stage == 2 ? std::max<std::int64_t>(0, owner.params - owner.shard) : owner.padded;
-      early_[o] = c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads,
-                             c_.label(c_.n_full_grads, static_cast<int>(o), mb), kNone);
+      early_[static_cast<std::size_t>(o)] = c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads,
+                                                       c_.label(c_.n_full_grads, o, mb), kNone);
     }
   }
   // This unit's own full gradient: allocated early by a borrower, or now.

@@ -36,6 +36,9 @@ struct FidelitySummary {
   double memory_spearman = 0;
 };
 
+// The median (the mean of the middle two for an even count); 0 for none.
+double median(std::vector<double> v);
+
 // Ranks of `v` (1 = smallest), ties sharing their average rank.
 std::vector<double> average_ranks(const std::vector<double>& v);
 
