@@ -102,3 +102,19 @@ endif()
 set(CMAKE_BUILD_RPATH "${ZEROPLAN_RPATH}")
 set(CMAKE_INSTALL_RPATH "${ZEROPLAN_RPATH}")
 message(STATUS "zeroplan: torch ${ZEROPLAN_TORCH_VERSION} (CUDA '${ZEROPLAN_TORCH_CUDA}') from ${ZEROPLAN_TORCH_DIR}; CUDA=${ZEROPLAN_HAVE_CUDA} NCCL=${ZEROPLAN_HAVE_NCCL} CUPTI=${ZEROPLAN_HAVE_CUPTI}")
+
+# zeroplan_torch_sources(target BATCH n): build settings for a target whose translation units include
+# torch. torch/torch.h precompiled is ~900 MB and loading it costs ~11 s per translation unit on the
+# 2-core machine, so (1) every torch target reuses ONE precompiled header, zeroplan_profiles' (a PCH
+# is valid wherever the consumer defines at least the macros it was built with: exec's USE_C10D_NCCL
+# and the tests' extra defines are fine), and (2) its sources compile as unity batches of n files, so
+# the header is loaded once per batch. Issue #6 asks for a full build under 15 minutes.
+function(zeroplan_torch_sources target)
+  cmake_parse_arguments(ARG "" "BATCH" "" ${ARGN})
+  if(NOT target STREQUAL "zeroplan_profiles")
+    target_precompile_headers(${target} REUSE_FROM zeroplan_profiles)
+  endif()
+  if(ARG_BATCH)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${ARG_BATCH})
+  endif()
+endfunction()

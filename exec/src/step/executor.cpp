@@ -38,7 +38,8 @@ std::vector<std::string> unsupported_features(const Plan& p) {
   return out;
 }
 
-namespace {
+// Named (not anonymous): Executor::Impl holds these, and in a unity build this file is not the main file.
+namespace executor_detail {
 
 struct Borrow {
   int owner = 0;
@@ -80,7 +81,8 @@ struct PendingReduce {
   torch::Tensor input, output;
 };
 
-}  // namespace
+}  // namespace executor_detail
+using namespace executor_detail;
 
 class Executor::Impl {
  public:

@@ -2,6 +2,7 @@
 // threads over a HashStore (the multi-process tests are in launcher_test.cpp).
 #include <zeroplan/exec/c10d_communicator.h>
 #include <zeroplan/exec/counting_communicator.h>
+#include "comm_test_util.h"
 #include <zeroplan/exec/local_communicator.h>
 
 #include <gtest/gtest.h>
@@ -13,9 +14,7 @@
 namespace zeroplan::exec {
 namespace {
 
-torch::Tensor input(int rank, int64_t n) {
-  return torch::arange(n, torch::kFloat) + 100.0f * static_cast<float>(rank);
-}
+using commtest::input;
 
 TEST(LocalCommunicator, CollectivesOfOneRankAreIdentities) {
   LocalCommunicator comm;

@@ -1,6 +1,7 @@
 // Multi-process tests: real ranks of exec_rank_helper on 127.0.0.1, started by launch_local or by
 // torchrun from the pinned wheel, compared against the single-process expectation.
 #include <zeroplan/exec/launcher.h>
+#include "comm_test_util.h"
 
 #include <zeroplan/config.h>
 
@@ -57,14 +58,8 @@ std::string log_of(const LaunchResult& r, int rank) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-torch::Tensor input(int rank, int64_t n) {
-  return torch::arange(n, torch::kFloat) + 100.0f * static_cast<float>(rank);
-}
-
-std::vector<float> values(const torch::Tensor& t) {
-  auto c = t.contiguous();
-  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
+using commtest::input;
+using commtest::values;
 
 // What two ranks must compute, from one process.
 void expect_collectives(const nlohmann::json& got, int r) {

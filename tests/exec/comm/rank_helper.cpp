@@ -9,6 +9,7 @@
 // ZEROPLAN_TEST_DELAY_US=<us> wraps the communicator in a CountingCommunicator with that delay on
 // rank 1; the counts are written either way.
 #include <zeroplan/exec/counting_communicator.h>
+#include "comm_test_util.h"
 #include <zeroplan/exec/launcher.h>
 #include <zeroplan/exec/rendezvous.h>
 
@@ -26,15 +27,8 @@ using namespace zeroplan::exec;
 
 namespace {
 
-std::vector<float> values(const torch::Tensor& t) {
-  auto c = t.contiguous().to(torch::kFloat);
-  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
-
-// Rank r's input of n elements: distinct per rank and per element.
-torch::Tensor input(int rank, int64_t n) {
-  return torch::arange(n, torch::kFloat) + 100.0f * static_cast<float>(rank);
-}
+using zeroplan::exec::commtest::input;
+using zeroplan::exec::commtest::values;
 
 void collectives(Communicator& comm, nlohmann::json& out) {
   const int r = comm.rank(), w = comm.world_size();

@@ -108,9 +108,9 @@ class BlockUnit : public UnitModule {
 
 // ln_f, then logits = x W^T with W either embed's wte.weight (tied: read from the owner module at every
 // forward, never registered here) or this unit's own lm_head.weight.
-class HeadUnit : public UnitModule {
+class GptHeadUnit : public UnitModule {
  public:
-  HeadUnit(const GptConfig& c, std::shared_ptr<EmbedUnit> tied_to)
+  GptHeadUnit(const GptConfig& c, std::shared_ptr<EmbedUnit> tied_to)
       : ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})))),
         tied_to_(std::move(tied_to)) {
     if (!tied_to_) lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.vocab).bias(false)));
@@ -232,7 +232,7 @@ Model build_gpt(const Options& options, uint64_t seed) {
     init_normal(block->mlp->c_proj, proj_std, gen);
     model.units.push_back({c10::str("block", i), "TransformerBlock", block, {}});
   }
-  auto head = std::make_shared<HeadUnit>(c, c.tied ? embed : nullptr);
+  auto head = std::make_shared<GptHeadUnit>(c, c.tied ? embed : nullptr);
   std::vector<BorrowedParam> borrowed;
   if (c.tied) {
     borrowed.push_back({0, "wte.weight"});

@@ -103,9 +103,9 @@ class StageUnit : public UnitModule {
   std::vector<std::shared_ptr<BlockImpl>> blocks_;
 };
 
-class HeadUnit : public UnitModule {
+class ResNetHeadUnit : public UnitModule {
  public:
-  HeadUnit(int64_t features, int64_t classes) : fc(register_module("fc", nn::Linear(features, classes))) {}
+  ResNetHeadUnit(int64_t features, int64_t classes) : fc(register_module("fc", nn::Linear(features, classes))) {}
   torch::Tensor forward(const torch::Tensor& input) override {
     return fc(torch::adaptive_avg_pool2d(input, {1, 1}).flatten(1));
   }
@@ -238,7 +238,7 @@ Model build_resnet(const Options& options, uint64_t seed) {
     init_resnet(*stage, gen);
     model.units.push_back({c10::str("layer", s + 1), "ResNetStage", stage, {}});
   }
-  auto head = std::make_shared<HeadUnit>(in, classes);
+  auto head = std::make_shared<ResNetHeadUnit>(in, classes);
   init_resnet(*head, gen);
   model.units.push_back({"head", "Head", head, {}});
   model.task = std::make_unique<PatternImages>(seed, image, classes);
