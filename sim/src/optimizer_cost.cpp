@@ -6,7 +6,9 @@
 namespace zeroplan::sim {
 
 namespace {
-constexpr int kKernelsPerStep = 5;  // Adam: two moment updates, bias corrections, the parameter update
+// Per-tensor Adam as torch ops: two moment updates, bias corrections, the parameter update. A flat
+// buffer is stepped by one fused kernel (zeroplan's executor, torch.optim's fused=True).
+constexpr int kKernelsPerStep = 5;
 }
 
 double host_optimizer_time(const ClusterProfile& c, std::string_view optimizer, double params, bool flat) {
@@ -21,7 +23,7 @@ double device_optimizer_time(const ClusterProfile& c, std::string_view optimizer
                              double bytes_touched, int tensors, bool flat) {
   if (params <= 0) return 0.0;
   if (c.device.kind == "cpu") return host_optimizer_time(c, optimizer, params, flat);
-  const int launches = kKernelsPerStep * (flat ? 1 : std::max(1, tensors));
+  const int launches = flat ? 1 : kKernelsPerStep * std::max(1, tensors);
   return bytes_touched / c.device.mem_bw_bytes_per_s + launches * c.device.launch_overhead_s;
 }
 

@@ -264,7 +264,7 @@ class Executor::Impl {
     std::function<torch::Tensor(std::int64_t)> alloc = [this](std::int64_t n) {
       return host_optimizer() ? hzeros(n) : dzeros(n);
     };
-    optimizer_ = std::make_unique<FlatOptimizer>(plan_.optimizer, segments, alloc, host_optimizer());
+    optimizer_ = std::make_unique<FlatOptimizer>(plan_.optimizer, segments, alloc);
     if (stage_ == 0) shard_total_ = base;
 
     if (stage_ <= 1) {

@@ -46,13 +46,9 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     if (c.plan.zero_stage > 0) tensors = (tensors + c.n - 1) / c.n;
     const double touched = static_cast<double>(local) * (2.0 * (c.b.param + c.b.master + c.b.states) + c.b.grad);
     const double s = device_optimizer_time(c.cluster, name, static_cast<double>(local), touched, tensors, flat);
+    // A fused kernel (zeroplan's executor, torch.optim's fused=True, DeepSpeed's FusedAdam) updates in
+    // place: no temporaries beyond the state.
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
-    const bool decayed_grad = c.plan.optimizer.weight_decay != 0 && name != "adamw";
-    const int temporaries = (name == "sgd" ? 0 : 2) + (decayed_grad ? 1 : 0);
-    const std::int64_t chunk = std::min(local, c.opt.optimizer_chunk_elems);
-    if (temporaries > 0 && chunk > 0) {
-      c.g.alloc(step, c.dev, temporaries * chunk * 4, MemCategory::optimizer, c.label(c.n_workspace));
-    }
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);
     param_sync(c, {step});

@@ -34,10 +34,6 @@ struct SimOptions {
   // GPU clusters across nodes: copies and inter-node collectives share PCIe; two directions.
   double pcie_capacity = 2.0;
   CollAlgo collective_algo = CollAlgo::ring;
-  // A device optimizer step works through its buffer in chunks of this many elements, holding two
-  // fp32 temporaries of a chunk (Adam's denominator; a weight-decayed gradient adds one): zeroplan's
-  // executor (kStepChunk in exec/optimizer.h). 0: no temporaries (a fused kernel, DeepSpeed's FusedAdam).
-  std::int64_t optimizer_chunk_elems = 1 << 20;
   bool check_cycles = true;
 
   SimOptions& set_activation_prefetch(bool v) { activation_prefetch = v; return *this; }
