@@ -603,16 +603,16 @@ class Executor::Impl {
         UnitRT& U = units_[static_cast<std::size_t>(u)];
         if (U.numel() == 0) continue;
         cur_unit_ = U.name;
-        torch::Tensor src = dempty(U.shard());
+        torch::Tensor out = U.full;
+        // In place (DeepSpeed's and FSDP's way): this rank's updated chunk is already its slot of the
+        // output, so no copy of the shard is made; an offloaded optimizer's master comes back into it.
+        torch::Tensor src = my_param_chunk(U);
         if (separate_master()) {
           const double t1 = rec_.now_s();
           dev_.copy_h2d(src, master_host_.narrow(0, U.shard_base, U.shard()));
           dev_.wait_copies();
           rec_.span(Lane::h2d, "h2d params " + U.name, t1, rec_.now_s(), "h2d", u);
-        } else {
-          src.copy_(my_param_chunk(U));
         }
-        torch::Tensor out = U.full;
         const double t = rec_.now_s();
         works.emplace_back(tracker_.issue(comm_.all_gather(out, src), t, "all_gather " + U.name, "all_gather", u, -1),
                            src);
