@@ -61,6 +61,8 @@ struct AutopilotArgs {
   std::string knobs = "zero_stage,reshard_after_forward,offload_params,offload_grads,offload_optimizer,checkpointing,micro_batch";
   bool grid = false;               // also run the fidelity grid (no budget) and report the errors
   bool calibrate = false;          // with grid: fit factors on half the grid, judge on the other half
+  int rounds = 1;                  // with grid: run the grid this many times, plans interleaved
+  std::vector<std::string> grid_plans;  // with grid: only these plans ("" = all 14)
 };
 
 // The built-in default: a GPT sized so that a step takes a fraction of a second on 2 CPU cores while
@@ -134,7 +136,25 @@ struct Trial {
   std::string failure;  // the run's one-line error
   std::optional<RunRecord> record;
   std::optional<Comparison> comparison;
+  std::vector<double> round_steps;  // grid with --rounds: every round's measured step, sorted
 };
+
+// Of one plan's rounds, the one with the median measured step (the lower middle of an even count),
+// carrying every round's step; the first round when none ran.
+Trial median_round(std::vector<Trial> rounds) {
+  std::vector<Trial*> ran;
+  for (Trial& t : rounds)
+    if (t.ran) ran.push_back(&t);
+  if (ran.empty()) return std::move(rounds.front());
+  std::sort(ran.begin(), ran.end(), [](const Trial* x, const Trial* y) {
+    return x->record->step_time_median_s < y->record->step_time_median_s;
+  });
+  std::vector<double> steps;
+  for (const Trial* t : ran) steps.push_back(t->record->step_time_median_s);
+  Trial m = std::move(*ran[(ran.size() - 1) / 2]);
+  m.round_steps = std::move(steps);
+  return m;
+}
 
 Trial make_trial(std::string label, const Plan& plan, const Prediction& prediction) {
   Trial t;
@@ -428,16 +448,23 @@ std::string fidelity_section(const std::vector<Trial>& grid, const fs::path& out
     rows.push_back(row);
     const std::string source = t.comparison && !t.comparison->largest_error_sources.empty()
                                    ? t.comparison->largest_error_sources.front() : "";
-    md += fmt::format("| {} | {} | {:.4f} | {:.4f} | {:+.1f}% | {} | {} | {:+.1f}% | {} | {} |\n", t.label, describe(t.plan),
-                      row.predicted_time_s, row.measured_time_s,
+    std::string measured = fmt::format("{:.4f}", row.measured_time_s);
+    if (t.round_steps.size() > 1) {
+      measured += fmt::format(" (rounds {:.4f}-{:.4f})", t.round_steps.front(), t.round_steps.back());
+    }
+    md += fmt::format("| {} | {} | {:.4f} | {} | {:+.1f}% | {} | {} | {:+.1f}% | {} | {} |\n", t.label, describe(t.plan),
+                      row.predicted_time_s, measured,
                       100 * relative_error(row.predicted_time_s, row.measured_time_s), gib(row.predicted_peak_bytes),
                       gib(row.measured_peak_bytes), 100 * relative_error(row.predicted_peak_bytes, row.measured_peak_bytes),
                       peak_at, source);
   }
   nlohmann::json j = {{"schema", "zeroplan.fidelity/1"}, {"rows", nlohmann::json::array()}};
-  for (const auto& r : rows)
+  for (const auto& r : rows) {
     j["rows"].push_back({{"label", r.label}, {"predicted_time_s", r.predicted_time_s}, {"measured_time_s", r.measured_time_s},
                          {"predicted_peak_bytes", r.predicted_peak_bytes}, {"measured_peak_bytes", r.measured_peak_bytes}});
+    for (const Trial& t : grid)
+      if (t.label == r.label && !t.round_steps.empty()) j["rows"].back()["measured_time_rounds_s"] = t.round_steps;
+  }
   if (rows.empty()) {
     md += "\nNo grid plan ran, so there is no summary.\n\n";
   } else {
@@ -543,10 +570,25 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   }
   std::vector<Trial> grid;
   if (a.grid) {
-    for (auto& [label, plan] : fidelity_grid(a.nproc, a.global_batch)) {
-      grid.push_back(make_trial(label, plan, Prediction{}));
-      run_trial(grid.back(), out / "grid" / label, setup, 0);
+    // Rounds run every plan once each, so a slow spell of the machine falls on all plans alike; each
+    // plan is then judged on its median round.
+    std::vector<std::pair<std::string, Plan>> plans = fidelity_grid(a.nproc, a.global_batch);
+    if (!a.grid_plans.empty()) {
+      std::erase_if(plans, [&](const auto& p) {
+        return std::find(a.grid_plans.begin(), a.grid_plans.end(), p.first) == a.grid_plans.end();
+      });
     }
+    std::vector<std::vector<Trial>> rounds(plans.size());
+    for (int r = 0; r < a.rounds; ++r) {
+      if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
+      for (std::size_t i = 0; i < plans.size(); ++i) {
+        Trial t = make_trial(plans[i].first, plans[i].second, Prediction{});
+        const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
+        run_trial(t, dir, setup, 0);
+        rounds[i].push_back(std::move(t));
+      }
+    }
+    for (auto& r : rounds) grid.push_back(median_round(std::move(r)));
   }
 
   // 5. The report.
@@ -655,6 +697,12 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
                "median and maximum errors and the rank correlation");
   app.add_flag("--calibrate", a->calibrate, "With --grid: fit compute and collective time factors on the odd-numbered "
                "grid plans and judge the calibrated predictions on the even-numbered ones")->needs("--grid");
+  app.add_option("--rounds", a->rounds, "With --grid: run the grid this many times, every plan once per round, and "
+                 "judge each plan on its median round (the spread is reported)")
+      ->capture_default_str()->check(CLI::Range(1, 20))->needs("--grid");
+  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g14)")
+      ->delimiter(',')->needs("--grid")
+      ->check(CLI::IsMember({"g01", "g02", "g03", "g04", "g05", "g06", "g07", "g08", "g09", "g10", "g11", "g12", "g13", "g14"}));
   return [a, &globals] { return run_autopilot(*a, globals); };
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `zeroplan autopilot --grid --grid-plans ... --rounds 2`: two grid plans of a small GPT on 2 Gloo ranks,
+# each run twice (interleaved); each plan is judged on its median round (the lower of two), and the
+# report and fidelity.json carry every round's measured step.
+#   grid_rounds.sh ZEROPLAN
+set -euo pipefail
+zp=$1
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+export XDG_CACHE_HOME=$out/cache   # a probe of its own, not the user's cached one
+"$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 3 --warmup 1 \
+    --grid --grid-plans g01,g04 --rounds 2 -o "$out/ap"
+python3 - "$out/ap" <<'PY'
+import json, os, sys
+ap = sys.argv[1]
+f = json.load(open(os.path.join(ap, "fidelity.json")))
+labels = [r["label"] for r in f["rows"]]
+assert labels == ["g01", "g04"], f"grid plans {labels}, expected g01 and g04 only"
+for r in f["rows"]:
+    rounds = r["measured_time_rounds_s"]
+    assert len(rounds) == 2 and rounds == sorted(rounds), f"{r['label']}: rounds {rounds}"
+    assert r["measured_time_s"] == rounds[0], f"{r['label']}: judged on {r['measured_time_s']}, rounds {rounds}"
+    got = []
+    for k in (1, 2):
+        rec = json.load(open(os.path.join(ap, "grid", r["label"], f"round{k}", "run_record.json")))
+        got.append(rec["step_time_median_s"])
+    assert sorted(got) == rounds, f"{r['label']}: run records {got}, fidelity rounds {rounds}"
+report = open(os.path.join(ap, "report.md")).read()
+assert report.count("(rounds ") == 2, "report rows lack the rounds' spread"
+print("grid rounds ok:", {r["label"]: r["measured_time_rounds_s"] for r in f["rows"]})
+PY
