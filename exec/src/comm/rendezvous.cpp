@@ -88,6 +88,12 @@ RankContext rank_context_from_env() {
 RankContext rank_context_from_env(const EnvLookup& env) {
   RankContext c;
   const int kMax = 1 << 20;
+  // The rendezvous address, which every launcher passes the same way; `missing` says how to set it.
+  auto master = [&](const std::string& missing) {
+    if (c.world_size > 1 && !env("MASTER_ADDR")) throw RendezvousError(missing);
+    c.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+    c.master_port = parse_int_or(env, "MASTER_PORT", 1, 65535, 29500);
+  };
   if (env("RANK") || env("WORLD_SIZE")) {
     c.rank = parse_int(env, "RANK", 0, kMax);
     c.world_size = parse_int(env, "WORLD_SIZE", 1, kMax);
@@ -97,14 +103,9 @@ RankContext rank_context_from_env(const EnvLookup& env) {
                    env("TORCHELASTIC_RESTART_COUNT") || env("GROUP_RANK");
     auto launcher = env("ZEROPLAN_LAUNCHER");
     c.launcher = launcher ? *launcher : (elastic ? "torchrun" : "env");
-    if (c.world_size > 1 && !env("MASTER_ADDR")) {
-      throw RendezvousError(fmt::format(
-          "MASTER_ADDR is not set (RANK={} WORLD_SIZE={}): set MASTER_ADDR and MASTER_PORT, or "
-          "launch with torchrun or `zeroplan run --nproc`",
-          c.rank, c.world_size));
-    }
-    c.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
-    c.master_port = parse_int_or(env, "MASTER_PORT", 1, 65535, 29500);
+    master(fmt::format("MASTER_ADDR is not set (RANK={} WORLD_SIZE={}): set MASTER_ADDR and MASTER_PORT, or "
+                       "launch with torchrun or `zeroplan run --nproc`",
+                       c.rank, c.world_size));
     auto agent = env("TORCHELASTIC_USE_AGENT_STORE");
     c.agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
     c.restart_count = parse_int_or(env, "TORCHELASTIC_RESTART_COUNT", 0, kMax, 0);
@@ -117,14 +118,9 @@ RankContext rank_context_from_env(const EnvLookup& env) {
     if (!per_node) per_node = env("SLURM_TASKS_PER_NODE");
     c.local_world_size = per_node ? slurm_tasks_per_node(*per_node) : c.world_size;
     if (c.local_rank >= c.local_world_size) c.local_world_size = c.local_rank + 1;
-    if (c.world_size > 1 && !env("MASTER_ADDR")) {
-      throw RendezvousError(fmt::format(
-          "MASTER_ADDR is not set under Slurm (SLURM_PROCID={} SLURM_NTASKS={}): export "
-          "MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) and MASTER_PORT",
-          c.rank, c.world_size));
-    }
-    c.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
-    c.master_port = parse_int_or(env, "MASTER_PORT", 1, 65535, 29500);
+    master(fmt::format("MASTER_ADDR is not set under Slurm (SLURM_PROCID={} SLURM_NTASKS={}): export "
+                       "MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) and MASTER_PORT",
+                       c.rank, c.world_size));
   }
   c.error_file = env("TORCHELASTIC_ERROR_FILE").value_or("");
   c.output_dir = env("ZEROPLAN_OUTPUT_DIR").value_or("");

@@ -324,6 +324,14 @@ class Executor::Impl {
     U.gathered = true;
   }
 
+  // Stage 3, before unit u runs (forward or backward): u and the owners of the weights it borrows
+  // gathered; with prefetch, the gather of `next` (the unit that runs after it; -1: none) started.
+  void gather_for(int u, int micro, int next) {
+    ensure_gathered(u, micro);
+    for (const auto& b : units_[static_cast<std::size_t>(u)].borrows) ensure_gathered(b.owner, micro);
+    if (plan_.buckets.prefetch && next >= 0) start_gather(next, micro);
+  }
+
   void release(int u) {
     UnitRT& U = units_[static_cast<std::size_t>(u)];
     if (!U.gathered || U.numel() == 0) return;
@@ -387,11 +395,7 @@ class Executor::Impl {
       UnitRT& U = units_[static_cast<std::size_t>(u)];
       cur_unit_ = U.name;
       cur_phase_ = "forward";
-      if (stage_ == 3) {
-        ensure_gathered(u, micro);
-        for (const auto& b : U.borrows) ensure_gathered(b.owner, micro);
-        if (plan_.buckets.prefetch && u + 1 < n) start_gather(u + 1, micro);
-      }
+      if (stage_ == 3) gather_for(u, micro, u + 1 < n ? u + 1 : -1);
       const double t0 = rec_.now_s();
       torch::Tensor in = (u > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
       torch::Tensor out;
@@ -418,11 +422,7 @@ class Executor::Impl {
       UnitRT& U = units_[static_cast<std::size_t>(u)];
       cur_unit_ = U.name;
       cur_phase_ = "backward";
-      if (stage_ == 3) {
-        ensure_gathered(u, micro);
-        for (const auto& b : U.borrows) ensure_gathered(b.owner, micro);
-        if (plan_.buckets.prefetch && u > 0) start_gather(u - 1, micro);
-      }
+      if (stage_ == 3) gather_for(u, micro, u - 1);
       torch::Tensor out = U.out;
       if (U.checkpoint) {
         cur_phase_ = "recompute";
