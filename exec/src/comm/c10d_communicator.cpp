@@ -11,7 +11,9 @@
 
 #include <mutex>
 #include <set>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "errors.h"
 
@@ -30,15 +32,15 @@ class C10dCommunicator;
 
 class C10dWork final : public Work {
  public:
-  C10dWork(const C10dCommunicator* comm, std::string what, c10::intrusive_ptr<c10d::Work> work,
+  C10dWork(const C10dCommunicator* comm, std::string what, std::vector<c10::intrusive_ptr<c10d::Work>> works,
            std::function<void()> after)
-      : comm_(comm), what_(std::move(what)), work_(std::move(work)), after_(std::move(after)) {}
+      : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)) {}
   void wait() override;
 
  private:
   const C10dCommunicator* comm_;
   std::string what_;
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // one collective, or the parts of one
   std::function<void()> after_;
   bool done_ = false;
 };
@@ -77,10 +79,31 @@ class C10dCommunicator final : public Communicator {
     TORCH_CHECK(output.numel() == input.numel() * world_ && output.dtype() == input.dtype(),
                 "all_gather: output has ", output.numel(), " elements, expected ", world_, " x ",
                 input.numel());
-    c10d::AllgatherOptions opts;
-    opts.timeout = options_.timeout;
     at::Tensor out = output.view({-1});
     at::Tensor in = input.view({-1});
+    if (backend_ == "gloo") {
+      // Gloo's all_gather_single gathers into a full-size flat temporary and copies it out; one
+      // broadcast per rank straight into the output's chunks moves the same bytes with no temporary
+      // and took 1/2-1/4 of the time on 28-100 MiB (bench/gloo_collectives.py). In place when `input`
+      // is this rank's chunk of `output`.
+      return issue("all_gather", output.nbytes(), [&] {
+        std::vector<at::Tensor> chunks = out.chunk(world_);
+        if (chunks[static_cast<std::size_t>(rank_)].data_ptr() != in.data_ptr()) {
+          chunks[static_cast<std::size_t>(rank_)].copy_(in);
+        }
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        for (int r = 0; r < world_; ++r) {
+          c10d::BroadcastOptions opts;
+          opts.rootRank = r;
+          opts.timeout = options_.timeout;
+          std::vector<at::Tensor> part{chunks[static_cast<std::size_t>(r)]};
+          works.push_back(pg_->broadcast(part, opts));
+        }
+        return works;
+      }, {});
+    }
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout;
     return issue("all_gather", output.nbytes(),
                  [&] { return pg_->all_gather_single(out, in, opts); }, {});
   }
@@ -160,13 +183,18 @@ class C10dCommunicator final : public Communicator {
   std::unique_ptr<Work> issue(const char* name, size_t bytes, Issue&& start,
                               std::function<void()> after) {
     std::string what = fmt::format("{} #{} ({} bytes)", name, ++sequence_, bytes);
-    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     try {
-      work = start();
+      auto started = start();
+      if constexpr (std::is_same_v<decltype(started), std::vector<c10::intrusive_ptr<c10d::Work>>>) {
+        works = std::move(started);
+      } else {
+        works.push_back(std::move(started));
+      }
     } catch (const std::exception& e) {
       throw CommError(failure(what, detail::first_line(e.what())));
     }
-    return std::make_unique<C10dWork>(this, std::move(what), std::move(work), std::move(after));
+    return std::make_unique<C10dWork>(this, std::move(what), std::move(works), std::move(after));
   }
 
   c10::intrusive_ptr<c10d::Backend> pg_;
@@ -186,7 +214,7 @@ void C10dWork::wait() {
   if (done_) return;
   done_ = true;
   try {
-    work_->wait();
+    for (auto& w : works_) w->wait();
   } catch (const std::exception& e) {
     throw CommError(comm_->failure(what_, detail::first_line(e.what())));
   }

@@ -128,6 +128,12 @@ TEST(GlooCommunicator, MatchesTheSingleProcessReductionOnUnevenSizes) {
       comm.broadcast(b, 1)->wait();
       EXPECT_TRUE(b.equal(input(1, n))) << n;
     }
+    // In-place all-gather (the executor's stages 1-2): the input is this rank's chunk of the output.
+    auto whole = torch::zeros({8});
+    whole.narrow(0, r * 4, 4).copy_(input(r, 4));
+    auto mine = whole.narrow(0, r * 4, 4);
+    comm.all_gather(whole, mine)->wait();
+    EXPECT_TRUE(whole.equal(torch::cat({input(0, 4), input(1, 4)})));
     // Views of a larger flat buffer (the executor's flat parameters) work in place.
     auto flat = input(r, 10);
     auto view = flat.narrow(0, 2, 4);
