@@ -301,12 +301,14 @@ class Executor::Impl {
     realloc_storage(U.full);
     torch::Tensor src = shard_all_.narrow(0, U.shard_base, U.shard());
     if (plan_.offload.params) {
+      // The offloaded shard comes back straight into this rank's chunk of the full buffer, and the
+      // all-gather runs in place: no device copy of the shard besides.
       const double t0 = rec_.now_s();
-      torch::Tensor dev_src = dempty(U.shard());
-      dev_.copy_h2d(dev_src, src);
+      torch::Tensor mine = U.full.narrow(0, U.layout.shard_begin(rank_), U.shard());
+      dev_.copy_h2d(mine, src);
       dev_.wait_copies();
       rec_.span(Lane::h2d, "h2d params " + U.name, t0, rec_.now_s(), "h2d", u, micro);
-      src = dev_src;
+      src = mine;
     }
     U.gather_src = src;
     const double t = rec_.now_s();

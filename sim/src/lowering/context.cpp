@@ -114,7 +114,6 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   n_states = g.intern("optimizer states");
   n_reduce_buffers = g.intern("reduce buffers");
   n_loss_scale = g.intern("loss scale check");
-  n_shard_copy = g.intern("param shard copy");
   n_param_sync = g.intern("param sync");
   n_cat_compute = g.intern("compute");
   n_cat_comm = g.intern("comm");

@@ -1,6 +1,6 @@
 // Parameter residency at stage 3 (FSDP): all-gather a unit's flat parameter before its forward and (when
 // resharded) again before its backward, free it after use, prefetch the next unit; offloaded shards are
-// copied in first. The last unit's backward follows its forward at once, so it is kept; the first unit
+// copied into their chunk of the full buffer first. The last unit's backward follows its forward at once, so it is kept; the first unit
 // (the root's own parameters, FSDP's root is never resharded after forward) and every owner of shared
 // parameters (its borrowers use them in between) stay gathered from forward to backward.
 // Below stage 3 parameters are resident and nothing is scheduled here.
@@ -11,22 +11,20 @@ namespace zeroplan::sim::lowering {
 
 TaskId ParamResidency::gather(int u, int mb, TaskId after) {
   const Unit& x = c_.units[static_cast<std::size_t>(u)];
+  const auto bytes = x.padded * c_.b.param;
   TaskId ready = after;
   if (c_.plan.offload.params) {
+    // The offloaded shard is copied into its chunk of the full buffer and the all-gather runs in place,
+    // so the copy adds no device memory of its own; the full buffer is counted from the all-gather on,
+    // as without offload.
     const auto shard_bytes = x.shard * c_.b.param;
     ready = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(shard_bytes)),
                           c_.label(c_.n_h2d, u, mb), {after}, c_.n_cat_copy);
-    c_.g.alloc(ready, c_.dev, shard_bytes, MemCategory::params, c_.label(c_.n_shard_copy, u, mb), kNone);
   }
-  const auto bytes = x.padded * c_.b.param;
   CollectiveOptions o;
   o.algo = c_.opt.collective_algo;
   const TaskId ag = c_.g.add_task(c_.comm, collective_time(c_.cluster, CollOp::all_gather, static_cast<double>(bytes), c_.n, o),
                                   c_.label(c_.n_allgather, u, mb), {ready}, c_.n_cat_comm);
-  if (c_.plan.offload.params) {
-    const AllocId shard_copy = static_cast<AllocId>(c_.g.allocs().size() - 1);
-    c_.g.set_free_at(shard_copy, ag);
-  }
   gathered_alloc_[static_cast<std::size_t>(u)] =
       c_.g.alloc(ag, c_.dev, bytes, MemCategory::params, c_.label(c_.n_gathered, u, mb), kNone);
   last_gather = ag;
