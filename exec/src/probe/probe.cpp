@@ -647,19 +647,19 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
       // The smallest world size probed is the one the runs on this machine use first: its slowdown
       // calibrates every compute task (profiles are measured with one process running).
       if (n == sizes.front()) {
-        progress(fmt::format("compute with {} ranks at once: x{:.3f} of one rank alone{}", n,
-                             run.compute_together_s / run.compute_alone_s,
-                             run.compute_together_s > run.compute_alone_s ? "" : " (no slowdown recorded)"));
-      }
-      if (n == sizes.front() && run.compute_alone_s > 0 && run.compute_together_s > run.compute_alone_s) {
-        c.calibration.compute_time_scale = run.compute_together_s / run.compute_alone_s;
-        c.provenance["calibration.comm_time_scale"] =
-            Provenance{"estimate", "1: the probe times collectives alone; zeroplan autopilot --grid --calibrate "
-                                   "fits this factor from runs"};
-        c.provenance["calibration.compute_time_scale"] = measured(fmt::format(
-            "rank 0's median time of a small MLP forward + backward (512 x 256 -> 1024 -> 256, {} thread(s)) with "
-            "all {} ranks computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms)",
-            run.threads, n, run.compute_together_s * 1e3, run.compute_alone_s * 1e3));
+        const double slowdown = run.compute_alone_s > 0 ? run.compute_together_s / run.compute_alone_s : 0.0;
+        progress(fmt::format("compute with {} ranks at once: x{:.3f} of one rank alone{}", n, slowdown,
+                             slowdown > 1 ? "" : " (no slowdown recorded)"));
+        if (slowdown > 1) {
+          c.calibration.compute_time_scale = slowdown;
+          c.provenance["calibration.comm_time_scale"] =
+              Provenance{"estimate", "1: the probe times collectives alone; zeroplan autopilot --grid --calibrate "
+                                     "fits this factor from runs"};
+          c.provenance["calibration.compute_time_scale"] = measured(fmt::format(
+              "rank 0's median time of a small MLP forward + backward (512 x 256 -> 1024 -> 256, {} thread(s)) with "
+              "all {} ranks computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms)",
+              run.threads, n, run.compute_together_s * 1e3, run.compute_alone_s * 1e3));
+        }
       }
     }
   }

@@ -600,7 +600,7 @@ class Executor::Impl {
     if (stage_ == 1 || stage_ == 2) {
       // Every rank's updated chunks back into everyone's full parameters.
       cur_phase_ = "all_gather";
-      std::vector<std::pair<CommTracker::Handle, torch::Tensor>> works;
+      std::vector<CommTracker::Handle> works;
       for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
         UnitRT& U = units_[static_cast<std::size_t>(u)];
         if (U.numel() == 0) continue;
@@ -616,10 +616,9 @@ class Executor::Impl {
           rec_.span(Lane::h2d, "h2d params " + U.name, t1, rec_.now_s(), "h2d", u);
         }
         const double t = rec_.now_s();
-        works.emplace_back(tracker_.issue(comm_.all_gather(out, src), t, "all_gather " + U.name, "all_gather", u, -1),
-                           src);
+        works.push_back(tracker_.issue(comm_.all_gather(out, src), t, "all_gather " + U.name, "all_gather", u, -1));
       }
-      for (auto& [h, src] : works) tracker_.wait(h);
+      for (auto& h : works) tracker_.wait(h);
     }
   }
 
