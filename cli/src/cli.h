@@ -47,6 +47,10 @@ std::string registry_footer();
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,
                                                     const std::string& what);
 
+// Checks that --model names a ModelProfile file; when it names no file (e.g. a built-in model's name),
+// the message shows the command that makes a profile of it.
+CLI::Validator model_profile_file();
+
 Action add_profile(CLI::App& app, const Globals& globals);
 Action add_probe(CLI::App& app, const Globals& globals);
 Action add_simulate(CLI::App& app, const Globals& globals);

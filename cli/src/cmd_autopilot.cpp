@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "model_args.h"
 #include "zeroplan/config.h"
 #include "zeroplan/exec/probe.h"
 #include "zeroplan/profiles/json_io.h"
@@ -48,6 +49,9 @@ struct AutopilotArgs {
   std::string model = "gpt";
   std::string preset;
   std::vector<std::string> model_opts;
+  std::string torchscript;         // the user's model instead of a built-in one
+  std::vector<int64_t> input_shape;
+  zoo::ScriptTask task;
   std::string cluster;             // "" = probe this machine
   std::string output_dir;          // "" = autopilot-<date>-<time>
   std::int64_t budget_bytes = 0;   // 0 = budget_fraction x the default plan's predicted peak
@@ -75,14 +79,7 @@ void say(const Globals& g, const std::string& line) {
   if (!g.quiet) fmt::print(stderr, "[autopilot] {}\n", line);
 }
 
-fs::path probe_cache_path() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home && *home ? home : "/tmp") / ".cache";
-  char host[256] = "local";
-  gethostname(host, sizeof host - 1);
-  return base / "zeroplan" / fmt::format("probe-{}.json", host);
-}
+fs::path probe_cache_path() { return local_probe_path(); }
 
 // Runs `zeroplan <args>` as a child process with stdout and stderr to `log`; returns its exit code.
 int run_child(const std::vector<std::string>& args, const fs::path& log) {
@@ -303,13 +300,18 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
   t.prediction.trace_path = (dir / "predicted_trace.json").string();
   write_document(dir / "prediction.json", t.prediction);
   say(r.g, fmt::format("4/5 running {} ({}) on {} ranks for {} steps", t.label, describe(t.plan), a.nproc, a.steps));
-  std::vector<std::string> args{"run", "--nproc", std::to_string(a.nproc), "--model", a.model,
+  std::vector<std::string> args{"run", "--nproc", std::to_string(a.nproc),
                                 "--plan", (dir / "plan.json").string(), "--steps", std::to_string(a.steps),
                                 "--warmup", std::to_string(a.warmup),
                                 "--trace", (dir / "measured_trace.json").string(), "-o", (dir / "run_record.json").string()};
   if (limit > 0) args.insert(args.end(), {"--device-memory-limit", std::to_string(limit)});
-  if (!a.preset.empty()) args.insert(args.end(), {"--preset", a.preset});
-  if (!r.opts.empty()) args.insert(args.end(), {"--opt", r.opts});
+  if (!a.torchscript.empty()) {
+    for (auto& x : torchscript_argv(a.torchscript, a.input_shape, a.task)) args.push_back(x);
+  } else {
+    args.insert(args.end(), {"--model", a.model});
+    if (!a.preset.empty()) args.insert(args.end(), {"--preset", a.preset});
+    if (!r.opts.empty()) args.insert(args.end(), {"--opt", r.opts});
+  }
   t.exit_code = run_child(args, dir / "run.log");
   if (t.exit_code != 0 || !fs::exists(dir / "run_record.json")) {
     t.failure = last_line(dir / "run.log");
@@ -503,8 +505,12 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   zoo::Options overrides = a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
   for (auto& [k, v] : parse_key_values(a.model_opts, "--opt")) overrides[k] = v;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  say(g, fmt::format("1/5 profiling {} {} ({} thread(s) per rank, as the runs will have)", a.model, a.preset, std::max(1, cores / a.nproc)));
-  zoo::Model model = zoo::build_model(a.model, a.preset, overrides, 0);
+  const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
+  say(g, fmt::format("1/5 profiling {} {} ({} thread(s) per rank, as the runs will have)", model_name, a.preset, std::max(1, cores / a.nproc)));
+  if (!a.torchscript.empty() && a.input_shape.empty())
+    throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
+  zoo::Model model = a.torchscript.empty() ? zoo::build_model(a.model, a.preset, overrides, 0)
+                                           : zoo::load_torchscript(a.torchscript, a.input_shape, 0, a.task);
   ProfileOptions po;
   const int per_rank = a.global_batch / a.nproc;
   po.batch = per_rank;
@@ -605,7 +611,7 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
   std::string md;
   md += "# zeroplan autopilot report\n\n";
   md += fmt::format("Model: `{}` {} ({} parameters), {} ranks over {}, global batch {}; machine: `{}` ({} cores).\n\n",
-                    a.model, opts.empty() ? a.preset : opts, profile.total_params(), a.nproc,
+                    model_name, opts.empty() ? a.preset : opts, profile.total_params(), a.nproc,
                     tuned.ranking.front().prediction.plan.world_size > 1 ? "Gloo on 127.0.0.1" : "one process",
                     a.global_batch, cluster.name, cluster.host.cores);
   md += fmt::format("Device budget per rank: **{}** ({} bytes), enforced in the runs with `--device-memory-limit`. "
@@ -686,6 +692,7 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--model", a->model, "Built-in model")->capture_default_str();
   app.add_option("--preset", a->preset, "Preset of the model");
   app.add_option("--opt", a->model_opts, "Model option key=value (default gpt: layers=4,hidden=256,heads=4,seq=128,vocab=8192)");
+  add_torchscript_options(app, a->torchscript, a->input_shape, a->task);
   app.add_option("--cluster", a->cluster, "Use this ClusterProfile instead of probing the machine");
   app.add_option("--budget-bytes", a->budget_bytes, "Device memory per rank (default: a share of the default plan's need)");
   app.add_option("--budget-fraction", a->budget_fraction, "Budget as a share of the default plan's predicted peak")

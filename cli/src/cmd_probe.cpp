@@ -78,12 +78,14 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
   if (!g.quiet) o.progress = [](const std::string& line) { fmt::print(stderr, "probe: {}\n", line); };
   const ClusterProfile c = exec::probe_cluster(o);
   if (!g.quiet) print_summary(c);
-  if (!a.output.empty()) {
-    const auto dir = std::filesystem::path(a.output).parent_path();
+  // Without -o the probe goes where `--cluster local` and autopilot look for it.
+  const std::string output = a.output.empty() ? local_probe_path().string() : a.output;
+  {
+    const auto dir = std::filesystem::path(output).parent_path();
     std::error_code ec;
     if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    write_document(a.output, c);
-    if (!g.quiet) fmt::print(stderr, "wrote {}\n", a.output);
+    write_document(output, c);
+    if (!g.quiet) fmt::print(stderr, "wrote {}{}\n", output, a.output.empty() ? " (use it with --cluster local)" : "");
   }
   if (g.json) fmt::print("{}", to_json_string(c));
   return kOk;
@@ -93,7 +95,7 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
 
 Action add_probe(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<ProbeArgs>();
-  app.add_option("-o,--output", a->output, "Write the ClusterProfile here (e.g. profiles/data/clusters/local.json)");
+  app.add_option("-o,--output", a->output, "Write the ClusterProfile here (default: this machine's probe cache, which --cluster local reads)");
   app.add_option("--name", a->name, "The profile's name")->capture_default_str();
   app.add_option("--world-sizes", a->world_sizes, "Ranks to fit the collectives at, e.g. 2,4 (each >= 2)")
       ->delimiter(',')

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cli.h"
+#include "model_args.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/profiles/profiler.h"
@@ -24,6 +25,7 @@ struct ProfileArgs {
   ProfileOptions options;
   uint64_t seed = 0;
   bool dtype_given = false;
+  zoo::ScriptTask task;
 };
 
 int run_profile(const ProfileArgs& a, const Globals& g) {
@@ -50,7 +52,9 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (!a.torchscript.empty()) {
       if (a.input_shape.empty())
         throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
-      model = zoo::load_torchscript(a.torchscript, a.input_shape, a.seed);
+      zoo::ScriptTask task = a.task;
+      if (a.vocab) task.vocab = *a.vocab;  // --vocab is the token vocabulary of --task lm here
+      model = zoo::load_torchscript(a.torchscript, a.input_shape, a.seed, task);
     } else {
       auto overrides = parse_key_values(a.sets, "--opt");
       auto put = [&](const char* key, const std::optional<int64_t>& v) {
@@ -80,15 +84,13 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--model", a->model, "Built-in model (see the list below)");
   app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
   app.add_option("--opt", a->sets, "Model option key=value (repeat or comma-separate), e.g. --opt layers=4");
-  app.add_option("--torchscript", a->torchscript, "Scripted nn.Sequential whose children are the units")
-      ->check(CLI::ExistingFile);
-  app.add_option("--input-shape", a->input_shape, "With --torchscript: one sample's input shape")->delimiter(',');
+  add_torchscript_options(app, a->torchscript, a->input_shape, a->task, /*with_vocab=*/false);
   app.add_option("--analytic", a->analytic, "Closed-form profile of a family too large to build: gpt");
   app.add_option("--layers", a->layers, "Transformer layers (gpt, analytic gpt)");
   app.add_option("--hidden", a->hidden, "Hidden size (gpt, analytic gpt)");
   app.add_option("--heads", a->heads, "Attention heads (gpt, analytic gpt)");
   app.add_option("--seq", a->seq, "Sequence length (gpt, analytic gpt)");
-  app.add_option("--vocab", a->vocab, "Vocabulary size (gpt, analytic gpt)");
+  app.add_option("--vocab", a->vocab, "Vocabulary size (gpt, analytic gpt; --torchscript --task lm)");
   app.add_option("--batch", a->options.batch, "Reference micro batch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--batches", a->options.batches, "Batches to fit each figure over (default: batch, 2 x batch)")
       ->delimiter(',');

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "model_args.h"
 #include "plan_args.h"
 #include "zeroplan/exec/communicator.h"
 #include "zeroplan/exec/exec_errors.h"
@@ -33,6 +34,9 @@ namespace {
 struct RunArgs {
   std::string model = "gpt", preset, output, trace;
   std::vector<std::string> model_opts;
+  std::string torchscript;
+  std::vector<int64_t> input_shape;
+  zoo::ScriptTask task;
   PlanArgs plan;
   int nproc = 0;
   int steps = 10;
@@ -50,6 +54,11 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   o.model = a.model;
   o.preset = a.preset;
   o.model_options = parse_key_values(a.model_opts, "--opt");
+  o.torchscript = a.torchscript;
+  o.input_shape = a.input_shape;
+  o.script_task = a.task;
+  if (!a.torchscript.empty() && a.input_shape.empty())
+    throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   o.plan = plan_from_args(a.plan);
   o.steps = a.steps;
   o.warmup_steps = a.warmup;
@@ -85,6 +94,11 @@ void finish(const RunRecord& record, const RunArgs& a, const Globals& g) {
 // The parent of `--nproc N`: launch, watch, gather.
 int run_parent(const RunArgs& a, const Globals& g) {
   exec::RunOptions options = run_options(a, g);  // validates everything before any rank starts
+  if (!options.torchscript.empty()) {
+    exec::build_run_model(options);  // the file, its input shape and its task, checked once here
+  } else {
+    zoo::resolve_options(options.model, options.preset, options.model_options);
+  }
   if (options.plan.world_size != a.nproc)
     throw ExitError(kBadInput, fmt::format("plan world_size {} != --nproc {}", options.plan.world_size, a.nproc));
   exec::LaunchOptions lo;
@@ -149,7 +163,7 @@ int run_rank(RunArgs a, const Globals& g) {
     }
     session->finish();
   } catch (const std::exception& e) {
-    session->fail(e.what());
+    session->fail(zoo::torch_cause(e));  // one line: never torch's backtrace
     throw;
   }
   return kOk;
@@ -162,6 +176,7 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--model", a->model, "Built-in model")->capture_default_str();
   app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
   app.add_option("--opt", a->model_opts, "Model option key=value, e.g. --opt layers=4");
+  add_torchscript_options(app, a->torchscript, a->input_shape, a->task);
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
   app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");
   app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks (default: the plan's, or --nproc)");
@@ -186,6 +201,8 @@ Action add_run(CLI::App& app, const Globals& globals) {
     try {
       return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);
     } catch (const exec::OutOfDeviceMemory& e) {
+      throw ExitError(kRunFailed, e.what());
+    } catch (const exec::UnitFailure& e) {
       throw ExitError(kRunFailed, e.what());
     } catch (const exec::ExecError& e) {
       throw ExitError(kBadInput, e.what());

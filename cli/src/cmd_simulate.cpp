@@ -41,6 +41,7 @@ void print_summary(const Prediction& p) {
     fmt::print(stderr, "  busy {:<16} {:.6f} s\n", resource, busy);
   print_pool("device", p.device);
   print_pool("host", p.host);
+  for (const auto& note : p.notes) fmt::print(stderr, "  note: {}\n", note);
 }
 
 int run_simulate(const SimulateArgs& a, const Globals& g) {
@@ -68,7 +69,7 @@ int run_simulate(const SimulateArgs& a, const Globals& g) {
 
 Action add_simulate(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<SimulateArgs>();
-  app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->required()->check(CLI::ExistingFile);
+  app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->required()->check(model_profile_file());
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
   app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");

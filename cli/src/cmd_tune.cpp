@@ -86,7 +86,11 @@ int run_tune(TuneArgs& a, const Globals& g) {
   if (!a.max_model.empty()) return run_max_model(a, cluster, options, g);
   auto model = read_document<ModelProfile>(a.model);
   tuner::TuneResult result = tuner::tune(model, cluster, a.constraints, options);
-  if (!g.quiet) print_ranking(result);
+  if (!g.quiet) {
+    print_ranking(result);
+    if (result.best())
+      for (const auto& note : result.best()->prediction.notes) fmt::print(stderr, "note on the best plan: {}\n", note);
+  }
   if (!a.output_dir.empty()) {
     auto files = tuner::write_reports(result, a.output_dir);
     if (!g.quiet) fmt::print(stderr, "wrote {} files into {} (report.md, report.html, tune.json, exports)\n",
@@ -102,7 +106,7 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<TuneArgs>();
   std::string knob_help = "Knobs that may vary (comma-separated; default all):";
   for (const auto& k : tuner::knob_names()) knob_help += " " + k;
-  app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->check(CLI::ExistingFile);
+  app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->check(model_profile_file());
   app.add_option("--max-model", a->max_model, "Instead of --model: the largest model of a family (gpt) that trains");
   app.add_option("--seq", a->seq, "With --max-model: sequence length")->capture_default_str();
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();

@@ -1,5 +1,7 @@
 #include <fmt/core.h>
 
+#include <filesystem>
+
 #include "cli.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/zoo.h"
@@ -44,6 +46,19 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
     }
   }
   return out;
+}
+
+CLI::Validator model_profile_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        if (std::filesystem::is_regular_file(path)) return "";
+        // A bare word is most likely a built-in model's name: show the command for that model.
+        const bool bare = path.find_first_of("/.") == std::string::npos && !path.empty();
+        const std::string name = bare ? path : "gpt";
+        return fmt::format("no file \"{}\": this wants a ModelProfile (JSON); make one with `zeroplan profile --model {} "
+                           "-o {}.json` (or --torchscript FILE, --analytic gpt)", path, name, name);
+      },
+      "PROFILE.json");
 }
 
 }  // namespace zeroplan::cli

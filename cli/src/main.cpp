@@ -4,8 +4,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli.h"
@@ -19,6 +24,25 @@ std::string first_line(const std::string& text) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
+// The one line of a failure, and its exit code. A rank started by `zeroplan run --nproc` hands its line
+// to the launcher (the TorchElastic error file the launcher reads) instead of printing it, so the user
+// sees the failure once, from the launcher; anything else prints it on stderr.
+int fail(const std::string& where, const std::string& message, int code) {
+  const char* launcher = std::getenv("ZEROPLAN_LAUNCHER");
+  const char* error_file = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (launcher != nullptr && std::string(launcher) == "zeroplan" && error_file != nullptr && *error_file) {
+    if (!std::filesystem::exists(error_file)) {  // the first error a rank wrote is its cause
+      std::ofstream out(error_file);
+      out << nlohmann::json{{"message", message}}.dump();
+      if (out) return code;
+    } else {
+      return code;
+    }
+  }
+  fmt::print(stderr, "{}: {}\n", where, message);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -28,12 +52,15 @@ int main(int argc, char** argv) {
                "zeroplan"};
   app.set_version_flag("--version", std::string(ZEROPLAN_VERSION) + " (torch " + ZEROPLAN_TORCH_VERSION + ")");
   app.require_subcommand(1);
+  app.fallthrough();  // global flags (--json, -q) also after the subcommand
   Globals globals;
   globals.argv.assign(argv, argv + argc);
   app.add_flag("--json", globals.json, "Print the produced document (JSON) on stdout");
   app.add_flag("-q,--quiet", globals.quiet, "No tables or progress on stderr");
   const std::string footer = registry_footer() +
-      "\nExit codes: 0 ok, 1 bad input, 2 not possible here, 3 run failed.";
+      "\nNew here? Start with `zeroplan autopilot`: it profiles a built-in model, probes this machine, tunes, "
+      "runs the best plans on 2 local ranks and compares predicted with measured.\n"
+      "Exit codes: 0 ok, 1 bad input, 2 not possible here, 3 run failed.";
   app.footer(footer);
 
   struct Entry { const char* name; const char* help; Registrar add; };
@@ -72,16 +99,12 @@ int main(int argc, char** argv) {
     for (auto* sub : app.get_subcommands()) where = "zeroplan " + sub->get_name();
     return chosen ? chosen() : kBadInput;
   } catch (const ExitError& e) {
-    fmt::print(stderr, "{}: {}\n", where, e.what());
-    return e.code();
+    return fail(where, e.what(), e.code());
   } catch (const zeroplan::SchemaError& e) {
-    fmt::print(stderr, "{}: {}\n", where, first_line(e.what()));
-    return kBadInput;
+    return fail(where, first_line(e.what()), kBadInput);
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "{}: torch: {}\n", where, first_line(e.what_without_backtrace()));
-    return kRunFailed;
+    return fail(where, "torch: " + first_line(e.what_without_backtrace()), kRunFailed);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}: {}\n", where, first_line(e.what()));
-    return kRunFailed;
+    return fail(where, first_line(e.what()), kRunFailed);
   }
 }

@@ -175,6 +175,15 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
     }
     p.units.push_back(std::move(ut));
   }
+  // A micro batch the profile did not measure: its unit figures come from the batch fits.
+  if (model.measured && !model.profiled_batches.empty()) {
+    const int lo = model.profiled_batches.front(), hi = model.profiled_batches.back();
+    if (plan.micro_batch < lo || plan.micro_batch > hi) {
+      c.notes.push_back(fmt::format("micro batch {} is outside the profiled batches {}..{}: its unit times and memory "
+                                    "are extrapolated from the batch fits",
+                                    plan.micro_batch, lo, hi));
+    }
+  }
   if (cluster.allocator_overhead_factor > 1) {
     c.notes.push_back(fmt::format("device allocator overhead factor {} reported separately from peak_bytes",
                                   cluster.allocator_overhead_factor));

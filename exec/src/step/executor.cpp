@@ -155,17 +155,20 @@ class Executor::Impl {
   }
 
  private:
-  // Runs f; a refused device allocation becomes OutOfDeviceMemory naming the unit and phase.
+  // Runs f; a refused device allocation becomes OutOfDeviceMemory, any other torch error UnitFailure,
+  // both naming the unit and phase (torch's own cause in one line, never its backtrace).
   template <typename F>
   void guarded(F&& f) {
     try {
       f();
-    } catch (const OutOfDeviceMemory&) {
+    } catch (const ExecError&) {
       throw;
     } catch (const std::exception& e) {
       DeviceRefusal r;
       if (dev_.is_out_of_memory(e, &r)) throw OutOfDeviceMemory(cur_unit_, cur_phase_, r.need_bytes, r.limit_bytes);
-      throw;
+      if (dynamic_cast<const c10::Error*>(&e) == nullptr) throw;
+      throw UnitFailure(detail::format("unit {}, phase {} (micro batch {}): torch: {}", cur_unit_, cur_phase_,
+                                       plan_.micro_batch, zoo::torch_cause(e)));
     }
   }
 
@@ -426,11 +429,15 @@ class Executor::Impl {
       cur_phase_ = "backward";
       if (stage_ == 3) gather_for(u, micro, u - 1);
       torch::Tensor out = U.out;
+      std::vector<torch::Tensor> kept_buffers;
       if (U.checkpoint) {
         cur_phase_ = "recompute";
         const double t0 = rec_.now_s();
         torch::Tensor now_state = dev_.rng_state();
         dev_.set_rng_state(U.rng);
+        // The recompute must not update BatchNorm's running statistics a second time: they are put
+        // back once the unit's backward has run (the recompute's graph holds them until then).
+        for (const auto& b : U.module->buffers()) kept_buffers.push_back(b.clone());
         out = U.module->forward(U.in);
         dev_.set_rng_state(now_state);
         dev_.synchronize();
@@ -466,6 +473,12 @@ class Executor::Impl {
       if (input_grad) grad = grads[0].defined() ? grads[0] : torch::zeros_like(U.in);
       else grad = torch::Tensor();
       grads.clear();
+      if (!kept_buffers.empty()) {
+        torch::NoGradGuard no_grad;
+        std::size_t i = 0;
+        for (auto& b : U.module->buffers()) b.copy_(kept_buffers[i++]);
+        kept_buffers.clear();
+      }
       U.in = U.out = U.rng = torch::Tensor();
       out = torch::Tensor();
       dev_.synchronize();

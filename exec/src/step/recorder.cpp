@@ -37,6 +37,7 @@ void Recorder::add_phase(const std::string& phase, double seconds) { phases_[pha
 void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s, const std::string& phase,
                     int unit, int microbatch) {
   if (!phase.empty()) phases_[phase] += t1_s - t0_s;
+  if (keep_spans_ && live_probe_) memory_.push_back({t1_s, live_probe_(), peak_probe_ ? peak_probe_() : -1});
   if (peak_probe_) {
     const std::int64_t peak = peak_probe_();
     if (peak > peak_seen_) {
@@ -98,6 +99,13 @@ std::string Recorder::chrome_trace_json() const {
     if (s->unit >= 0) out += ",\"unit\":" + std::to_string(s->unit);
     if (s->microbatch >= 0) out += ",\"microbatch\":" + std::to_string(s->microbatch);
     out += "}}";
+  }
+  for (const MemorySample& m : memory_) {
+    std::snprintf(buf, sizeof(buf),
+                  ",\n{\"name\":\"memory device\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"args\":{\"bytes\":%lld,"
+                  "\"peak_bytes\":%lld}}",
+                  m.t_s * 1e6, rank_, static_cast<long long>(m.live), static_cast<long long>(m.peak));
+    out += buf;
   }
   out += "\n]}\n";
   return out;

@@ -28,6 +28,13 @@ std::string rank_trace_path(const std::string& path, int rank) {
   return path + "-rank" + std::to_string(rank);
 }
 
+zoo::Model build_run_model(const RunOptions& options) {
+  if (!options.torchscript.empty()) {
+    return zoo::load_torchscript(options.torchscript, options.input_shape, options.plan.seed, options.script_task);
+  }
+  return zoo::build_model(options.model, options.preset, options.model_options, options.plan.seed);
+}
+
 RunResult run_rank(const RunOptions& options, Communicator& comm) {
   if (options.threads > 0) at::set_num_threads(options.threads);
   if (options.steps < 1) throw ExecError(detail::format("steps {} < 1", options.steps));
@@ -39,8 +46,9 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   result.rank = comm.rank();
   result.backend = comm.backend();
   result.device = device->name();
+  result.threads = at::get_num_threads();
 
-  zoo::Model model = zoo::build_model(options.model, options.preset, options.model_options, options.plan.seed);
+  zoo::Model model = build_run_model(options);
   if (device->torch_device() != torch::Device(torch::kCPU)) {
     for (auto& unit : model.units) unit.module->to(device->torch_device());
   }
@@ -51,6 +59,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   device->reset_peak();
   device->host_pool().reset_peak();
   recorder.set_peak_probe([&device] { return device->peak_bytes(); });
+  recorder.set_live_probe([&device] { return device->live_bytes(); });
 
   std::vector<double> local_losses;
   for (int s = 0; s < options.steps; ++s) {
@@ -102,14 +111,18 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
   }
   RunRecord rec;
-  rec.model = options.preset.empty() ? options.model : options.preset;
+  rec.model = !options.torchscript.empty() ? options.torchscript
+              : options.preset.empty()      ? options.model
+                                            : options.preset;
   rec.plan = options.plan;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   rec.environment.hostname = host;
   rec.environment.backend = ranks[0]->backend == "local" ? "gloo" : ranks[0]->backend;
   rec.environment.device = ranks[0]->device;
-  rec.environment.threads_per_rank = at::get_num_threads();
+  // The ranks' own thread counts (the launcher's would say nothing about them); the largest if they differ.
+  rec.environment.threads_per_rank = 1;
+  for (const RunResult* r : ranks) rec.environment.threads_per_rank = std::max(rec.environment.threads_per_rank, r->threads);
   rec.environment.torch_version = ZEROPLAN_TORCH_VERSION;
   rec.environment.zeroplan_version = ZEROPLAN_VERSION;
   rec.environment.ranks = static_cast<int>(ranks.size());
@@ -151,6 +164,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
   j = nlohmann::json{{"rank", r.rank},
                      {"backend", r.backend},
                      {"device", r.device},
+                     {"threads", r.threads},
                      {"step_times_s", r.step_times_s},
                      {"phase_times_s", r.phase_times_s},
                      {"losses", r.losses},
@@ -165,6 +179,7 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   j.at("rank").get_to(r.rank);
   j.at("backend").get_to(r.backend);
   j.at("device").get_to(r.device);
+  if (j.contains("threads")) j.at("threads").get_to(r.threads);
   j.at("step_times_s").get_to(r.step_times_s);
   j.at("phase_times_s").get_to(r.phase_times_s);
   r.losses.clear();

@@ -1,5 +1,7 @@
 #include "zeroplan/profiles/cluster.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -487,6 +489,16 @@ std::vector<ShippedCluster> list_shipped_clusters() {
   return out;
 }
 
+std::filesystem::path local_probe_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path base =
+      xdg != nullptr && *xdg ? std::filesystem::path(xdg) : std::filesystem::path(home != nullptr && *home ? home : "/tmp") / ".cache";
+  char host[256] = "local";
+  gethostname(host, sizeof host - 1);
+  return base / "zeroplan" / ("probe-" + std::string(host) + ".json");
+}
+
 ClusterProfile resolve_cluster(std::string_view spec_view) {
   std::string spec(spec_view);
   int nodes = 0;
@@ -501,8 +513,16 @@ ClusterProfile resolve_cluster(std::string_view spec_view) {
     spec = spec.substr(0, colon);
   }
   if (spec.empty()) cluster_error("empty cluster spec");
-  ClusterProfile c =
-      read_document<ClusterProfile>(looks_like_path(spec) ? std::filesystem::path(spec) : shipped_cluster_file(spec));
+  std::filesystem::path file;
+  if (spec == "local") {
+    file = local_probe_path();
+    if (!std::filesystem::exists(file))
+      cluster_error("cluster local: no probe of this machine at " + file.string() +
+                    "; run `zeroplan probe` (or `zeroplan autopilot`) first");
+  } else {
+    file = looks_like_path(spec) ? std::filesystem::path(spec) : shipped_cluster_file(spec);
+  }
+  ClusterProfile c = read_document<ClusterProfile>(file);
   if (nodes > 0) {
     c.nodes = nodes;
     c.name = c.name.substr(0, c.name.find(':')) + ":" + std::to_string(nodes);

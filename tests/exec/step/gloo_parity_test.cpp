@@ -181,6 +181,17 @@ std::vector<PlanSpec> parity_plans() {
 }
 
 TEST(ExecutorGlooParity, Gpt2TinyEveryPlan) { check_parity(gpt_tiny(), parity_plans(), 0); }
+// Convolutions, BatchNorm and pooling on 2 ranks against a reference with the same micro batch: micro
+// batch 8 (m 1) and 2 (m 4), every stage, checkpointing (BatchNorm recomputed) and offload.
+TEST(ExecutorGlooParity, ResnetTinyStagesCheckpointOffload) {
+  const std::vector<PlanSpec> plans = {{0, 1}, {1, 4, false, false, false, false, true}, {2, 1, false, false, true, true},
+                                       {3, 4, true, false, false, false, true}, {3, 1, true, true, true, true}};
+  for (int m : {1, 4}) {
+    std::vector<PlanSpec> same_micro;
+    for (const auto& p : plans) if (p.microbatches == m) same_micro.push_back(p);
+    check_parity(resnet_tiny(16 / (2 * m)), same_micro, 0);
+  }
+}
 TEST(ExecutorGlooParity, MlpOddParameterCountEveryPlan) { check_parity(mlp_odd(), parity_plans(), 0); }
 TEST(ExecutorGlooParity, DelayBeforeCollectives) {
   check_parity(gpt_tiny(), {{0, 2}, {2, 2}, {3, 2, true, false, false, false, true}}, 500);

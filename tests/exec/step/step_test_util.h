@@ -28,6 +28,9 @@ struct ModelSpec {
   zoo::Options options;
   int global_batch = 8;
   Optimizer optimizer;  // the plan's optimizer (default: Adam, lr 1e-3)
+  // > 0: the reference accumulates over micro batches of this size (BatchNorm normalises per micro
+  // batch, so only a reference with the ranks' micro batch computes the same function).
+  int reference_micro_batch = 0;
 };
 
 // Adam's eps is 1e-6 for gpt: the attention key bias has a gradient that is zero in exact arithmetic
@@ -39,6 +42,8 @@ inline ModelSpec gpt_tiny() {
   m.optimizer.eps = 1e-6;
   return m;
 }
+// resnet18 layout, width 8, 64 x 64 images, 10 classes: convolutions, BatchNorm, pooling.
+inline ModelSpec resnet_tiny(int micro_batch) { return {"resnet", "resnet-tiny", {}, 16, {}, micro_batch}; }
 // 2112 + 4160 + 585 = 6857 parameters: odd, and the head's 585 is odd too.
 inline ModelSpec mlp_odd() { return {"mlp", "mlp-tiny", {{"out", "9"}}, 16, {}}; }
 
@@ -112,15 +117,20 @@ inline TrainResult reference_run(const ModelSpec& m, const Plan& plan, int steps
     opt = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr).betas({o.betas[0], o.betas[1]}).eps(o.eps).weight_decay(o.weight_decay));
   }
   TrainResult r;
+  const int micro = m.reference_micro_batch > 0 ? m.reference_micro_batch : plan.global_batch;
   for (int s = 0; s < steps; ++s) {
-    zoo::Batch b = model.task->batch(s, 0, plan.global_batch);
-    torch::Tensor x = b.input;
-    for (auto& u : model.units) x = u.module->forward(x);
-    torch::Tensor loss = model.task->loss(x, b.target);
     opt->zero_grad();
-    loss.backward();
+    double loss_sum = 0;
+    for (int first = 0; first < plan.global_batch; first += micro) {
+      zoo::Batch b = model.task->batch(s, first, micro);
+      torch::Tensor x = b.input;
+      for (auto& u : model.units) x = u.module->forward(x);
+      torch::Tensor loss = model.task->loss(x, b.target) * (static_cast<double>(micro) / plan.global_batch);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
     opt->step();
-    r.losses.push_back(loss.item<double>());
+    r.losses.push_back(loss_sum);
   }
   for (auto& [n, p] : named) r.params.emplace_back(n, p.detach().clone());
   return r;

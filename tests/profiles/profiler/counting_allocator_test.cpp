@@ -84,5 +84,68 @@ TEST(CountingAllocator, LimitErrorSurvivesAnOpAndBackward) {
   EXPECT_THROW(y.backward(), OutOfMemoryError);
 }
 
+// c10's contract: raw_allocate asserts the context is the data pointer, and raw_deleter() frees it.
+TEST(CountingAllocator, RawAllocateHonoursC10Contract) {
+  ScopedCpuAllocator scoped;
+  CountingAllocator& a = scoped.allocator();
+  const std::int64_t base = a.live_bytes();
+  void* p = a.raw_allocate(4096);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.live_bytes() - base, 4096);
+  at::DataPtr d = a.allocate(100);
+  EXPECT_EQ(d.get(), d.get_context());
+  EXPECT_EQ(d.get_deleter(), a.raw_deleter());
+  EXPECT_EQ(a.live_bytes() - base, 4196);
+  a.raw_deallocate(p);
+  d.clear();
+  EXPECT_EQ(a.live_bytes(), base);
+}
+
+// Convolution (oneDNN workspaces go through raw_allocate), BatchNorm and pooling, forward and backward:
+// they run under the allocator, and once everything is released the live bytes are back to the base.
+TEST(CountingAllocator, ConvBatchNormPoolForwardBackward) {
+  torch::manual_seed(0);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1).bias(false));
+  torch::nn::BatchNorm2d bn(8);
+  ScopedCpuAllocator scoped;
+  CountingAllocator& a = scoped.allocator();
+  const std::int64_t base = a.reset_peak();
+  {
+    torch::Tensor x = torch::randn({4, 3, 16, 16});
+    const std::int64_t input_bytes = 4 * 3 * 16 * 16 * 4;
+    EXPECT_EQ(a.live_bytes() - base, input_bytes);
+    torch::Tensor y = torch::max_pool2d(torch::relu(bn(conv(x))), 2);
+    EXPECT_EQ(y.sizes(), (std::vector<int64_t>{4, 8, 8, 8}));
+    y.sum().backward();
+    EXPECT_TRUE(conv->weight.grad().defined());
+    EXPECT_GE(a.peak_bytes() - base, input_bytes + 4 * 8 * 16 * 16 * 4);  // at least the conv output
+  }
+  conv->weight.mutable_grad() = torch::Tensor();
+  bn->weight.mutable_grad() = torch::Tensor();
+  bn->bias.mutable_grad() = torch::Tensor();
+  EXPECT_EQ(a.live_bytes(), base);
+}
+
+// bf16 and fp16 GEMMs (oneDNN / reduced-precision paths allocate through raw_allocate too).
+TEST(CountingAllocator, ReducedPrecisionMatmuls) {
+  ScopedCpuAllocator scoped;
+  CountingAllocator& a = scoped.allocator();
+  for (auto dtype : {torch::kBFloat16, torch::kFloat16}) {
+    const std::int64_t base = a.live_bytes();
+    {
+      torch::Tensor x = torch::randn({64, 128}).to(dtype);
+      torch::Tensor w = torch::randn({128, 32}).to(dtype).requires_grad_();
+      torch::Tensor y = torch::matmul(x, w);
+      EXPECT_EQ(y.scalar_type(), dtype);
+      EXPECT_EQ(a.live_bytes() - base, (64 * 128 + 128 * 32 + 64 * 32) * 2);
+      y.sum().backward();
+      EXPECT_EQ(w.grad().scalar_type(), dtype);
+      torch::Tensor ref = torch::matmul(x.to(torch::kFloat32), w.detach().to(torch::kFloat32));
+      EXPECT_TRUE(torch::allclose(y.to(torch::kFloat32), ref, 5e-2, 5e-1)) << dtype;
+    }
+    EXPECT_EQ(a.live_bytes(), base) << dtype;
+  }
+}
+
 }  // namespace
 }  // namespace zeroplan

@@ -103,5 +103,17 @@ TEST(ZooGpt, Gpt2SmallInstantiatedHas124439808Parameters) {
   EXPECT_EQ(model.parameter_count(), 124439808);
 }
 
+// The training sequence length does not size the position table: gpt2-small keeps its 1024 rows.
+TEST(ZooGpt, Gpt2SmallParameterCountDoesNotDependOnSeq) {
+  Model model = build_model("gpt", "gpt2-small", {{"seq", "128"}, {"layers", "1"}}, 0);
+  Model full = build_model("gpt", "gpt2-small", {{"layers", "1"}}, 0);
+  EXPECT_EQ(model.parameter_count(), full.parameter_count());
+  EXPECT_EQ(model.task->sample_shape(), std::vector<int64_t>{128});
+  // Without a preset the table has seq rows unless positions says otherwise.
+  Model small = build_model("gpt", "", {{"seq", "16"}}, 0);
+  Model wide = build_model("gpt", "", {{"seq", "16"}, {"positions", "48"}}, 0);
+  EXPECT_EQ(wide.parameter_count() - small.parameter_count(), 32 * 64);
+}
+
 }  // namespace
 }  // namespace zeroplan::zoo

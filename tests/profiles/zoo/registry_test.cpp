@@ -42,7 +42,7 @@ TEST(ZooRegistry, ListsModelsWithDescriptionsOptionsAndPresets) {
 TEST(ZooRegistry, ErrorsNameWhatIsWrongAndWhatExists) {
   EXPECT_EQ(error_of([] { model_info("gtp"); }), "unknown model \"gtp\" (models: gpt, mlp, resnet)");
   EXPECT_EQ(error_of([] { build_model("gpt", "", {{"layer", "2"}}, 0); }),
-            "model gpt: unknown option \"layer\" (options: layers, hidden, heads, seq, vocab, tied, dropout)");
+            "model gpt: unknown option \"layer\" (options: layers, hidden, heads, seq, positions, vocab, tied, dropout)");
   EXPECT_EQ(error_of([] { build_model("gpt", "gpt2-huge", {}, 0); }),
             "model gpt: unknown preset \"gpt2-huge\" (presets: gpt2-large, gpt2-medium, gpt2-small, gpt2-tiny, gpt2-xl)");
   EXPECT_EQ(error_of([] { build_model("mlp", "", {{"depth", "two"}}, 0); }),
@@ -55,6 +55,8 @@ TEST(ZooRegistry, ErrorsNameWhatIsWrongAndWhatExists) {
             "model gpt: option dropout must be a number in [0, 1], got \"1.5\"");
   EXPECT_EQ(error_of([] { build_model("gpt", "", {{"hidden", "66"}, {"heads", "4"}}, 0); }),
             "model gpt: hidden 66 is not divisible by heads 4");
+  EXPECT_EQ(error_of([] { build_model("gpt", "", {{"seq", "64"}, {"positions", "32"}}, 0); }),
+            "model gpt: seq 64 is longer than the position table (positions 32)");
   EXPECT_EQ(error_of([] { build_model("resnet", "", {{"layout", "resnet19"}}, 0); }),
             "model resnet: option layout must be one of resnet18, resnet34, resnet50, resnet101, resnet152, "
             "got \"resnet19\"");

@@ -31,4 +31,11 @@ class OutOfDeviceMemory : public ExecError {
   std::int64_t limit_bytes_;
 };
 
+// Torch refused an operation inside a unit during the run (a model that cannot train at this batch, a
+// shape the model does not take): "unit U, phase F (micro batch B): torch: <torch's own cause>".
+class UnitFailure : public ExecError {
+ public:
+  using ExecError::ExecError;
+};
+
 }  // namespace zeroplan::exec

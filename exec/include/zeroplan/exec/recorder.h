@@ -35,9 +35,18 @@ class Recorder {
   // higher than when the last span ended is where the peak was reached (the latest such span wins).
   void set_peak_probe(std::function<std::int64_t()> probe) { peak_probe_ = std::move(probe); }
   const std::string& peak_at() const { return peak_at_; }
+  // Memory counters in the trace: with a probe of the device's live bytes, every span's end adds a
+  // sample "memory device" {bytes: live, peak_bytes: the running peak}, as the simulator's trace has.
+  void set_live_probe(std::function<std::int64_t()> probe) { live_probe_ = std::move(probe); }
 
  private:
   std::function<std::int64_t()> peak_probe_;
+  std::function<std::int64_t()> live_probe_;
+  struct MemorySample {
+    double t_s;
+    std::int64_t live, peak;
+  };
+  std::vector<MemorySample> memory_;
   std::int64_t peak_seen_ = -1;
   std::string peak_at_;
   struct Span {

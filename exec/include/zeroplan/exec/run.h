@@ -24,6 +24,9 @@ struct RunOptions {
   std::string model = "gpt";        // zoo name
   std::string preset;               // e.g. "gpt2-tiny"
   zoo::Options model_options;       // overrides of the preset
+  std::string torchscript;          // a scripted nn.Sequential instead of a zoo model ("" none)
+  std::vector<int64_t> input_shape; // with torchscript: one sample's input shape
+  zoo::ScriptTask script_task;      // with torchscript: the task it trains on
   Plan plan;
   int steps = 10;
   int warmup_steps = 1;             // excluded from the statistics, still run and recorded
@@ -39,6 +42,7 @@ struct RunResult {
   int rank = 0;
   std::string backend;
   std::string device;
+  int threads = 1;                     // intra-op threads this rank computed with
   std::vector<double> step_times_s;                          // every step, warm-up included
   std::vector<std::map<std::string, double>> phase_times_s;  // per step: phase -> seconds
   std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
@@ -49,6 +53,9 @@ struct RunResult {
   std::string trace_path;              // written trace, or ""
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON
 };
+
+// The model of `options`: the TorchScript file when given, else the zoo model. Seed: options.plan.seed.
+zoo::Model build_run_model(const RunOptions& options);
 
 // Builds the model (same seed on every rank), runs warm-up + measured steps, writes the trace. The
 // model seed is options.plan.seed. Collective: every rank calls it with the same options.

@@ -151,9 +151,14 @@ struct ShippedCluster {
 // Every <name>.json in shipped_clusters_dir(), sorted by name. Throws SchemaError if the dir is missing.
 std::vector<ShippedCluster> list_shipped_clusters();
 
-// A cluster from a spec string: "NAME" (shipped), "PATH" (contains '/' or ends in .json), either followed
-// by ":N" to set the node count (then name becomes "NAME:N"). Throws SchemaError listing the shipped names
-// when NAME is unknown.
+// Where `zeroplan probe` (without -o) and autopilot keep this machine's probe:
+// $XDG_CACHE_HOME/zeroplan/probe-<hostname>.json, else ~/.cache/zeroplan/probe-<hostname>.json.
+std::filesystem::path local_probe_path();
+
+// A cluster from a spec string: "NAME" (shipped), "local" (this machine's cached probe,
+// local_probe_path()), "PATH" (contains '/' or ends in .json), any of them followed by ":N" to set the
+// node count (then name becomes "NAME:N"). Throws SchemaError listing the shipped names when NAME is
+// unknown, and saying how to probe when "local" has no probe yet.
 ClusterProfile resolve_cluster(std::string_view spec);
 
 }  // namespace zeroplan

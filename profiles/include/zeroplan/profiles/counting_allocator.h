@@ -10,6 +10,10 @@
 // bytes are exact tensor-storage bytes. Not counted: pinned host memory (CUDA host allocator), oneDNN /
 // MKL scratch buffers, and allocations made before the allocator was installed.
 //
+// c10's contract holds: a block's context is its data pointer (Allocator::raw_allocate asserts it;
+// oneDNN convolutions and bf16/fp16 GEMMs allocate through it); sizes live in a table keyed by the
+// pointer. Nested allocators credit every level and allocate from the innermost non-counting one.
+//
 // Lifetime: a storage remembers its allocator (resize_ allocates through it) and its deleter updates
 // the counters, so neither may die before the storage. The counters are shared with every block, and
 // an uninstalled allocator is retired (kept alive, limit removed) rather than destroyed.
@@ -51,6 +55,7 @@ struct AllocationCounters {
   std::atomic<std::int64_t> peak_bytes{0};
   std::atomic<std::int64_t> allocations{0};   // number of allocate() calls that succeeded
   std::atomic<std::int64_t> limit_bytes{-1};  // < 0: no limit
+  std::shared_ptr<AllocationCounters> parent;  // the enclosing counting allocator's, credited too
 };
 
 class CountingAllocator final : public at::Allocator {
@@ -58,7 +63,9 @@ class CountingAllocator final : public at::Allocator {
   // Wraps `inner` (not owned; must outlive every allocation). nullptr = c10::GetCPUAllocator().
   explicit CountingAllocator(at::Allocator* inner = nullptr);
 
+  // The DataPtr's context is its data pointer and its deleter raw_deleter(), as c10 requires.
   at::DataPtr allocate(size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   std::int64_t live_bytes() const { return counters_->live_bytes.load(); }
@@ -74,6 +81,7 @@ class CountingAllocator final : public at::Allocator {
 
  private:
   at::Allocator* inner_;
+  at::Allocator* root_;  // the innermost allocator that is not a CountingAllocator
   std::shared_ptr<AllocationCounters> counters_;
 };
 

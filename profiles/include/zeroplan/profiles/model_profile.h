@@ -33,7 +33,7 @@ struct UnitProfile {
   std::vector<std::int64_t> input_shape;   // at the reference batch
   std::vector<std::int64_t> output_shape;  // at the reference batch
   // Batch-dependent figures, each for ONE repetition.
-  Figure bytes_saved;        // saved for backward by autograd
+  Figure bytes_saved;        // kept for backward: saved by autograd, plus the input (profiler.h)
   Figure bytes_output;       // the output activation
   Figure time_fwd_s;         // median forward time
   Figure time_bwd_s;         // median backward time

@@ -7,11 +7,13 @@
 //
 // Per unit and batch (figures of ONE repetition):
 //   bytes_output     the output tensor's bytes (numel * itemsize)
-//   bytes_saved      bytes autograd keeps from forward to backward, parameters excluded, the unit's
-//                    input included when autograd saves it (the convention of Korthikanti et al.; the
-//                    output is excluded, being the next unit's input). Measured as: live bytes after a
-//                    forward on a fresh copy of the input that only the graph can keep alive, minus
-//                    live bytes before it without that copy, minus bytes_output.
+//   bytes_saved      bytes a training step keeps from the unit's forward to its backward, parameters
+//                    excluded: what autograd saves plus the unit's input, counted once (the executor
+//                    holds every unit's input until the unit's backward, saved or not; the convention of
+//                    Korthikanti et al. when the input is saved; the output is excluded, being the next
+//                    unit's input). Measured as: live bytes after a forward on a fresh copy of the
+//                    input, held through the measurement, minus live bytes before the forward, plus
+//                    the copy, minus bytes_output.
 //   bytes_peak_fwd   peak during forward - live before forward
 //   bytes_peak_bwd   peak during backward - live before backward (includes the parameter gradients and
 //                    the input gradient it allocates; gradients are reset to none before each pass)

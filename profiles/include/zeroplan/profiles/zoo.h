@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zeroplan::zoo {
@@ -97,9 +98,28 @@ Options resolve_options(const std::string& name, const std::string& preset, cons
 Model build_model(const std::string& name, const std::string& preset, const Options& overrides,
                   uint64_t seed);
 
+// The task a TorchScript model trains on, stated by the user (`--task`):
+// - regress: inputs N(0, 1); MSE of the output onto one fixed N(0, 1) target of the output's shape;
+// - classify: `classes` classes, each a fixed N(0, 1) prototype input (from the seed); a sample is its
+//   class's prototype plus N(0, 1) noise; cross-entropy of an output [batch, classes];
+// - lm: integer token inputs in [0, vocab) of the sample shape [T], next token of a fixed random Markov
+//   chain (gpt's task); cross-entropy of an output [batch, T, vocab].
+struct ScriptTask {
+  std::string kind = "regress";  // regress | classify | lm
+  int64_t classes = 0;           // classify
+  int64_t vocab = 0;             // lm
+};
+// The kinds with a one-line description each, for --help and errors.
+const std::vector<std::pair<std::string, std::string>>& script_task_kinds();
+
 // A scripted module whose top-level children are the units (nn.Sequential-style); sample_shape is
-// the input shape of one sample. The task regresses the output onto a fixed random target (MSE).
+// the input shape of one sample. A child that writes its input in place (ReLU(inplace=True)) gets a
+// copy of its input (the unit's type says so). Errors name the file, the child and torch's cause.
 Model load_torchscript(const std::string& path, const std::vector<int64_t>& sample_shape,
-                       uint64_t seed);
+                       uint64_t seed, const ScriptTask& task = {});
+
+// torch's own cause of a failure in one line: for a TorchScript interpreter error, the Python-style
+// exception line ("RuntimeError: ...") rather than "The following operation failed ...".
+std::string torch_cause(const std::exception& error);
 
 }  // namespace zeroplan::zoo

@@ -2,7 +2,10 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <array>
+#include <cstdint>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,17 +25,46 @@ OutOfMemoryError::OutOfMemoryError(std::string device, std::int64_t request_byte
 
 namespace {
 
-// The context of every block handed out: the inner allocation, its size, and the counters to debit.
-struct Block {
-  at::DataPtr inner;
+// c10's contract (Allocator::raw_allocate asserts it; oneDNN convolutions and reduced-precision GEMMs
+// allocate through it): a DataPtr's context IS its data pointer and its deleter a plain function of
+// that pointer. So the size of every block, the counters to debit and the root allocator's deleter are
+// kept in a table keyed by the data pointer, sharded to keep intra-op threads off one lock.
+struct Entry {
   std::int64_t bytes;
-  std::shared_ptr<AllocationCounters> counters;
+  std::shared_ptr<AllocationCounters> counters;  // debited along the parent chain
+  c10::DeleterFnPtr root_deleter;
 };
 
-void delete_block(void* ctx) {
-  auto* block = static_cast<Block*>(ctx);
-  block->counters->live_bytes.fetch_sub(block->bytes);
-  delete block;  // frees the inner DataPtr through its own deleter
+class BlockTable {
+ public:
+  void insert(void* p, Entry e) {
+    Shard& s = shard(p);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.entries.emplace(p, std::move(e));
+  }
+  Entry take(void* p) {
+    Shard& s = shard(p);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    auto it = s.entries.find(p);
+    TORCH_INTERNAL_ASSERT(it != s.entries.end(), "counting allocator: freeing an unknown block");
+    Entry e = std::move(it->second);
+    s.entries.erase(it);
+    return e;
+  }
+
+ private:
+  struct Shard {
+    std::mutex mutex;
+    std::unordered_map<void*, Entry> entries;
+  };
+  static constexpr std::size_t kShards = 16;
+  Shard& shard(void* p) { return shards_[(reinterpret_cast<std::uintptr_t>(p) >> 6) % kShards]; }
+  std::array<Shard, kShards> shards_;
+};
+
+BlockTable& table() {
+  static auto* t = new BlockTable();  // never destroyed: storages may outlive static destruction
+  return *t;
 }
 
 void raise_peak(AllocationCounters& c, std::int64_t live) {
@@ -41,34 +73,74 @@ void raise_peak(AllocationCounters& c, std::int64_t live) {
   }
 }
 
+void debit(AllocationCounters* c, std::int64_t bytes) {
+  for (; c != nullptr; c = c->parent.get()) c->live_bytes.fetch_sub(bytes);
+}
+
+void delete_block(void* p) {
+  if (p == nullptr) return;
+  Entry e = table().take(p);
+  debit(e.counters.get(), e.bytes);
+  e.root_deleter(p);
+}
+
 }  // namespace
 
 CountingAllocator::CountingAllocator(at::Allocator* inner)
     : inner_(inner != nullptr ? inner : c10::GetCPUAllocator()),
-      counters_(std::make_shared<AllocationCounters>()) {}
+      counters_(std::make_shared<AllocationCounters>()) {
+  // Nested counting: allocate from the innermost non-counting allocator and credit every level.
+  if (auto* counting = dynamic_cast<CountingAllocator*>(inner_)) {
+    counters_->parent = counting->counters_;
+    root_ = counting->root_;
+  } else {
+    root_ = inner_;
+  }
+}
 
 at::DataPtr CountingAllocator::allocate(size_t n) {
   const auto bytes = static_cast<std::int64_t>(n);
-  const std::int64_t live = counters_->live_bytes.fetch_add(bytes) + bytes;
-  const std::int64_t limit = counters_->limit_bytes.load();
-  if (limit >= 0 && live > limit) {
-    counters_->live_bytes.fetch_sub(bytes);
-    throw OutOfMemoryError("cpu", bytes, live - bytes, limit);
+  // Credit every level first (so concurrent allocations see each other), then check the limits.
+  AllocationCounters* failed = nullptr;
+  std::int64_t failed_live = 0;
+  for (AllocationCounters* c = counters_.get(); c != nullptr; c = c->parent.get()) {
+    const std::int64_t live = c->live_bytes.fetch_add(bytes) + bytes;
+    const std::int64_t limit = c->limit_bytes.load();
+    if (failed == nullptr && limit >= 0 && live > limit) {
+      failed = c;
+      failed_live = live - bytes;
+    }
+  }
+  if (failed != nullptr) {
+    debit(counters_.get(), bytes);
+    throw OutOfMemoryError("cpu", bytes, failed_live, failed->limit_bytes.load());
   }
   at::DataPtr inner;
   try {
-    inner = inner_->allocate(n);
+    inner = root_->allocate(n);
   } catch (...) {
-    counters_->live_bytes.fetch_sub(bytes);
+    debit(counters_.get(), bytes);
     throw;
   }
-  raise_peak(*counters_, live);
-  counters_->allocations.fetch_add(1);
   void* data = inner.get();
   const at::Device device = inner.device();
-  auto* block = new Block{std::move(inner), bytes, counters_};
-  return at::DataPtr(data, block, &delete_block, device);
+  if (data == nullptr) {  // zero-byte blocks: nothing to free, nothing to track
+    debit(counters_.get(), bytes);
+    return at::DataPtr(nullptr, nullptr, &delete_block, device);
+  }
+  TORCH_INTERNAL_ASSERT(inner.get_context() == data,
+                        "counting allocator: the wrapped CPU allocator's context is not its data");
+  const c10::DeleterFnPtr root_deleter = inner.get_deleter();
+  inner.release_context();  // ownership passes to the table entry
+  for (AllocationCounters* c = counters_.get(); c != nullptr; c = c->parent.get()) {
+    raise_peak(*c, c->live_bytes.load());
+    c->allocations.fetch_add(1);
+  }
+  table().insert(data, Entry{bytes, counters_, root_deleter});
+  return at::DataPtr(data, data, &delete_block, device);
 }
+
+c10::DeleterFnPtr CountingAllocator::raw_deleter() const { return &delete_block; }
 
 void CountingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   default_copy_data(dest, src, count);

@@ -177,19 +177,21 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     backward(y, output_grad(y));
   }
 
-  // Memory pass. The unit runs on a fresh copy of its input that only the unit's graph can keep
-  // alive (the copy is a non-leaf: AccumulateGrad holds x, not the copy), so what stays live after
-  // forward, minus the output, is what autograd saved, the input included when it is saved.
+  // Memory pass. The unit runs on a fresh copy of its input, held until the unit's backward as the
+  // executor holds every unit's input (the leaf it differentiates against), so what stays live after
+  // forward, minus the output, is what autograd saved plus the input, counted once whether or not
+  // autograd saved it (a unit that does not save its input, e.g. an in-place ReLU on a copy, or an
+  // average pool, still keeps it alive in a training step).
   clear();
   torch::Tensor x_copy = x.clone();
   const double bytes_x_copy = tensor_bytes(x_copy);
   dev.synchronize();
   const std::int64_t live0 = dev.memory.begin_phase();
   torch::Tensor y = unit.forward(x_copy);
-  x_copy = torch::Tensor();
   torch::Tensor g_loss = loss ? output_grad(y) : torch::Tensor();
   dev.synchronize();
   const std::int64_t live1 = dev.memory.live();
+  x_copy = torch::Tensor();
   m.bytes_peak_fwd = static_cast<double>(dev.memory.peak() - live0);
   m.output_shape = shape_of(y);
   m.bytes_output = tensor_bytes(y);
@@ -378,9 +380,14 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
         torch::Tensor target = data.target.to(device);
         loss = [&model, target](const torch::Tensor& y) { return model.task->loss(y, target); };
       }
-      auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss);
-      row.push_back(std::move(m));
-      x = out;
+      try {
+        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss);
+        row.push_back(std::move(m));
+        x = out;
+      } catch (const c10::Error& e) {
+        throw SchemaError(c10::str("profile: unit ", model.units[i].name, " at batch ", b, " failed: torch: ",
+                                   zoo::torch_cause(e)));
+      }
     }
     measurements.push_back(std::move(row));
   }

@@ -16,23 +16,24 @@ struct GptConfig {
   int64_t layers = 0;
   int64_t hidden = 0;
   int64_t heads = 0;
-  int64_t seq = 0;
+  int64_t seq = 0;        // training sequence length (the task's)
+  int64_t positions = 0;  // rows of the position table wpe; >= seq
   int64_t vocab = 0;
   bool tied = true;
   double dropout = 0.0;
 };
 
-// Input: token ids [batch, T] (int64), T <= seq. Output: [batch, T, hidden].
+// Input: token ids [batch, T] (int64), T <= positions. Output: [batch, T, hidden].
 class EmbedUnit : public UnitModule {
  public:
   explicit EmbedUnit(const GptConfig& c)
       : wte(register_module("wte", torch::nn::Embedding(c.vocab, c.hidden))),
-        wpe(register_module("wpe", torch::nn::Embedding(c.seq, c.hidden))),
+        wpe(register_module("wpe", torch::nn::Embedding(c.positions, c.hidden))),
         drop(register_module("drop", torch::nn::Dropout(c.dropout))),
-        seq_(c.seq) {}
+        positions_(c.positions) {}
   torch::Tensor forward(const torch::Tensor& input) override {
-    TORCH_CHECK(input.dim() == 2 && input.size(1) <= seq_, "gpt embed: expected token ids [batch, T<=",
-                seq_, "], got ", input.sizes());
+    TORCH_CHECK(input.dim() == 2 && input.size(1) <= positions_, "gpt embed: expected token ids [batch, T<=",
+                positions_, "], got ", input.sizes());
     torch::Tensor positions = torch::arange(input.size(1), input.options().dtype(torch::kInt64));
     return drop(wte(input) + wpe(positions));
   }
@@ -41,7 +42,7 @@ class EmbedUnit : public UnitModule {
   torch::nn::Dropout drop;
 
  private:
-  int64_t seq_;
+  int64_t positions_;
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -181,21 +182,28 @@ void init_normal(torch::nn::Linear& linear, double std, at::Generator& gen) {
 
 }  // namespace
 
+std::unique_ptr<Task> make_markov_language(uint64_t seed, int64_t vocab, int64_t seq) {
+  return std::make_unique<MarkovLanguage>(seed, vocab, seq);
+}
+
 ModelInfo gpt_info() {
+  // GPT-2's position table has 1024 rows whatever the training sequence length (--seq).
   auto preset = [](const char* layers, const char* hidden, const char* heads, const char* seq,
-                   const char* vocab) {
-    return Options{{"layers", layers}, {"hidden", hidden}, {"heads", heads}, {"seq", seq}, {"vocab", vocab}};
+                   const char* vocab, const char* positions = "1024") {
+    return Options{{"layers", layers}, {"hidden", hidden}, {"heads", heads}, {"seq", seq},
+                   {"positions", positions}, {"vocab", vocab}};
   };
   return {"gpt",
           "GPT-2-style pre-LayerNorm decoder with causal self-attention; task: next token of a random Markov chain",
           {{"layers", "2", "transformer blocks"},
            {"hidden", "64", "hidden size (divisible by heads)"},
            {"heads", "2", "attention heads"},
-           {"seq", "32", "sequence length (positions in wpe; task sequence length)"},
+           {"seq", "32", "training sequence length (the task's)"},
+           {"positions", "0", "rows of the position table wpe (0: seq); must be >= seq"},
            {"vocab", "256", "vocabulary size"},
            {"tied", "true", "LM head reuses the token embedding (wte.weight)"},
            {"dropout", "0", "dropout probability (embeddings, attention, residual)"}},
-          {{"gpt2-tiny", preset("2", "64", "2", "32", "256")},
+          {{"gpt2-tiny", preset("2", "64", "2", "32", "256", "32")},
            {"gpt2-small", preset("12", "768", "12", "1024", "50257")},
            {"gpt2-medium", preset("24", "1024", "16", "1024", "50257")},
            {"gpt2-large", preset("36", "1280", "20", "1024", "50257")},
@@ -208,6 +216,12 @@ Model build_gpt(const Options& options, uint64_t seed) {
   c.hidden = int_option("gpt", options, "hidden");
   c.heads = int_option("gpt", options, "heads");
   c.seq = int_option("gpt", options, "seq");
+  c.positions = int_option("gpt", options, "positions", 0);
+  if (c.positions == 0) c.positions = c.seq;
+  if (c.positions < c.seq) {
+    throw SchemaError(c10::str("model gpt: seq ", c.seq, " is longer than the position table (positions ",
+                               c.positions, ")"));
+  }
   c.vocab = int_option("gpt", options, "vocab", 2);
   c.tied = bool_option("gpt", options, "tied");
   c.dropout = double_option("gpt", options, "dropout", 0.0, 1.0);

@@ -200,7 +200,7 @@ ModelInfo resnet_info() {
            {"width", "64", "channels of the stem (stages use 1, 2, 4, 8 times this)"}},
           {{"resnet18", {{"layout", "resnet18"}, {"image", "224"}, {"classes", "1000"}}},
            {"resnet50", {{"layout", "resnet50"}, {"image", "224"}, {"classes", "1000"}}},
-           {"resnet-tiny", {{"layout", "resnet18"}, {"image", "32"}, {"classes", "10"}, {"width", "8"}}}}};
+           {"resnet-tiny", {{"layout", "resnet18"}, {"image", "64"}, {"classes", "10"}, {"width", "8"}}}}};
 }
 
 Model build_resnet(const Options& options, uint64_t seed) {

@@ -7,13 +7,12 @@
 
 #include <torch/script.h>
 
-
+#include <algorithm>
 #include <set>
+#include <sstream>
 
 namespace zeroplan::zoo {
 namespace {
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // "0.weight" -> "0_weight": nn::Module names cannot contain dots. Collisions get a numeric suffix.
 std::string unique_name(const std::string& dotted, std::set<std::string>& used) {
@@ -38,19 +37,31 @@ class ScriptUnit : public UnitModule {
       register_buffer(unique_name(b.name, used), b.value);
     }
   }
-  torch::Tensor forward(const torch::Tensor& input) override { return script_.forward({input}).toTensor(); }
+  // A child that writes its input in place would modify the previous unit's output (which autograd may
+  // have saved) or a leaf that requires grad: it computes on a copy instead.
+  torch::Tensor forward(const torch::Tensor& input) override {
+    return script_.forward({copy_input_ ? input.clone() : input}).toTensor();
+  }
   void train(bool on = true) override {
     torch::nn::Module::train(on);
     script_.train(on);
   }
+  void set_copy_input(bool on) { copy_input_ = on; }
 
  private:
   torch::jit::Module script_;
+  bool copy_input_ = false;
 };
 
 std::string type_name(const torch::jit::Module& module) {
   const auto& qualified = module.type()->name();
   return qualified ? qualified->name() : std::string("ScriptModule");
+}
+
+std::vector<int64_t> with_batch(int64_t count, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out = {count};
+  out.insert(out.end(), shape.begin(), shape.end());
+  return out;
 }
 
 // Regress every sample's output onto one fixed N(0, 1) target (from the seed); inputs are N(0, 1),
@@ -67,18 +78,14 @@ class FixedTargetRegression : public Task {
 
   Batch batch(int64_t step, int64_t first_sample, int64_t count) const override {
     TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "torchscript task: bad batch request");
-    std::vector<int64_t> shape = {count};
-    shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
-    torch::Tensor input = torch::empty(shape, torch::kFloat32);
+    torch::Tensor input = torch::empty(with_batch(count, sample_shape_), torch::kFloat32);
     const int64_t per_sample = input.numel() / count;
     float* x = input.data_ptr<float>();
     for (int64_t j = 0; j < count; ++j) {
       detail::Rng rng(detail::sample_key(seed_, step, first_sample + j));
       for (int64_t i = 0; i < per_sample; ++i) x[j * per_sample + i] = static_cast<float>(rng.normal());
     }
-    std::vector<int64_t> target_shape = {count};
-    target_shape.insert(target_shape.end(), output_shape_.begin(), output_shape_.end());
-    return {input, target_.unsqueeze(0).expand(target_shape).contiguous()};
+    return {input, target_.unsqueeze(0).expand(with_batch(count, output_shape_)).contiguous()};
   }
 
   torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const override {
@@ -94,47 +101,156 @@ class FixedTargetRegression : public Task {
   torch::Tensor target_;
 };
 
+// Class c has a fixed N(0, 1) prototype of the sample shape (from the seed); a sample of class c is the
+// prototype plus N(0, 1) noise. Samples one by one from Rng(sample_key(seed, step, j)): class, then noise.
+class PrototypeClassification : public Task {
+ public:
+  PrototypeClassification(uint64_t seed, std::vector<int64_t> sample_shape, int64_t classes)
+      : seed_(seed), sample_shape_(std::move(sample_shape)), classes_(classes) {
+    prototypes_ = torch::empty(with_batch(classes, sample_shape_), torch::kFloat32);
+    detail::Rng rng(detail::teacher_key(seed));
+    float* p = prototypes_.data_ptr<float>();
+    for (int64_t i = 0; i < prototypes_.numel(); ++i) p[i] = static_cast<float>(rng.normal());
+  }
+
+  Batch batch(int64_t step, int64_t first_sample, int64_t count) const override {
+    TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "torchscript task: bad batch request");
+    torch::Tensor input = torch::empty(with_batch(count, sample_shape_), torch::kFloat32);
+    torch::Tensor target = torch::empty({count}, torch::kInt64);
+    const int64_t per_sample = input.numel() / count;
+    float* x = input.data_ptr<float>();
+    const float* p = prototypes_.data_ptr<float>();
+    for (int64_t j = 0; j < count; ++j) {
+      detail::Rng rng(detail::sample_key(seed_, step, first_sample + j));
+      const int64_t c = rng.below(classes_);
+      target[j] = c;
+      for (int64_t i = 0; i < per_sample; ++i) {
+        x[j * per_sample + i] = p[c * per_sample + i] + static_cast<float>(rng.normal());
+      }
+    }
+    return {input, target};
+  }
+
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const override {
+    return torch::nn::functional::cross_entropy(output, target.to(output.device()));
+  }
+
+  std::vector<int64_t> sample_shape() const override { return sample_shape_; }
+
+ private:
+  uint64_t seed_;
+  std::vector<int64_t> sample_shape_;
+  int64_t classes_;
+  torch::Tensor prototypes_;  // classes x sample shape
+};
+
+std::string shape_text(c10::IntArrayRef shape) { return c10::str("[", c10::Join(", ", shape), "]"); }
+
 }  // namespace
 
-Model load_torchscript(const std::string& path, const std::vector<int64_t>& sample_shape, uint64_t seed) {
+std::string torch_cause(const std::exception& error) {
+  std::string text;
+  if (const auto* c = dynamic_cast<const c10::Error*>(&error)) {
+    text = c->what_without_backtrace();
+  } else {
+    text = error.what();
+  }
+  // TorchScript: "The following operation failed in the TorchScript interpreter. ... RuntimeError: cause".
+  std::istringstream lines(text);
+  std::string line, first, exception_line;
+  while (std::getline(lines, line)) {
+    if (first.empty() && !line.empty()) first = line;
+    const auto colon = line.find("Error: ");
+    if (colon != std::string::npos && line.find(' ') > colon) exception_line = line;
+  }
+  if (!exception_line.empty() && first.find("TorchScript interpreter") != std::string::npos) return exception_line;
+  return first;
+}
+
+const std::vector<std::pair<std::string, std::string>>& script_task_kinds() {
+  static const std::vector<std::pair<std::string, std::string>> kinds = {
+      {"regress", "MSE of the output onto one fixed random target"},
+      {"classify", "cross-entropy over --classes N: noisy copies of a fixed random prototype per class"},
+      {"lm", "integer tokens in [0, --vocab V): next token of a fixed random Markov chain, cross-entropy"},
+  };
+  return kinds;
+}
+
+Model load_torchscript(const std::string& path, const std::vector<int64_t>& sample_shape, uint64_t seed,
+                       const ScriptTask& task) {
   if (sample_shape.empty() || std::any_of(sample_shape.begin(), sample_shape.end(), [](int64_t d) { return d < 1; })) {
     throw SchemaError(c10::str("torchscript ", path, ": input shape must be one or more positive sizes, got [",
                                c10::Join(", ", sample_shape), "]"));
   }
+  const auto& kinds = script_task_kinds();
+  if (std::none_of(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == task.kind; })) {
+    throw SchemaError(c10::str("torchscript ", path, ": unknown task \"", task.kind, "\" (tasks: regress, classify, lm)"));
+  }
+  if (task.kind == "classify" && task.classes < 2) {
+    throw SchemaError(c10::str("torchscript ", path, ": task classify needs --classes >= 2, got ", task.classes));
+  }
+  if (task.kind == "lm" && (task.vocab < 2 || sample_shape.size() != 1)) {
+    throw SchemaError(c10::str("torchscript ", path, ": task lm needs --vocab >= 2 (got ", task.vocab,
+                               ") and a token input shape [T] (got ", shape_text(sample_shape), ")"));
+  }
   torch::jit::Module script;
   try {
     script = torch::jit::load(path, torch::kCPU);
-  } catch (const c10::Error& e) {
-    throw SchemaError(c10::str("torchscript ", path, ": cannot load: ", first_line(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    throw SchemaError(c10::str("torchscript ", path, ": cannot load: ", torch_cause(e)));
   }
   Model model;
   model.name = "torchscript";
+  std::vector<std::shared_ptr<ScriptUnit>> units;
   for (const auto& child : script.named_children()) {
-    model.units.push_back({child.name, type_name(child.value), std::make_shared<ScriptUnit>(child.value), {}});
+    units.push_back(std::make_shared<ScriptUnit>(child.value));
+    model.units.push_back({child.name, type_name(child.value), units.back(), {}});
   }
   if (model.units.empty()) {
     throw SchemaError(c10::str("torchscript ", path, ": the module (", type_name(script),
                                ") has no children to use as units; script an nn.Sequential whose children "
                                "are the units"));
   }
-  // One forward of two zero samples in eval mode gives the output shape (and checks the input shape).
-  std::vector<int64_t> probe_shape = {2};
-  probe_shape.insert(probe_shape.end(), sample_shape.begin(), sample_shape.end());
-  torch::Tensor output;
-  try {
-    torch::NoGradGuard no_grad;
-    output = torch::zeros(probe_shape);
-    for (Unit& unit : model.units) {
-      unit.module->eval();
-      output = unit.module->forward(output);
+  // One forward of two zero samples in eval mode gives the output shape and checks the input shape.
+  // Each unit's input is a leaf that requires grad, as in the executor: a child that writes its input
+  // in place fails there and is given a copy of its input from then on.
+  const bool tokens = task.kind == "lm";
+  torch::Tensor output = torch::zeros(with_batch(2, sample_shape), tokens ? torch::kInt64 : torch::kFloat32);
+  for (std::size_t i = 0; i < model.units.size(); ++i) {
+    Unit& unit = model.units[i];
+    unit.module->eval();
+    torch::Tensor input = output.is_floating_point() ? output.detach().requires_grad_() : output;
+    try {
+      try {
+        output = unit.module->forward(input);
+      } catch (const c10::Error& e) {
+        if (std::string(e.what_without_backtrace()).find("in-place operation") == std::string::npos) throw;
+        units[i]->set_copy_input(true);
+        unit.type += " (copies its input: writes it in place)";
+        output = unit.module->forward(input);
+      }
+    } catch (const std::exception& e) {
+      throw SchemaError(c10::str("torchscript ", path, ": child ", unit.name, " (", unit.type, ") failed on input ",
+                                 shape_text(input.sizes()), ": ", torch_cause(e)));
     }
-  } catch (const c10::Error& e) {
-    throw SchemaError(c10::str("torchscript ", path, ": forward of input shape [", c10::Join(", ", sample_shape),
-                               "] failed: ", first_line(e.what_without_backtrace())));
   }
   for (Unit& unit : model.units) unit.module->train();
   std::vector<int64_t> output_shape(output.sizes().begin() + 1, output.sizes().end());
-  model.task = std::make_unique<FixedTargetRegression>(seed, sample_shape, output_shape);
+  if (task.kind == "classify") {
+    if (output_shape != std::vector<int64_t>{task.classes}) {
+      throw SchemaError(c10::str("torchscript ", path, ": task classify with --classes ", task.classes,
+                                 " needs an output [batch, ", task.classes, "], got ", shape_text(output.sizes())));
+    }
+    model.task = std::make_unique<PrototypeClassification>(seed, sample_shape, task.classes);
+  } else if (task.kind == "lm") {
+    if (output_shape != std::vector<int64_t>{sample_shape[0], task.vocab}) {
+      throw SchemaError(c10::str("torchscript ", path, ": task lm with --vocab ", task.vocab, " needs an output [batch, ",
+                                 sample_shape[0], ", ", task.vocab, "], got ", shape_text(output.sizes())));
+    }
+    model.task = detail::make_markov_language(seed, task.vocab, sample_shape[0]);
+  } else {
+    model.task = std::make_unique<FixedTargetRegression>(seed, sample_shape, output_shape);
+  }
   return model;
 }
 

@@ -14,6 +14,10 @@ Model build_mlp(const Options& options, uint64_t seed);
 Model build_gpt(const Options& options, uint64_t seed);
 Model build_resnet(const Options& options, uint64_t seed);
 
+// gpt's task, shared with TorchScript language models: next token of a fixed random Markov chain over
+// `vocab` tokens; input [count, seq] int64, target the same shifted by one; cross-entropy on the last dim.
+std::unique_ptr<Task> make_markov_language(uint64_t seed, int64_t vocab, int64_t seq);
+
 ModelInfo mlp_info();
 ModelInfo gpt_info();
 ModelInfo resnet_info();

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Failing commands end with ONE line on stderr naming what is wrong, a fixed exit code, and never a C++
+# backtrace ("frame #"): a convolutional model fed the wrong shape, a file that is not TorchScript,
+# BatchNorm at a batch it cannot normalise (in one process and on 2 ranks), a model name where a
+# profile is wanted.
+#   errors.sh ZEROPLAN PYTHON
+set -uo pipefail
+zp=$1; py=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+"$py" "$here/../profiles/zoo/make_scripted_cnn.py" "$out/cnn.pt" 10 || exit 1
+echo "not a model" > "$out/bad.pt"
+status=0
+# expect CODE PATTERN ARGS...: exit code CODE, one stderr line matching the grep pattern PATTERN.
+expect() {
+  local code=$1 pattern=$2; shift 2
+  "$zp" "$@" >"$out/stdout" 2>"$out/stderr"
+  local rc=$? lines
+  lines=$(grep -c '' "$out/stderr")
+  if [ "$rc" != "$code" ] || [ "$lines" != 1 ] || grep -q 'frame #' "$out/stderr" || ! grep -Eq "$pattern" "$out/stderr"; then
+    echo "FAIL: zeroplan $* -> exit $rc (want $code), $lines stderr line(s):"; sed 's/^/  | /' "$out/stderr"; status=1
+  else
+    echo "ok: exit $rc: $(cat "$out/stderr")"
+  fi
+}
+expect 1 'child stem \(Sequential\) failed on input \[2, 4, 16, 16\]: .*(channels|Error)' \
+  -q profile --torchscript "$out/cnn.pt" --input-shape 4,16,16 --task classify --classes 10
+expect 1 "torchscript $out/bad.pt: cannot load: " \
+  -q profile --torchscript "$out/bad.pt" --input-shape 3,16,16
+expect 1 'needs an output \[batch, 7\], got \[2, 10\]' \
+  -q run --torchscript "$out/cnn.pt" --input-shape 3,16,16 --task classify --classes 7 --steps 2
+# resnet at 32 x 32 has 1 x 1 maps in layer4: BatchNorm cannot normalise one sample there.
+expect 3 'unit layer4, phase forward \(micro batch 1\): torch: .*more than 1 value per channel' \
+  -q run --model resnet --preset resnet-tiny --opt image=32 --global-batch 1 --steps 2 --warmup 1
+expect 3 'rank [01] exited with code 3( at step 0)?: unit layer4, phase forward \(micro batch 1\): torch: ' \
+  -q run --nproc 2 --model resnet --preset resnet-tiny --opt image=32 --global-batch 2 --steps 2 --warmup 1
+expect 1 'profile: unit layer4 at batch 1 failed: torch: .*more than 1 value per channel' \
+  -q profile --model resnet --preset resnet-tiny --opt image=32 --batch 1 --batches 1 --repeats 1
+expect 1 'no file "gpt": this wants a ModelProfile .*zeroplan profile --model gpt' \
+  -q simulate --model gpt --cluster a100-sxm-80gb
+exit $status
