@@ -60,7 +60,7 @@ std::optional<std::vector<T>> parse_list(std::string_view text, Parse parse) {
   return out;
 }
 
-// The JSON form of `text` for `knob`, or "" with `expected` naming what was wanted.
+// The JSON form of `text` for `knob`; nullopt, with `expected` naming what was wanted, when it does not parse.
 std::optional<nlohmann::json> to_json_value(const Knob& knob, std::string_view text, std::string& expected) {
   const std::string t = trim(text);
   switch (knob.type) {
