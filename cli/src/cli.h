@@ -58,5 +58,6 @@ Action add_tune(CLI::App& app, const Globals& globals);
 Action add_run(CLI::App& app, const Globals& globals);
 Action add_compare(CLI::App& app, const Globals& globals);
 Action add_autopilot(CLI::App& app, const Globals& globals);
+Action add_plan(CLI::App& app, const Globals& globals);
 
 }  // namespace zeroplan::cli

@@ -29,6 +29,7 @@
 #include "zeroplan/config.h"
 #include "zeroplan/exec/probe.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/knobs.h"
 #include "zeroplan/profiles/profiler.h"
 #include "zeroplan/profiles/zoo.h"
 #include "zeroplan/sim/compare.h"
@@ -62,7 +63,7 @@ struct AutopilotArgs {
   int steps = 8;
   int warmup = 2;
   double probe_max_age_h = 24;
-  std::string knobs = "zero_stage,reshard_after_forward,offload_params,offload_grads,offload_optimizer,checkpointing,micro_batch";
+  std::string knobs = tune_knobs_supported_by(Component::run);  // the tune knobs the executor runs (knobs.h)
   bool grid = false;               // also run the fidelity grid (no budget) and report the errors
   bool calibrate = false;          // with grid: fit factors on half the grid, judge on the other half
   int rounds = 1;                  // with grid: run the grid this many times, plans interleaved

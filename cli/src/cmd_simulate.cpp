@@ -72,7 +72,7 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->required()->check(model_profile_file());
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
-  app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");
+  app.add_option("--set", a->plan.sets, "Plan knob key=value, dotted (offload.params=true); repeatable; knobs: zeroplan plan --fields");
   app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks");
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
   app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)");

@@ -104,7 +104,7 @@ int run_tune(TuneArgs& a, const Globals& g) {
 
 Action add_tune(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<TuneArgs>();
-  std::string knob_help = "Knobs that may vary (comma-separated; default all):";
+  std::string knob_help = "Knobs that may vary (comma-separated, or a Plan knob's name; default all):";
   for (const auto& k : tuner::knob_names()) knob_help += " " + k;
   app.add_option("--model", a->model, "ModelProfile (from zeroplan profile)")->check(model_profile_file());
   app.add_option("--max-model", a->max_model, "Instead of --model: the largest model of a family (gpt) that trains");
@@ -115,7 +115,8 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_option("--world-size", a->constraints.world_size, "Ranks (default: as many whole nodes as divide the batch)");
   app.add_option("--nodes", a->constraints.nodes, "Nodes available (default: the cluster's)");
   app.add_option("--knobs", a->knobs, knob_help);
-  app.add_option("--fix", a->fixes, "Fixed value key=value, e.g. --fix zero_stage=3 (repeatable)");
+  app.add_option("--fix", a->fixes, "Fixed knob key=value, e.g. --fix zero_stage=3 (repeatable; knobs: zeroplan plan "
+                 "--fields; presets precision=fp32|bf16|fp16, buckets=default|large)");
   app.add_option("--device-headroom", a->constraints.device_headroom_fraction, "Share of device memory kept free [0,1)");
   app.add_option("--device-headroom-bytes", a->constraints.device_headroom_bytes, "Device bytes kept free");
   app.add_option("--host-headroom", a->constraints.host_headroom_fraction, "Share of host memory kept free [0,1)");

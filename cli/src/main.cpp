@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       {"run", "Train with a Plan on real ranks (c10d: Gloo on CPU, NCCL on CUDA) -> RunRecord", add_run},
       {"compare", "Predicted vs measured -> Comparison", add_compare},
       {"autopilot", "Profile, probe, tune, run and compare on this machine in one command", add_autopilot},
+      {"plan", "Describe the Plan: --fields lists every knob (range, default, simulate / tune / run)", add_plan},
   };
   Action chosen;
   for (const auto& e : entries) {

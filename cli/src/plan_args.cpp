@@ -1,46 +1,69 @@
 #include "plan_args.h"
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
+
+#include <set>
+#include <utility>
 
 #include "cli.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/knobs.h"
 
 namespace zeroplan::cli {
+namespace {
+
+// "k=v,k2=v2" or repeated "k=v" -> pairs in order; a piece without '=' continues the previous value
+// ("checkpointing=1,3"). Throws ExitError(kBadInput) naming the bad item.
+std::vector<std::pair<std::string, std::string>> split_sets(const std::vector<std::string>& items) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& item : items) {
+    bool first = true;
+    std::size_t start = 0;
+    while (start <= item.size()) {
+      const std::size_t comma = item.find(',', start);
+      const std::string piece = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const auto eq = piece.find('=');
+      if (eq == std::string::npos && !first) {
+        out.back().second += "," + piece;
+      } else if (eq == std::string::npos || eq == 0 || eq + 1 == piece.size()) {
+        throw ExitError(kBadInput, fmt::format("--set: expected key=value, got \"{}\"", piece));
+      } else {
+        out.emplace_back(piece.substr(0, eq), piece.substr(eq + 1));
+      }
+      first = false;
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Plan plan_from_args(const PlanArgs& args) {
   const int ws = args.world_size.value_or(1);
-  Plan base = args.file.empty() ? Plan::default_ddp(ws, args.global_batch.value_or(ws))
-                                : read_document<Plan>(args.file);
-  nlohmann::json j = base;
-  auto sets = parse_key_values(args.sets, "--set");
-  if (args.world_size) sets["world_size"] = std::to_string(*args.world_size);
-  if (args.global_batch) {
-    // Keep the batch identity: the micro batch follows the global batch unless it is set explicitly.
-    sets["global_batch"] = std::to_string(*args.global_batch);
-  }
-  for (const auto& [key, text] : sets) {
-    nlohmann::json* node = &j;
-    size_t start = 0;
-    while (true) {
-      size_t dot = key.find('.', start);
-      std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      if (!node->is_object() || !node->contains(part))
-        throw ExitError(kBadInput, fmt::format("--set {}: plan has no field \"{}\"", key, key.substr(0, dot)));
-      node = &(*node)[part];
-      if (dot == std::string::npos) break;
-      start = dot + 1;
-    }
-    nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-    *node = value.is_discarded() ? nlohmann::json(text) : value;
-  }
+  const Plan base = args.file.empty() ? Plan::default_ddp(ws, args.global_batch.value_or(ws))
+                                      : read_document<Plan>(args.file);
+  auto sets = split_sets(args.sets);
+  if (args.world_size) sets.emplace_back("world_size", std::to_string(*args.world_size));
+  if (args.global_batch) sets.emplace_back("global_batch", std::to_string(*args.global_batch));
   if (!args.file.empty() && sets.empty()) return base;
-  // Without an explicit micro batch, derive it so that the batch identity holds.
-  if (!sets.count("micro_batch") && (sets.count("global_batch") || sets.count("world_size") || sets.count("microbatches"))) {
-    int gb = j["global_batch"].get<int>(), ws = j["world_size"].get<int>(), mb = j["microbatches"].get<int>();
-    if (ws > 0 && mb > 0 && gb % (ws * mb) == 0) j["micro_batch"] = gb / (ws * mb);
+  // Each --set through the knob registry; knobs not given follow their dependent defaults (the micro
+  // batch follows the global batch, reshard_after_forward follows zero_stage 3).
+  Plan plan = base;
+  std::set<std::string> given;
+  for (const auto& [key, text] : sets) {
+    const Knob& k = knob(key, "--set " + key + "=" + text);
+    set_knob_text(plan, k, text, "--set");
+    given.insert(k.name);
   }
-  return parse_document<Plan>(j.dump(), "plan (--plan/--set)");
+  apply_dependent_defaults(base, plan, given);
+  try {
+    validate(plan);
+  } catch (const SchemaError& e) {
+    throw SchemaError(fmt::format("plan (--plan/--set): {}", e.what()));
+  }
+  return plan;
 }
 
 }  // namespace zeroplan::cli

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <stdexcept>
 
 #include "fixtures.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/knobs.h"
+#include "zeroplan/tuner/explain.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -95,6 +99,33 @@ TEST(Space, PrecisionsAreThoseTheDeviceSupports) {
   c.device.peak_flops.erase("bf16");
   c.device.peak_flops.erase("fp16");
   EXPECT_EQ(supported_precisions(c), (std::vector<std::string>{"fp32"}));
+}
+
+// The tuner's knobs are the knob registry's tune knobs: every name the space and "why this plan" use is
+// there (varies() and explain throw on one that is not), and --knobs / --fix read the registry's names.
+TEST(Space, KnobNamesAreTheRegistrys) {
+  std::vector<std::string> registry;
+  for (const TuneKnob& t : tune_knobs()) registry.push_back(t.name);
+  EXPECT_EQ(knob_names(), registry);
+  EXPECT_NO_THROW(enumerate_space(small_gpt(), a100(2), TuneConstraints{}.set_global_batch(64).set_allow_approximate_averaging(true)));
+  EXPECT_NO_THROW(differing_knobs(Plan{}, Plan{}));
+  EXPECT_THROW(TuneConstraints{}.varies("offload.params"), std::logic_error);
+  EXPECT_EQ(parse_knobs("offload.params, precision.param_dtype, prefetch"),
+            (std::set<std::string>{"offload_params", "precision", "prefetch"}));
+  EXPECT_EQ(parse_fix("offload_params=true").first, "offload.params");
+  EXPECT_EQ(parse_fix("lr=0.1").first, "optimizer.lr");
+  EXPECT_THROW(parse_fix("world_size=8"), SchemaError);
+  for (const Knob& k : knobs()) {
+    if (k.name == "world_size" || k.name == "global_batch") continue;
+    const auto& keys = fixable_keys();
+    EXPECT_TRUE(std::binary_search(keys.begin(), keys.end(), k.name)) << k.name;
+  }
+  // A fixed zero_stage 3 with reshard_after_forward not searched: it follows, as with --set.
+  TuneConstraints c;
+  c.set_global_batch(32).set_knobs({"micro_batch"}).fix("zero_stage", "3");
+  const Space s = enumerate_space(small_gpt(), a100(1), c);
+  ASSERT_FALSE(s.candidates.empty());
+  for (const Candidate& cand : s.candidates) EXPECT_TRUE(cand.plan.reshard_after_forward);
 }
 
 }  // namespace

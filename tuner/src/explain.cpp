@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 
 #include "text.h"
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/knobs.h"
 #include "zeroplan/sim/errors.h"
 
 namespace zeroplan::tuner {
@@ -103,6 +105,15 @@ const std::vector<KnobField>& fields() {
        [](Plan& p, const Plan& w) { p.precision.fp32_reduce_scatter = w.precision.fp32_reduce_scatter; }},
       {"adascale", [](const Plan& p) { return yes_no(p.adascale); }, [](Plan& p, const Plan& w) { p.adascale = w.adascale; }},
   };
+  // One field per tune knob of the registry, in its canonical order; anything else is a bug here.
+  static const bool checked = [] {
+    const auto& reg = tune_knobs();
+    bool same = reg.size() == f.size();
+    for (std::size_t i = 0; same && i < f.size(); ++i) same = reg[i].name == f[i].name;
+    if (!same) throw std::logic_error("explain: its knobs differ from the registry's tune knobs");
+    return true;
+  }();
+  (void)checked;
   return f;
 }
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <set>
 
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/knobs.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -138,13 +140,17 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
   base.micro_batch = per_rank;
   base.microbatches = 1;
   base.optimizer.name = c.optimizer;
-  for (const auto& [key, value] : c.fixed) apply_fixed(base, key, value);
-  // Derive the other half of the batch split when one half is fixed.
-  const bool fix_micro = c.fixed.contains("micro_batch"), fix_mbs = c.fixed.contains("microbatches");
-  if (fix_micro && !fix_mbs && base.micro_batch >= 1 && per_rank % base.micro_batch == 0)
-    base.microbatches = per_rank / base.micro_batch;
-  if (fix_mbs && !fix_micro && base.microbatches >= 1 && per_rank % base.microbatches == 0)
-    base.micro_batch = per_rank / base.microbatches;
+  // The fixed values, then the registry's dependent defaults for the knobs not fixed: the other half of
+  // the batch split follows a fixed half, reshard_after_forward follows a fixed zero_stage 3.
+  const Plan unfixed = base;
+  std::set<std::string> given;
+  for (const auto& [key, value] : c.fixed) {
+    apply_fixed(base, key, value);
+    if (const Knob* k = find_knob(key)) given.insert(k->name);
+    else
+      for (const Knob* k : tune_knob_members(key)) given.insert(k->name);  // a preset (precision, buckets)
+  }
+  apply_dependent_defaults(unfixed, base, given);
   if (base.pipeline_stages != 1)
     throw SchemaError(fmt::format("tune: pipeline_stages {} cannot be tuned: the simulator does not model GPipe yet",
                                   base.pipeline_stages));
@@ -220,10 +226,10 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
   // OffloadModel: slices, checkpoint_activation, microbatches inside the micro batch
   {
     const bool listed = c.knobs.empty() || c.knobs.contains("offload_model");
-    const bool vary_enabled = listed && !c.fixed.contains("offload_model");
-    const bool vary_slices = listed && !c.fixed.contains("offload_model_slices");
-    const bool vary_ckpt = listed && !c.fixed.contains("offload_model_checkpoint_activation");
-    const bool vary_mbs = listed && !c.fixed.contains("offload_model_microbatches");
+    const bool vary_enabled = listed && !c.fixes("offload_model.enabled");
+    const bool vary_slices = listed && !c.fixes("offload_model.slices");
+    const bool vary_ckpt = listed && !c.fixes("offload_model.checkpoint_activation");
+    const bool vary_mbs = listed && !c.fixes("offload_model.microbatches");
     std::vector<int> slices;
     for (int k = 1; k < units; k *= 2) slices.push_back(k);
     slices.push_back(units);

@@ -9,6 +9,7 @@
 #include "comm_tracker.h"
 #include "zeroplan/exec/flat_params.h"
 #include "zeroplan/exec/optimizer.h"
+#include "zeroplan/profiles/knobs.h"
 
 namespace zeroplan::exec {
 
@@ -21,22 +22,8 @@ OutOfDeviceMemory::OutOfDeviceMemory(std::string unit, std::string phase, std::i
       need_bytes_(need_bytes),
       limit_bytes_(limit_bytes) {}
 
-std::vector<std::string> unsupported_features(const Plan& p) {
-  std::vector<std::string> out;
-  if (p.pipeline_stages != 1) out.push_back(detail::format("pipeline_stages {}", p.pipeline_stages));
-  if (p.offload_model.enabled) out.push_back("offload_model");
-  if (p.localsgd()) out.push_back(detail::format("localsgd_frequency {}", p.localsgd_frequency));
-  if (p.slowmo_frequency > 0 || p.slowmo_momentum != 0) out.push_back("slowmo");
-  if (p.adascale) out.push_back("adascale");
-  const auto& pr = p.precision;
-  if (pr.param_dtype != "fp32" || pr.compute_dtype != "fp32" || pr.reduce_dtype != "fp32") {
-    out.push_back(detail::format("precision {}/{}/{} (fp32 only)", pr.param_dtype, pr.compute_dtype, pr.reduce_dtype));
-  }
-  if (pr.loss_scale.mode != LossScale::Mode::none) out.push_back("loss_scale");
-  if (pr.broadcast_fp16) out.push_back("broadcast_fp16");
-  if (p.offload.activations_ratio > 0) out.push_back(detail::format("offload.activations_ratio {}", p.offload.activations_ratio));
-  return out;
-}
+// What the knob registry marks as not run (Support::no) and the plan uses: "pipeline_stages 2", ...
+std::vector<std::string> unsupported_features(const Plan& p) { return unsupported_knobs(p, Component::run); }
 
 // Named (not anonymous): Executor::Impl holds these, and in a unity build this file is not the main file.
 namespace executor_detail {

@@ -136,5 +136,10 @@ void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& cluster);
 
 // A Plan nested in another document (Prediction, RunRecord); validates it.
 void read_value(const nlohmann::json& j, Plan& plan, const std::string& path);
+// Plan fields with a JSON form of their own (plan.cpp); the knob registry sets them too.
+struct Checkpointing;
+struct LossScale;
+void read_value(const nlohmann::json& j, Checkpointing& c, const std::string& path);
+void read_value(const nlohmann::json& j, LossScale& s, const std::string& path);
 
 }  // namespace zeroplan

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "json_util.h"
+#include "zeroplan/profiles/knobs.h"
 #include "zeroplan/profiles/model_profile.h"
 
 namespace zeroplan {
@@ -184,7 +185,6 @@ void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
   r.req("microbatches", p.microbatches);
   r.opt("pipeline_stages", p.pipeline_stages);
   r.req("zero_stage", p.zero_stage);
-  p.reshard_after_forward = p.zero_stage == 3;
   r.opt("reshard_after_forward", p.reshard_after_forward);
   r.opt("offload", p.offload);
   r.opt("offload_model", p.offload_model);
@@ -199,6 +199,7 @@ void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
   r.opt("optimizer", p.optimizer);
   r.opt("seed", p.seed);
   r.finish();
+  fill_dependent_defaults(p, j);  // reshard_after_forward: zero_stage == 3 when left out
   validate(p);
 }
 

@@ -13,23 +13,17 @@
 
 namespace zeroplan::tuner {
 
-// Knobs that may vary, by name (--knobs). Each groups the Plan fields it moves:
-//   zero_stage, reshard_after_forward, prefetch (buckets.prefetch), offload_params, offload_grads,
-//   offload_optimizer, offload_activations (activations_ratio: the smallest that fits),
-//   offload_model (enabled, slices, checkpoint_activation, microbatches), checkpointing (none, all, or
-//   the cheapest set of units that fits), micro_batch (micro_batch and microbatches), localsgd
-//   (localsgd_frequency, slowmo_frequency, slowmo_momentum), precision (dtypes, master copy, loss
-//   scale), buckets (bucket sizes), flat_params, broadcast_fp16, fp32_reduce_scatter, adascale.
+// Knobs that may vary, by name (--knobs): the tuner's dimensions of the knob registry (knobs.h,
+// tune_knobs()), each moving the Plan knobs whose tune_knob it is. --knobs also accepts a Plan knob's
+// name for its dimension (offload.params for offload_params).
 const std::vector<std::string>& knob_names();
 
 // One line per knob, for --help and error messages.
 std::string_view knob_description(std::string_view knob);
 
-// Keys --fix accepts: every knob above plus the fine-grained Plan fields (offload_model_slices,
-// offload_model_checkpoint_activation, offload_model_microbatches, microbatches, localsgd_frequency,
-// slowmo_frequency, slowmo_momentum, param_dtype, compute_dtype, reduce_dtype, master_fp32,
-// loss_scale, all_reduce_bucket_bytes, reduce_buffer_elems, allgather_bucket_bytes, optimizer, lr,
-// momentum, weight_decay, pipeline_stages). Sorted.
+// Keys --fix accepts: every registry knob but world_size and global_batch (tune's own options), by name
+// or older spelling (offload_params, lr), the dimensions' names, and the presets precision
+// (fp32 | bf16 | fp16) and buckets (default | large). Sorted.
 const std::vector<std::string>& fixable_keys();
 
 struct TuneConstraints {
@@ -58,12 +52,16 @@ struct TuneConstraints {
   TuneConstraints& set_optimizer(std::string v) { optimizer = std::move(v); return *this; }
 
   // True when `knob` may vary: listed (or the list is empty) and not fixed by any key it groups.
+  // `knob` must be one of knob_names() (std::logic_error otherwise: a bug).
   bool varies(std::string_view knob) const;
+  // True when a --fix key names the registry knob `knob_name` (by any spelling).
+  bool fixes(std::string_view knob_name) const;
 };
 
 // "a,b,c" -> {a, b, c}. Throws SchemaError naming an unknown knob (with did-you-mean) and listing all.
 std::set<std::string> parse_knobs(std::string_view list);
-// "key=value" -> (key, value). Throws SchemaError on a missing '=' or an unknown key.
+// "key=value" -> (key, value), the key in the registry's spelling (presets as given). Throws SchemaError on
+// a missing '=' or an unknown key.
 std::pair<std::string, std::string> parse_fix(std::string_view assignment);
 
 // Sets one fixed key on a plan. Throws SchemaError naming the key and the value when the value does
