@@ -171,6 +171,7 @@ void print_profile_table(const ModelProfile& p, std::FILE* out) {
              "backward {} ms, {:.3f} GFLOP per step (fwd+bwd) at batch {}\n",
              human_count(params), human_bytes(bytes_param), human_bytes(saved), human_bytes(peak),
              ms(fwd), ms(bwd), flops / 1e9, p.batch);
+  for (const auto& note : p.notes) fmt::print(out, "note: {}\n", note);
 }
 
 }  // namespace zeroplan

@@ -69,6 +69,7 @@ ojson to_ordered_json(const ModelProfile& m) {
   j["image_size"] = m.image_size;
   j["input_shape"] = m.input_shape;
   j["profiled_batches"] = m.profiled_batches;
+  if (!m.notes.empty()) j["notes"] = m.notes;
   j["units"] = write_array(m.units, write_unit);
   return j;
 }
@@ -228,6 +229,7 @@ void from_json(const nlohmann::json& j, ModelProfile& m) {
   r.opt("image_size", m.image_size);
   r.req("input_shape", m.input_shape);
   r.opt("profiled_batches", m.profiled_batches);
+  r.opt("notes", m.notes);
   r.req("units", m.units);
   r.finish();
   validate(m);

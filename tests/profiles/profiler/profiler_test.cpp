@@ -1,6 +1,9 @@
 #include "zeroplan/profiles/profiler.h"
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -197,6 +200,38 @@ TEST(Profiler, MlpModelProfileIsValidAndFitted) {
   EXPECT_NE(text.find("module name"), std::string::npos);
   EXPECT_NE(text.find("total:"), std::string::npos);
   EXPECT_NE(text.find(p.units[0].name), std::string::npos);
+}
+
+// A unit whose time falls as the batch grows (here: it sleeps 12 - batch ms) is flagged in the profile's
+// notes, printed with the table, and kept through JSON.
+TEST(Profiler, TimeFallingWithTheBatchIsFlagged) {
+  struct Slower : zoo::UnitModule {
+    explicit Slower(std::shared_ptr<zoo::UnitModule> inner) : inner_(register_module("inner", std::move(inner))) {}
+    torch::Tensor forward(const torch::Tensor& x) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(12 - x.size(0)));
+      return inner_->forward(x);
+    }
+    std::shared_ptr<zoo::UnitModule> inner_;
+  };
+  zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "16"}}, 1);
+  model.units[0].module = std::make_shared<Slower>(model.units[0].module);
+  ProfileOptions o = quick();
+  o.batch = 2;
+  o.batches = {2, 8};
+  o.threads = 1;
+  ModelProfile p = profile_model(model, o);
+  ASSERT_FALSE(p.notes.empty());
+  EXPECT_NE(p.notes[0].find("unit " + p.units[0].name + ": forward time falls with the batch"), std::string::npos)
+      << p.notes[0];
+  nlohmann::json j = p;
+  EXPECT_EQ(j.get<ModelProfile>().notes, p.notes);
+  std::FILE* f = std::tmpfile();
+  print_profile_table(p, f);
+  std::rewind(f);
+  std::string text(8192, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  EXPECT_NE(text.find("note: unit " + p.units[0].name), std::string::npos) << text;
 }
 
 TEST(Profiler, Gpt2TinyBlocksCountTransformerFlops) {

@@ -62,6 +62,7 @@ struct ModelProfile {
   std::vector<std::int64_t> input_shape;      // model input at the reference batch, e.g. {8, 128}
   std::vector<int> profiled_batches;          // micro batches the fits were made from; optional
   std::vector<UnitProfile> units;             // in execution order
+  std::vector<std::string> notes;             // what a user should know before trusting it; optional
 
   // Sum over units of params x count.
   std::int64_t total_params() const;

@@ -143,7 +143,7 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const torch::Tensor& input,
                                                   const std::vector<torch::Tensor>& grad_params,
                                                   const ProfileOptions& options, Devices& dev,
-                                                  const LossFn& loss = {}) {
+                                                  const LossFn& loss = {}, bool time_it = true) {
   UnitMeasurement m;
   for (const auto& p : unit.parameters()) {
     m.params += p.numel();
@@ -221,6 +221,10 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     m.flops_bwd = count.backward();
   }
 
+  if (!time_it) {  // the caller times the unit in interleaved rounds (profile_model)
+    clear();
+    return {std::move(m), output};
+  }
   // Timed passes.
   std::vector<double> fwd, bwd;
   for (int i = 0; i < options.repeats; ++i) {
@@ -253,6 +257,28 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   m.time_bwd_s = sb.median_s;
   m.time_bwd_spread_s = sb.spread_s();
   return {std::move(m), output};
+}
+
+// One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
+std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
+                                    const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss) {
+  torch::Tensor x = input.detach();
+  if (x.is_floating_point()) x.requires_grad_(true);
+  reset_grads(grad_params);
+  dev.timer.start();
+  torch::Tensor y = unit.forward(x);
+  torch::Tensor g;
+  if (loss && y.requires_grad()) {
+    torch::Tensor z = y.detach().requires_grad_(true);
+    g = torch::autograd::grad({loss(z)}, {z})[0];
+  }
+  const double fwd = dev.timer.stop_s();
+  if (!g.defined()) g = torch::ones_like(y);
+  dev.timer.start();
+  if (y.requires_grad()) torch::autograd::backward({y}, {g});
+  const double bwd = dev.timer.stop_s();
+  reset_grads(grad_params);
+  return {fwd, bwd};
 }
 
 // Device-side context for a profile: memory meter, timer, synchronisation; the CPU allocator is
@@ -355,8 +381,13 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
   profile.device = "cpu";
 #endif
 
-  // measurements[batch index][unit index]
+  // measurements[batch index][unit index]. Memory and FLOPs per batch, unit by unit; then the times
+  // in `repeats` interleaved rounds (every batch and unit once per round), so a slow or fast spell of
+  // a shared machine spreads over all units instead of landing on some of them.
   std::vector<std::vector<UnitMeasurement>> measurements;
+  std::vector<std::vector<torch::Tensor>> inputs;  // [batch][unit]: the unit's input, for the rounds
+  std::vector<LossFn> losses;                      // [batch]: the task's loss for the last unit
+  std::vector<std::string> noisy_notes;            // units whose times spread after re-measuring
   DeviceContext ctx(device);
   for (int b : batches) {
     Devices dev = ctx.devices();
@@ -370,6 +401,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
       if (sample.size() == 3) profile.image_size = sample[1];
     }
     std::vector<UnitMeasurement> row;
+    std::vector<torch::Tensor> row_inputs;
     for (std::size_t i = 0; i < model.units.size(); ++i) {
       if (options.progress) {
         std::fprintf(stderr, "profile: batch %d unit %zu/%zu %s\n", b, i + 1, model.units.size(),
@@ -381,7 +413,9 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
         loss = [&model, target](const torch::Tensor& y) { return model.task->loss(y, target); };
       }
       try {
-        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss);
+        row_inputs.push_back(x);
+        if (loss) losses.push_back(loss);
+        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss, /*time_it=*/false);
         row.push_back(std::move(m));
         x = out;
       } catch (const c10::Error& e) {
@@ -390,6 +424,61 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
       }
     }
     measurements.push_back(std::move(row));
+    inputs.push_back(std::move(row_inputs));
+  }
+  {
+    Devices dev = ctx.devices();
+    const std::size_t nb = batches.size(), nu = model.units.size();
+    std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu);
+    for (int r = 0; r < options.repeats; ++r) {
+      if (options.progress) std::fprintf(stderr, "profile: timing round %d/%d\n", r + 1, options.repeats);
+      for (std::size_t bi = 0; bi < nb; ++bi) {
+        for (std::size_t i = 0; i < nu; ++i) {
+          const LossFn none;
+          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev,
+                                  i + 1 == nu ? losses[bi] : none);
+          fwd[bi * nu + i].push_back(f);
+          bwd[bi * nu + i].push_back(g);
+        }
+      }
+    }
+    // A unit whose times spread over more than a quarter of their median (and over 0.2 ms: below that
+    // the spread moves no step) is measured again (as many rounds more, that unit alone); if it still
+    // spreads, the profile says so.
+    auto noisy = [](const std::vector<double>& v) {
+      const TimingStats t = timing_stats(v);
+      return v.size() >= 3 && t.spread_s() > std::max(0.25 * t.median_s, 2e-4);
+    };
+    for (std::size_t bi = 0; bi < nb; ++bi) {
+      for (std::size_t i = 0; i < nu; ++i) {
+        const std::size_t k = bi * nu + i;
+        if (!noisy(fwd[k]) && !noisy(bwd[k])) continue;
+        const LossFn none;
+        for (int r = 0; r < options.repeats; ++r) {
+          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none);
+          fwd[k].push_back(f);
+          bwd[k].push_back(g);
+        }
+        for (auto [v, what] : {std::pair{&fwd[k], "forward"}, std::pair{&bwd[k], "backward"}}) {
+          if (!noisy(*v)) continue;
+          const TimingStats t = timing_stats(*v);
+          noisy_notes.push_back(c10::str("unit ", model.units[i].name, " at batch ", batches[bi], ": ", what,
+                                         " times spread ", static_cast<int>(100 * t.spread_s() / t.median_s),
+                                         "% of their median (p10-p90 over ", v->size(),
+                                         " samples, measured twice): the machine was busy; re-profile when it is quiet"));
+        }
+      }
+    }
+    for (std::size_t bi = 0; bi < nb; ++bi) {
+      for (std::size_t i = 0; i < nu; ++i) {
+        UnitMeasurement& m = measurements[bi][i];
+        const TimingStats sf = timing_stats(fwd[bi * nu + i]), sb = timing_stats(bwd[bi * nu + i]);
+        m.time_fwd_s = sf.median_s;
+        m.time_fwd_spread_s = sf.spread_s();
+        m.time_bwd_s = sb.median_s;
+        m.time_bwd_spread_s = sb.spread_s();
+      }
+    }
   }
 
   const auto ref = static_cast<std::size_t>(
@@ -429,8 +518,19 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
       if (same == u.borrowed.end()) u.borrowed.push_back({b.owner_unit, p->numel()});
       else same->params += p->numel();
     }
+    // A time that falls as the batch grows is noise, not a cost: the fit extrapolates it wrongly (a
+    // fall over the profiled batches above 0.1 ms and a tenth of the value is flagged).
+    for (auto [fig, what] : {std::pair{&u.time_fwd_s, "forward"}, std::pair{&u.time_bwd_s, "backward"}}) {
+      const double fall_s = -fig->fit.per_sample * (batches.back() - batches.front());
+      if (fig->fit.points >= 2 && fall_s > std::max(1e-4, 0.1 * fig->value)) {  // a fall that matters
+        profile.notes.push_back(c10::str("unit ", u.name, ": ", what, " time falls with the batch (",
+                                         fig->fit.per_sample * 1e3, " ms per sample over batches ",
+                                         c10::Join(",", batches), "): the machine was busy; re-profile when it is quiet"));
+      }
+    }
     profile.units.push_back(std::move(u));
   }
+  profile.notes.insert(profile.notes.end(), noisy_notes.begin(), noisy_notes.end());
   return profile;
 }
 
