@@ -38,4 +38,8 @@ expect 1 'profile: unit layer4 at batch 1 failed: torch: .*more than 1 value per
   -q profile --model resnet --preset resnet-tiny --opt image=32 --batch 1 --batches 1 --repeats 1
 expect 1 'no file "gpt": this wants a ModelProfile .*zeroplan profile --model gpt' \
   -q simulate --model gpt --cluster a100-sxm-80gb
+printf '{"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 1e999}' > "$out/overflow.json"
+expect 1 "overflow.json: number overflow parsing '1e999' \(the value of \"global_batch\"\)" \
+  -q simulate --model "$out/overflow.json" --cluster a100-sxm-80gb
+expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo --nproc 2 --steps 2
 exit $status

@@ -61,6 +61,7 @@ T convert(const nlohmann::json& j, const std::filesystem::path& base_dir, const 
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
   // JSON allows a repeated key and keeps the last one; a document with one is almost surely a mistake.
   std::vector<std::set<std::string>> keys_per_object;
+  std::string last_key;  // names the field when a number is out of range
   auto reject_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
     if (event == Event::object_start) {
@@ -69,6 +70,7 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& origi
       keys_per_object.pop_back();
     } else if (event == Event::key && !keys_per_object.empty()) {
       const std::string key = parsed.get<std::string>();
+      last_key = key;
       if (!keys_per_object.back().insert(key).second)
         throw SchemaError(origin + ": duplicate key " + quote_json(key));
     }
@@ -76,6 +78,12 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& origi
   };
   try {
     return nlohmann::json::parse(text, reject_duplicates);
+  } catch (const nlohmann::json::out_of_range& e) {
+    // e.g. 1e999: "[json.exception.out_of_range.406] number overflow parsing '1e999'"
+    std::string what = e.what();
+    if (const std::size_t close = what.find("] "); close != std::string::npos) what = what.substr(close + 2);
+    throw SchemaError(origin + ": " + one_line(what) +
+                      (last_key.empty() ? std::string() : " (the value of " + quote_json(last_key) + ")"));
   } catch (const nlohmann::json::parse_error& e) {
     // Line and column of the byte where parsing failed (e.byte is 1-based).
     std::size_t line = 1, column = 1;

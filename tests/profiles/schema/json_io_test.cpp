@@ -107,6 +107,14 @@ TEST(JsonIo, DuplicateKeysAreAnError) {
       "optimizer": {"name": "adam"}})").offload.optimizer);
 }
 
+TEST(JsonIo, NumberOverflowNamesTheField) {
+  expect_error(
+      [] {
+        parse_document<Plan>(R"({"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 1e999})", "p.json");
+      },
+      "p.json: number overflow parsing '1e999' (the value of \"global_batch\")");
+}
+
 TEST(JsonIo, ErrorMessagesAreOneLine) {
   try {
     parse_document<Plan>("{\n\"schema\": \"zeroplan.plan/1\",\n\"world_size\": tru\n}", "x.json");
