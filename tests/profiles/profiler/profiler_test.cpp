@@ -234,6 +234,34 @@ TEST(Profiler, TimeFallingWithTheBatchIsFlagged) {
   EXPECT_NE(text.find("note: unit " + p.units[0].name), std::string::npos) << text;
 }
 
+// Convolutions, BatchNorm and pooling under the counting allocator: every unit of resnet-tiny is
+// measured, its memory is the same in a second profile, and the saved bytes grow with the batch.
+TEST(Profiler, ResnetTinyProfilesUnderTheCountingAllocator) {
+  zoo::Model model = zoo::build_model("resnet", "resnet-tiny", {}, 1);
+  ProfileOptions o = quick();
+  o.batch = 2;
+  o.batches = {2, 4};
+  o.threads = 1;
+  ModelProfile p = profile_model(model, o);
+  EXPECT_NO_THROW(validate(p));
+  ASSERT_EQ(p.units.size(), 6u);
+  EXPECT_EQ(p.total_params(), model.parameter_count());
+  EXPECT_EQ(p.image_size, 64);
+  for (const UnitProfile& u : p.units) {
+    EXPECT_GT(u.bytes_saved.value, 0) << u.name;
+    EXPECT_GT(u.bytes_peak_bwd.value, 0) << u.name;
+    EXPECT_GT(u.flops_fwd.value, 0) << u.name;
+    EXPECT_GT(u.bytes_saved.fit.at(4), u.bytes_saved.value) << u.name;
+  }
+  // The stem's output: 2 x 8 x 16 x 16 floats.
+  EXPECT_EQ(p.units[0].bytes_output.value, 2 * 8 * 16 * 16 * 4);
+  ModelProfile again = profile_model(model, o);
+  for (std::size_t i = 0; i < p.units.size(); ++i) {
+    EXPECT_EQ(p.units[i].bytes_saved.value, again.units[i].bytes_saved.value) << p.units[i].name;
+    EXPECT_EQ(p.units[i].bytes_peak_bwd.value, again.units[i].bytes_peak_bwd.value) << p.units[i].name;
+  }
+}
+
 TEST(Profiler, Gpt2TinyBlocksCountTransformerFlops) {
   zoo::Model model = zoo::build_model("gpt", "gpt2-tiny", {}, 1);
   ProfileOptions o = quick();
