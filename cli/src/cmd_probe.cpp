@@ -67,6 +67,7 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
       return kOk;
     }
   }
+  if (!a.output.empty()) check_output(a.output);  // before any work
   exec::ProbeOptions o;
   o.name = a.name;
   o.world_sizes = a.world_sizes;

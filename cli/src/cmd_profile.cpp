@@ -29,6 +29,7 @@ struct ProfileArgs {
 };
 
 int run_profile(const ProfileArgs& a, const Globals& g) {
+  if (!a.output.empty()) check_output(a.output);  // before any work
   int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty();
   if (sources != 1)
     throw ExitError(kBadInput, fmt::format("give exactly one of --model, --torchscript, --analytic (got {})", sources));

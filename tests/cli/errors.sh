@@ -41,5 +41,7 @@ expect 1 'no file "gpt": this wants a ModelProfile .*zeroplan profile --model gp
 printf '{"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 1e999}' > "$out/overflow.json"
 expect 1 "overflow.json: number overflow parsing '1e999' \(the value of \"global_batch\"\)" \
   -q simulate --model "$out/overflow.json" --cluster a100-sxm-80gb
+# An output that cannot be written is refused before the run trains (one line, no run summary).
+expect 1 "/proc/zeroplan-x.json: cannot write: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
 expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo --nproc 2 --steps 2
 exit $status

@@ -133,9 +133,27 @@ void write_document(const std::filesystem::path& file, const T& document) {
     throw SchemaError(file.string() + ": not written: " + e.what());
   }
   const std::string text = to_json_string(document);
-  const std::filesystem::path dir = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+  const std::filesystem::path target = output_target(file);
+  std::error_code status_ec;
+  const auto status = std::filesystem::status(target, status_ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    // A device, a pipe or a socket is written in place, never replaced.
+    std::FILE* out = std::fopen(target.c_str(), "wb");
+    if (out == nullptr) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
+    const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size() && std::fflush(out) == 0;
+    const int write_errno = errno;
+    if (std::fclose(out) != 0 || !written)
+      throw SchemaError(file.string() + ": cannot write: " + std::strerror(written ? errno : write_errno));
+    return;
+  }
+  write_document_file(file, target, text);
+}
+
+void write_document_file(const std::filesystem::path& file, const std::filesystem::path& target,
+                         const std::string& text) {
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
   const std::filesystem::path temp =
-      dir / ("." + file.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+      dir / ("." + target.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
   auto cannot = [&](const std::string& what) {
     std::error_code ignored;
     std::filesystem::remove(temp, ignored);
@@ -148,8 +166,38 @@ void write_document(const std::filesystem::path& file, const T& document) {
   const int write_errno = errno;
   if (std::fclose(out) != 0 || !written) cannot(std::strerror(written ? errno : write_errno));
   std::error_code ec;
-  std::filesystem::rename(temp, file, ec);
+  std::filesystem::rename(temp, target, ec);
   if (ec) cannot(ec.message());
+}
+
+std::filesystem::path output_target(const std::filesystem::path& file) {
+  // A symlink is followed (its target is written, the link stays); a missing tail is kept as given.
+  std::error_code ec;
+  const std::filesystem::path resolved = std::filesystem::weakly_canonical(file, ec);
+  return ec ? file : resolved;
+}
+
+void check_output(const std::filesystem::path& file) {
+  if (file.empty()) throw SchemaError("output path is empty");
+  const std::filesystem::path target = output_target(file);
+  std::error_code ec;
+  const auto status = std::filesystem::status(target, ec);
+  if (std::filesystem::is_directory(status)) throw SchemaError(file.string() + ": cannot write: it is a directory");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    if (::access(target.c_str(), W_OK) != 0) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
+    return;  // a device or a pipe: written in place
+  }
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  if (!std::filesystem::is_directory(dir, ec))
+    throw SchemaError(file.string() + ": cannot write: no folder " + dir.string());
+  // Create (and remove) the temporary file write_document would: the only test that holds for root, for
+  // read-only mounts and for pseudo-filesystems such as /proc.
+  const std::filesystem::path probe =
+      dir / ("." + target.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+  std::FILE* out = std::fopen(probe.c_str(), "wb");
+  if (out == nullptr) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
+  std::fclose(out);
+  std::filesystem::remove(probe, ec);
 }
 
 std::string schema_of(const nlohmann::json& j) {

@@ -1,5 +1,9 @@
 #include "zeroplan/profiles/json_io.h"
 
+#include <sys/stat.h>
+
+#include <thread>
+
 #include "schema_test_util.h"
 
 namespace zeroplan {
@@ -91,6 +95,34 @@ TEST(JsonIo, WriteIsAtomicAndValidates) {
   EXPECT_EQ(entries, 1u);
   expect_error([&] { write_document(dir.path() / "no" / "such" / "dir.json", Plan::default_ddp(1, 1)); },
                (dir.path() / "no" / "such" / "dir.json").string() + ": cannot write: No such file or directory");
+}
+
+// -o onto a symlink writes its target (the link stays a link); onto a pipe writes into it (the pipe
+// stays a pipe, never replaced by a file); a folder or a missing folder is refused before any work.
+TEST(JsonIo, OutputsAreNeverReplacedUnlessRegularFiles) {
+  TempDir dir;
+  const std::filesystem::path target = dir.path() / "real.json", link = dir.path() / "link.json";
+  write_file(target, "old");
+  std::filesystem::create_symlink(target, link);
+  EXPECT_NO_THROW(check_output(link));
+  write_document(link, Plan::default_ddp(2, 8));
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(read_document<Plan>(target), Plan::default_ddp(2, 8));
+
+  const std::filesystem::path fifo = dir.path() / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NO_THROW(check_output(fifo));
+  std::string received;
+  std::thread reader([&] { received = read_file(fifo); });
+  write_document(fifo, Plan::default_ddp(1, 1));
+  reader.join();
+  EXPECT_EQ(received, to_json_string(Plan::default_ddp(1, 1)));
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+
+  expect_error([&] { check_output(dir.path()); }, dir.path().string() + ": cannot write: it is a directory");
+  expect_error([&] { check_output(dir.path() / "no" / "x.json"); },
+               (dir.path() / "no" / "x.json").string() + ": cannot write: no folder " + (dir.path() / "no").string());
+  expect_error([&] { check_output(""); }, "output path is empty");
 }
 
 TEST(JsonIo, DuplicateKeysAreAnError) {

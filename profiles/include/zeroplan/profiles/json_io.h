@@ -34,10 +34,23 @@ T parse_document(const std::string& text, const std::string& origin = "<string>"
 template <class T>
 std::string to_json_string(const T& document);
 
-// Validates, then writes to_json_string(document) atomically: a temporary file in the same directory,
-// flushed, then renamed over FILE. Throws SchemaError ("FILE: cannot write: reason") on I/O failure.
+// Validates, then writes to_json_string(document). A regular file (or a new one) is replaced atomically:
+// a temporary file in the same directory, flushed and synced, then renamed over it. A symlink is
+// followed (the link stays a link); a device or a pipe is written in place, never replaced. Throws
+// SchemaError ("FILE: cannot write: reason") on I/O failure.
 template <class T>
 void write_document(const std::filesystem::path& file, const T& document);
+
+// Before any work: throws SchemaError (one line) when `file` cannot be written as write_document would
+// write it: an empty path, a directory, a missing or read-only folder, a device or pipe not writable.
+void check_output(const std::filesystem::path& file);
+
+// The path written for `file`: symlinks resolved, a missing tail kept.
+std::filesystem::path output_target(const std::filesystem::path& file);
+
+// The atomic replacement write_document does for a regular file `target` (named `file` in errors).
+void write_document_file(const std::filesystem::path& file, const std::filesystem::path& target,
+                         const std::string& text);
 
 // The "schema" string of a JSON document, or "" if it has none (to dispatch on an unknown file).
 std::string schema_of(const nlohmann::json& j);
