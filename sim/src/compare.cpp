@@ -183,6 +183,26 @@ std::vector<std::string> warnings_for(const Prediction& p, const RunRecord& r, c
   }
   if (!p.fits())
     w.push_back("the prediction says the plan does not fit in memory, yet it ran: check the cluster's capacities");
+  if (!r.units.empty()) {
+    // Units are matched by name: say which did not match, on both sides (at most 3 names each).
+    std::set<std::string> predicted, measured;
+    for (const UnitTiming& u : p.units) predicted.insert(u.name);
+    for (const UnitPhaseTime& u : r.units) measured.insert(u.name);
+    auto some = [](const std::vector<std::string>& names) {
+      std::vector<std::string> q;
+      for (std::size_t i = 0; i < names.size() && i < 3; ++i) q.push_back("\"" + names[i] + "\"");
+      return fmt::format("{}{}", fmt::join(q, ", "), names.size() > 3 ? ", ..." : "");
+    };
+    std::vector<std::string> unmeasured, unpredicted;
+    for (const UnitTiming& u : p.units)
+      if (!measured.count(u.name)) unmeasured.push_back(u.name);
+    for (const UnitPhaseTime& u : r.units)
+      if (!predicted.count(u.name)) unpredicted.push_back(u.name);
+    if (!unmeasured.empty())
+      w.push_back(fmt::format("{} of the prediction's {} units have no measured unit of that name ({}): not compared{}",
+                              unmeasured.size(), p.units.size(), some(unmeasured),
+                              unpredicted.empty() ? "" : "; the run measured " + some(unpredicted) + " instead"));
+  }
   return w;
 }
 

@@ -185,6 +185,57 @@ TEST(Compare, MicrobatchesMultiplyUnitTimes) {
   EXPECT_DOUBLE_EQ(metric(c, "phase.forward_s").rel_error, 0);
 }
 
+// Per unit: measured against predicted forward and backward of one microbatch, by name; informational,
+// ranked among the error sources by the unit's share of the measured step.
+TEST(Compare, UnitRowsAreInformationalAndRanked) {
+  RunRecord r = record();
+  r.units[1].bwd_s = 0.06;  // block[0]'s backward twice as slow as predicted (0.03)
+  const ModelProfile m = profile();
+  const Comparison c = compare(prediction(), r, CompareOptions{}.set_model(&m));
+  ASSERT_EQ(c.units.size(), 2u);
+  EXPECT_EQ(c.units[0].name, "embed");
+  EXPECT_EQ(c.units[1].name, "block[0]");
+  ASSERT_EQ(c.units[1].metrics.size(), 2u);
+  const Metric& fwd = c.units[1].metrics[0];
+  const Metric& bwd = c.units[1].metrics[1];
+  EXPECT_EQ(fwd.name, "fwd_s");
+  EXPECT_DOUBLE_EQ(fwd.predicted, 0.02);
+  EXPECT_DOUBLE_EQ(fwd.measured, 0.02);
+  EXPECT_DOUBLE_EQ(fwd.rel_error, 0);
+  EXPECT_EQ(bwd.name, "bwd_s");
+  EXPECT_DOUBLE_EQ(bwd.predicted, 0.03);
+  EXPECT_DOUBLE_EQ(bwd.measured, 0.06);
+  EXPECT_DOUBLE_EQ(bwd.rel_error, -0.5);
+  EXPECT_FALSE(bwd.gating);
+  EXPECT_EQ(c.verdict, "pass");  // units never gate
+  ASSERT_FALSE(c.largest_error_sources.empty());
+  EXPECT_EQ(c.largest_error_sources[0],
+            "unit block[0] bwd_s: predicted 30.000 ms, measured 60.000 ms (-50.0%, 30.0% of the measured step): its "
+            "backward runs slower than profiled");
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  // The rows are in the document.
+  const nlohmann::json j = nlohmann::json::parse(to_json_string(c));
+  ASSERT_EQ(j.at("units").size(), 2u);
+  EXPECT_EQ(j["units"][1]["name"], "block[0]");
+  EXPECT_EQ(j["units"][1]["metrics"][1]["name"], "bwd_s");
+  EXPECT_DOUBLE_EQ(j["units"][1]["metrics"][1]["measured"].get<double>(), 0.06);
+
+  // A run whose unit names differ: only the matching units are compared, with a warning naming both sides.
+  RunRecord renamed = record();
+  renamed.units[1].name = "block0";
+  const Comparison d = compare(prediction(), renamed, CompareOptions{}.set_model(&m));
+  ASSERT_EQ(d.units.size(), 1u);
+  EXPECT_EQ(d.units[0].name, "embed");
+  EXPECT_EQ(d.warnings, std::vector<std::string>{"1 of the prediction's 2 units have no measured unit of that name "
+                                                 "(\"block[0]\"): not compared; the run measured \"block0\" instead"});
+  // A run without units: no rows, no warning.
+  RunRecord none = record();
+  none.units.clear();
+  const Comparison e = compare(prediction(), none, CompareOptions{}.set_model(&m));
+  EXPECT_TRUE(e.units.empty());
+  EXPECT_TRUE(e.warnings.empty());
+}
+
 TEST(Compare, WarnsWhenTheDocumentsDisagree) {
   ModelProfile m = profile();
   m.threads = 1;

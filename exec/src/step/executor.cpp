@@ -518,7 +518,8 @@ class Executor::Impl {
       torch::Tensor loss = model_.task->loss(z, target);
       loss_sum += loss.item<double>();
       torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
-      rec_.span(Lane::compute, "loss", t0, rec_.now_s(), "forward", -1, k);
+      // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
+      rec_.span(Lane::compute, "loss", t0, rec_.now_s(), "forward", static_cast<int>(units_.size()) - 1, k);
       z = loss = torch::Tensor();
       backward(gz, k, k == m - 1);
       // Like FSDP's end-of-backward callback: every reduce-scatter of this microbatch lands in the

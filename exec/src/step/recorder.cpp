@@ -28,15 +28,29 @@ void Recorder::begin_step(int step, bool warmup) {
   step_ = step;
   warmup_ = warmup;
   phases_.clear();
+  units_.clear();
 }
 
 std::map<std::string, double> Recorder::end_step() { return std::exchange(phases_, {}); }
+
+std::map<int, Recorder::UnitStepTime> Recorder::unit_times() const {
+  std::map<int, UnitStepTime> out;
+  for (const auto& [unit, acc] : units_) {
+    out[unit] = {acc.fwd_s, acc.bwd_s, static_cast<int>(acc.microbatches.size())};
+  }
+  return out;
+}
 
 void Recorder::add_phase(const std::string& phase, double seconds) { phases_[phase] += seconds; }
 
 void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s, const std::string& phase,
                     int unit, int microbatch) {
   if (!phase.empty()) phases_[phase] += t1_s - t0_s;
+  if (unit >= 0 && (phase == "forward" || phase == "backward")) {
+    UnitAcc& u = units_[unit];
+    (phase == "forward" ? u.fwd_s : u.bwd_s) += t1_s - t0_s;
+    u.microbatches.insert(microbatch);
+  }
   if (keep_spans_ && live_probe_) memory_.push_back({t1_s, live_probe_(), peak_probe_ ? peak_probe_() : -1});
   if (peak_probe_) {
     const std::int64_t peak = peak_probe_();

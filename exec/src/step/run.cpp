@@ -62,6 +62,8 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   recorder.set_live_probe([&device] { return device->live_bytes(); });
 
   std::vector<double> local_losses;
+  const std::size_t n_units = model.units.size();
+  std::vector<std::vector<double>> unit_fwd(n_units), unit_bwd(n_units);  // per unit: per measured step
   for (int s = 0; s < options.steps; ++s) {
     const bool warmup = s < options.warmup_steps;
     recorder.begin_step(s, warmup);
@@ -69,10 +71,21 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
+    if (!warmup) {
+      for (const auto& [u, t] : recorder.unit_times()) {
+        if (u >= static_cast<int>(n_units) || t.microbatches < 1) continue;
+        unit_fwd[static_cast<std::size_t>(u)].push_back(t.fwd_s / t.microbatches);
+        unit_bwd[static_cast<std::size_t>(u)].push_back(t.bwd_s / t.microbatches);
+      }
+    }
     if (options.progress && comm.rank() == 0) {
       std::fprintf(stderr, "step %d/%d%s  loss %.4f (rank 0)  %.3f s\n", s + 1, options.steps,
                    warmup ? " (warm-up)" : "", st.loss, st.time_s);
     }
+  }
+  for (std::size_t u = 0; u < n_units; ++u) {
+    if (unit_fwd[u].empty()) continue;
+    result.units.push_back({model.units[u].name, percentile(unit_fwd[u], 50), percentile(unit_bwd[u], 50)});
   }
   result.device_peak_bytes = device->peak_bytes();
   result.host_peak_bytes = device->host_pool().peak_bytes();
@@ -149,6 +162,18 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
     if (!values.empty()) rec.phase_times_s[name] = percentile(values, 50);
   }
+  // Units in rank 0's order; each figure the largest over the ranks that measured the unit.
+  for (const UnitPhaseTime& u0 : ranks[0]->units) {
+    UnitPhaseTime u = u0;
+    for (const RunResult* r : ranks) {
+      for (const UnitPhaseTime& x : r->units) {
+        if (x.name != u.name) continue;
+        u.fwd_s = std::max(u.fwd_s, x.fwd_s);
+        u.bwd_s = std::max(u.bwd_s, x.bwd_s);
+      }
+    }
+    rec.units.push_back(std::move(u));
+  }
   for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at});
   rec.losses = ranks[0]->losses;
   std::set<std::string> fb;
@@ -160,6 +185,16 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
   return rec;
 }
 
+namespace {
+
+nlohmann::json units_json(const std::vector<UnitPhaseTime>& units) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const UnitPhaseTime& u : units) a.push_back({{"name", u.name}, {"fwd_s", u.fwd_s}, {"bwd_s", u.bwd_s}});
+  return a;
+}
+
+}  // namespace
+
 void to_json(nlohmann::json& j, const RunResult& r) {
   j = nlohmann::json{{"rank", r.rank},
                      {"backend", r.backend},
@@ -167,6 +202,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"threads", r.threads},
                      {"step_times_s", r.step_times_s},
                      {"phase_times_s", r.phase_times_s},
+                     {"units", units_json(r.units)},
                      {"losses", r.losses},
                      {"device_peak_bytes", r.device_peak_bytes},
                      {"host_peak_bytes", r.host_peak_bytes},
@@ -182,6 +218,11 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   if (j.contains("threads")) j.at("threads").get_to(r.threads);
   j.at("step_times_s").get_to(r.step_times_s);
   j.at("phase_times_s").get_to(r.phase_times_s);
+  r.units.clear();
+  if (j.contains("units")) {
+    for (const auto& u : j.at("units"))
+      r.units.push_back({u.at("name").get<std::string>(), u.at("fwd_s").get<double>(), u.at("bwd_s").get<double>()});
+  }
   r.losses.clear();
   for (const auto& v : j.at("losses")) r.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());
   j.at("device_peak_bytes").get_to(r.device_peak_bytes);

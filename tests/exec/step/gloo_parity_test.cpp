@@ -3,6 +3,7 @@
 // without a delay before collectives; measured device peaks; --device-memory-limit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -276,6 +277,41 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
     EXPECT_TRUE(rec.phase_times_s.count(phase)) << phase;
   }
   EXPECT_GT(rec.peaks[0].host_peak_bytes, 0);
+  // The ranks computed with 1 thread each (rank_main), and the record says so.
+  EXPECT_EQ(rec.environment.threads_per_rank, 1);
+
+  // Per unit (2 microbatches, checkpointed): every unit of the model in order on every rank, forward
+  // and backward > 0; the record has the slowest rank's per unit and phase; one microbatch's forward
+  // and backward of every unit, times the microbatches, fit in the median step.
+  std::vector<std::string> names;
+  for (const auto& u : build_run_model(opt).units) names.push_back(u.name);
+  ASSERT_EQ(rec.units.size(), names.size());
+  double units_s = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const UnitPhaseTime& u = rec.units[i];
+    EXPECT_EQ(u.name, names[i]);
+    EXPECT_GT(u.fwd_s, 0) << u.name;
+    EXPECT_GT(u.bwd_s, 0) << u.name;
+    double fwd = 0, bwd = 0;
+    for (const RunResult& r : ranks) {
+      ASSERT_EQ(r.units.size(), names.size()) << "rank " << r.rank;
+      EXPECT_EQ(r.units[i].name, names[i]);
+      EXPECT_GT(r.units[i].fwd_s, 0);
+      EXPECT_GT(r.units[i].bwd_s, 0);
+      fwd = std::max(fwd, r.units[i].fwd_s);
+      bwd = std::max(bwd, r.units[i].bwd_s);
+    }
+    EXPECT_DOUBLE_EQ(u.fwd_s, fwd) << u.name;
+    EXPECT_DOUBLE_EQ(u.bwd_s, bwd) << u.name;
+    units_s += (u.fwd_s + u.bwd_s) * opt.plan.microbatches;
+  }
+  EXPECT_LT(units_s, rec.step_time_median_s);
+  // Through JSON as a RunRecord, units included.
+  nlohmann::json j;
+  zeroplan::to_json(j, rec);
+  RunRecord back;
+  zeroplan::from_json(j, back);
+  EXPECT_EQ(back.units, rec.units);
 }
 
 }  // namespace

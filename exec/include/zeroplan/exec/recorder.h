@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,21 @@ class Recorder {
   std::map<std::string, double> end_step();
 
   void add_phase(const std::string& phase, double seconds);
-  // A span on a lane; also adds (t1 - t0) to `phase` when it is not empty.
+  // A span on a lane; also adds (t1 - t0) to `phase` when it is not empty, and to unit `unit`'s
+  // forward or backward time of the step when `phase` is "forward" or "backward" (recompute is neither,
+  // as in the simulator, where a checkpointed unit's recompute is a task of its own).
   void span(Lane lane, const std::string& name, double t0_s, double t1_s, const std::string& phase,
             int unit = -1, int microbatch = -1);
+
+  // One unit's time in the step begun last: forward and backward seconds summed over its microbatches,
+  // and how many microbatches ran it.
+  struct UnitStepTime {
+    double fwd_s = 0;
+    double bwd_s = 0;
+    int microbatches = 0;
+  };
+  // Unit index -> its time in the step begun last (units without a forward or backward span absent).
+  std::map<int, UnitStepTime> unit_times() const;
 
   std::string chrome_trace_json() const;
 
@@ -62,6 +75,11 @@ class Recorder {
   int step_ = -1;
   bool warmup_ = false;
   std::map<std::string, double> phases_;
+  struct UnitAcc {
+    double fwd_s = 0, bwd_s = 0;
+    std::set<int> microbatches;
+  };
+  std::map<int, UnitAcc> units_;  // of the step begun last
   std::vector<Span> spans_;
 };
 

@@ -45,6 +45,10 @@ struct RunResult {
   int threads = 1;                     // intra-op threads this rank computed with
   std::vector<double> step_times_s;                          // every step, warm-up included
   std::vector<std::map<std::string, double>> phase_times_s;  // per step: phase -> seconds
+  // Per unit, in model order: forward and backward seconds of one microbatch (the step's time in the
+  // unit over its microbatches; the loss is the last unit's forward, recompute is in neither), median
+  // over the measured steps.
+  std::vector<UnitPhaseTime> units;
   std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
   std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
   std::int64_t host_peak_bytes = 0;
@@ -63,7 +67,7 @@ zoo::Model build_run_model(const RunOptions& options);
 RunResult run_rank(const RunOptions& options, Communicator& comm);
 
 // One RunRecord from every rank's result (any order). Step times and phases per step are the slowest
-// rank's; statistics over the measured steps.
+// rank's; statistics over the measured steps. Unit times are the slowest rank's per unit and phase.
 RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>& ranks);
 
 // Per-rank results travel from rank processes to the launcher as JSON (parameters excluded).

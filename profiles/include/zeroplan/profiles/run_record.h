@@ -35,7 +35,9 @@ struct RankPeak {
   bool operator==(const RankPeak&) const = default;
 };
 
-// Median forward/backward time of one unit (optional per-unit measurement).
+// One unit's forward and backward time of one microbatch (the step's time in the unit over its
+// microbatches; the loss is the last unit's forward, a checkpointed unit's recompute in neither), median
+// over the measured steps, the slowest rank's. Optional; `zeroplan run` fills it.
 struct UnitPhaseTime {
   std::string name;
   double fwd_s = 0;

@@ -25,7 +25,9 @@
 //     phase.exposed_comm_s exposed_comm_s                 <-> "comm_wait" (compute waiting on collectives)
 //   chunks = microbatches (offload_model.microbatches with OffloadModel): the unit timings are of the
 //   first microbatch. A phase is compared when either side has it, and skipped when neither does.
-//   units[*]: fwd_s, bwd_s of each unit both sides name (per microbatch); never gating.
+//   units[*]: fwd_s, bwd_s of each unit both sides name (per microbatch: the run's RunRecord::units,
+//   the loss in the last unit's forward and a recompute in neither, as the simulator's unit tasks);
+//   never gating. Predicted units the run did not measure, when it measured any, are a warning.
 #pragma once
 
 #include <string>
