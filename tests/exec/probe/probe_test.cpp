@@ -172,7 +172,9 @@ TEST(Probe, QuickRunOnThisMachine) {
     EXPECT_EQ(f.min_bytes, 4096);
     EXPECT_EQ(f.max_bytes, 4 << 20);
     EXPECT_GT(f.alpha_s + f.beta_s_per_byte * f.max_bytes, 0);
-    EXPECT_GT(f.beta_s_per_byte, 0) << covering(c, "collectives[" + std::to_string(i) + "]")->citation;
+    // >= 0: on a loaded 2-core machine (ctest -j2) a quick probe's medians can fall with the size, and the
+    // fit clamps a negative slope to 0 (FitAlphaBeta.ClampsNegativeAlphaAndBeta).
+    EXPECT_GE(f.beta_s_per_byte, 0) << covering(c, "collectives[" + std::to_string(i) + "]")->citation;
     EXPECT_GE(f.fit_residual, 0);
   }
   EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "all_gather", "reduce_scatter", "broadcast"}));
