@@ -80,7 +80,6 @@ void say(const Globals& g, const std::string& line) {
   if (!g.quiet) fmt::print(stderr, "[autopilot] {}\n", line);
 }
 
-fs::path probe_cache_path() { return local_probe_path(); }
 
 // Runs `zeroplan <args>` as a child process with stdout and stderr to `log`; returns its exit code.
 int run_child(const std::vector<std::string>& args, const fs::path& log) {
@@ -528,7 +527,7 @@ int run_autopilot(AutopilotArgs& a, const Globals& g) {
     cluster = resolve_cluster(a.cluster);
     say(g, fmt::format("2/5 cluster from {}", a.cluster));
   } else {
-    fs::path cache = probe_cache_path();
+    fs::path cache = local_probe_path();
     auto fresh = exec::fresh_probe(cache, std::chrono::seconds(static_cast<int64_t>(a.probe_max_age_h * 3600)), {a.nproc});
     if (fresh) {
       cluster = *fresh;

@@ -4,18 +4,17 @@
 
 #include <c10/util/Exception.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "cli.h"
 #include "zeroplan/config.h"
+#include "zeroplan/exec/rendezvous.h"
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/zoo.h"
 
 namespace {
 
@@ -31,13 +30,9 @@ int fail(const std::string& where, const std::string& message, int code) {
   const char* launcher = std::getenv("ZEROPLAN_LAUNCHER");
   const char* error_file = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (launcher != nullptr && std::string(launcher) == "zeroplan" && error_file != nullptr && *error_file) {
-    if (!std::filesystem::exists(error_file)) {  // the first error a rank wrote is its cause
-      std::ofstream out(error_file);
-      out << nlohmann::json{{"message", message}}.dump();
-      if (out) return code;
-    } else {
-      return code;
-    }
+    // The first error a rank wrote (cmd_run's session->fail) is its cause; otherwise this one.
+    if (!std::filesystem::exists(error_file)) zeroplan::exec::write_error_file(error_file, message);
+    if (std::filesystem::exists(error_file)) return code;
   }
   fmt::print(stderr, "{}: {}\n", where, message);
   return code;
@@ -104,7 +99,7 @@ int main(int argc, char** argv) {
   } catch (const zeroplan::SchemaError& e) {
     return fail(where, first_line(e.what()), kBadInput);
   } catch (const c10::Error& e) {
-    return fail(where, "torch: " + first_line(e.what_without_backtrace()), kRunFailed);
+    return fail(where, "torch: " + zeroplan::zoo::torch_cause(e), kRunFailed);
   } catch (const std::exception& e) {
     return fail(where, first_line(e.what()), kRunFailed);
   }

@@ -51,9 +51,9 @@ void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s
     (phase == "forward" ? u.fwd_s : u.bwd_s) += t1_s - t0_s;
     u.microbatches.insert(microbatch);
   }
-  if (keep_spans_ && live_probe_) memory_.push_back({t1_s, live_probe_(), peak_probe_ ? peak_probe_() : -1});
+  const std::int64_t peak = peak_probe_ ? peak_probe_() : -1;
+  if (keep_spans_ && live_probe_) memory_.push_back({t1_s, live_probe_(), peak});
   if (peak_probe_) {
-    const std::int64_t peak = peak_probe_();
     if (peak > peak_seen_) {
       peak_seen_ = peak;
       peak_at_ = name + " (step " + std::to_string(step_) + (microbatch >= 0 ? ", microbatch " + std::to_string(microbatch) : "") + ")";

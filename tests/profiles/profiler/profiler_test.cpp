@@ -35,6 +35,17 @@ ProfileOptions quick() {
   return o;
 }
 
+// What print_profile_table writes for `p`.
+std::string table_text(const ModelProfile& p) {
+  std::FILE* f = std::tmpfile();
+  print_profile_table(p, f);
+  std::rewind(f);
+  std::string text(1 << 16, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  return text;
+}
+
 TEST(Profiler, LinearSavedActivationsEqualClosedForm) {
   // addmm(bias, x, W^T) saves x (for grad W) and W^T (for grad x); W is a parameter, not an
   // activation, so the saved activation is the input alone: batch * in * 4 bytes.
@@ -191,12 +202,7 @@ TEST(Profiler, MlpModelProfileIsValidAndFitted) {
   nlohmann::json j = p;
   EXPECT_EQ(j.get<ModelProfile>(), p);
 
-  std::FILE* f = std::tmpfile();
-  print_profile_table(p, f);
-  std::rewind(f);
-  std::string text(4096, '\0');
-  text.resize(std::fread(text.data(), 1, text.size(), f));
-  std::fclose(f);
+  const std::string text = table_text(p);
   EXPECT_NE(text.find("module name"), std::string::npos);
   EXPECT_NE(text.find("total:"), std::string::npos);
   EXPECT_NE(text.find(p.units[0].name), std::string::npos);
@@ -225,12 +231,7 @@ TEST(Profiler, TimeFallingWithTheBatchIsFlagged) {
       << p.notes[0];
   nlohmann::json j = p;
   EXPECT_EQ(j.get<ModelProfile>().notes, p.notes);
-  std::FILE* f = std::tmpfile();
-  print_profile_table(p, f);
-  std::rewind(f);
-  std::string text(8192, '\0');
-  text.resize(std::fread(text.data(), 1, text.size(), f));
-  std::fclose(f);
+  const std::string text = table_text(p);
   EXPECT_NE(text.find("note: unit " + p.units[0].name), std::string::npos) << text;
 }
 

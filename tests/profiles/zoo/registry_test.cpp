@@ -17,14 +17,7 @@ class SingleThreadEnvironment : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment* const kSingleThread =
     ::testing::AddGlobalTestEnvironment(new SingleThreadEnvironment);
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const SchemaError& e) {
-    return e.what();
-  }
-  return "(no SchemaError)";
-}
+using testing::error_of;
 
 TEST(ZooRegistry, ListsModelsWithDescriptionsOptionsAndPresets) {
   std::vector<std::string> names;

@@ -18,14 +18,7 @@ const std::string kScriptedMlp = std::string(ZOO_TEST_FIXTURES) + "/scripted_mlp
 const std::string kScriptedCnn = std::string(ZOO_TEST_FIXTURES) + "/scripted_cnn.pt";
 const std::string kScriptedLm = std::string(ZOO_TEST_FIXTURES) + "/scripted_lm.pt";
 
-std::string script_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const SchemaError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(ZooTorchScript, PerUnitParameterCountsMatchTheCppModel) {
   Model scripted = load_torchscript(kScriptedMlp, {16}, 0);
@@ -109,16 +102,16 @@ TEST(ZooTorchScript, LanguageModelOnTokens) {
 }
 
 TEST(ZooTorchScript, TaskMismatchesNameTheNumbers) {
-  EXPECT_EQ(script_error_of([] { load_torchscript(kScriptedCnn, {3, 16, 16}, 0, ScriptTask{"classify", 7, 0}); }),
+  EXPECT_EQ(error_of([] { load_torchscript(kScriptedCnn, {3, 16, 16}, 0, ScriptTask{"classify", 7, 0}); }),
             "torchscript " + kScriptedCnn + ": task classify with --classes 7 needs an output [batch, 7], got [2, 10]");
-  EXPECT_EQ(script_error_of([] { load_torchscript(kScriptedCnn, {3, 16, 16}, 0, ScriptTask{"classify", 1, 0}); }),
+  EXPECT_EQ(error_of([] { load_torchscript(kScriptedCnn, {3, 16, 16}, 0, ScriptTask{"classify", 1, 0}); }),
             "torchscript " + kScriptedCnn + ": task classify needs --classes >= 2, got 1");
-  EXPECT_EQ(script_error_of([] { load_torchscript(kScriptedMlp, {16}, 0, ScriptTask{"segment", 0, 0}); }),
+  EXPECT_EQ(error_of([] { load_torchscript(kScriptedMlp, {16}, 0, ScriptTask{"segment", 0, 0}); }),
             "torchscript " + kScriptedMlp + ": unknown task \"segment\" (tasks: regress, classify, lm)");
-  EXPECT_EQ(script_error_of([] { load_torchscript(kScriptedLm, {8}, 0, ScriptTask{"lm", 0, 0}); }),
+  EXPECT_EQ(error_of([] { load_torchscript(kScriptedLm, {8}, 0, ScriptTask{"lm", 0, 0}); }),
             "torchscript " + kScriptedLm + ": task lm needs --vocab >= 2 (got 0) and a token input shape [T] (got [8])");
   // A wrong input shape: torch's own cause, one line, naming the child.
-  const std::string e = script_error_of([] { load_torchscript(kScriptedCnn, {4, 16, 16}, 0, ScriptTask{"classify", 10, 0}); });
+  const std::string e = error_of([] { load_torchscript(kScriptedCnn, {4, 16, 16}, 0, ScriptTask{"classify", 10, 0}); });
   EXPECT_EQ(e.rfind("torchscript " + kScriptedCnn + ": child stem (Sequential) failed on input [2, 4, 16, 16]: ", 0), 0u) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   EXPECT_EQ(e.find("TorchScript interpreter"), std::string::npos) << e;

@@ -1,11 +1,24 @@
 // Helpers shared by the zoo tests: run a model unit by unit and train it for a few steps.
 #pragma once
 
+#include <zeroplan/profiles/errors.h>
 #include <zeroplan/profiles/zoo.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace zeroplan::zoo::testing {
+
+// The one line of the SchemaError `f` throws, or "(no SchemaError)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SchemaError& e) {
+    return e.what();
+  }
+  return "(no SchemaError)";
+}
 
 inline torch::Tensor run_units(Model& model, torch::Tensor x) {
   for (Unit& unit : model.units) x = unit.module->forward(x);

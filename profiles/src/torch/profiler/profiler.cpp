@@ -135,6 +135,28 @@ struct Devices {
 // and its gradient, which then feeds the unit's backward. Empty for every other unit.
 using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
+// One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
+std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
+                                    const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss) {
+  torch::Tensor x = input.detach();
+  if (x.is_floating_point()) x.requires_grad_(true);
+  reset_grads(grad_params);
+  dev.timer.start();
+  torch::Tensor y = unit.forward(x);
+  torch::Tensor g;
+  if (loss && y.requires_grad()) {
+    torch::Tensor z = y.detach().requires_grad_(true);
+    g = torch::autograd::grad({loss(z)}, {z})[0];
+  }
+  const double fwd = dev.timer.stop_s();
+  if (!g.defined()) g = torch::ones_like(y);
+  dev.timer.start();
+  if (y.requires_grad()) torch::autograd::backward({y}, {g});
+  const double bwd = dev.timer.stop_s();
+  reset_grads(grad_params);
+  return {fwd, bwd};
+}
+
 // Measures `unit` on `input`; returns the measurement and the (detached) output for the next unit.
 // `grad_params`: every parameter whose gradient the unit's backward may write (own and borrowed).
 // With `loss` (the last unit), the forward figures include the loss and its gradient: its time, its
@@ -228,15 +250,9 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   // Timed passes.
   std::vector<double> fwd, bwd;
   for (int i = 0; i < options.repeats; ++i) {
-    clear();
-    dev.timer.start();
-    torch::Tensor yt = unit.forward(x);
-    torch::Tensor g = loss ? output_grad(yt) : torch::Tensor();
-    fwd.push_back(dev.timer.stop_s());
-    if (!loss) g = torch::ones_like(yt);
-    dev.timer.start();
-    backward(yt, g);
-    bwd.push_back(dev.timer.stop_s());
+    auto [f, b] = time_once(unit, x, grad_params, dev, loss);
+    fwd.push_back(f);
+    bwd.push_back(b);
   }
   // Kernel time (CUDA with CUPTI): one more pass with activity records on.
   if (dev.kernel_timer != nullptr) {
@@ -257,28 +273,6 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   m.time_bwd_s = sb.median_s;
   m.time_bwd_spread_s = sb.spread_s();
   return {std::move(m), output};
-}
-
-// One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
-std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
-                                    const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss) {
-  torch::Tensor x = input.detach();
-  if (x.is_floating_point()) x.requires_grad_(true);
-  reset_grads(grad_params);
-  dev.timer.start();
-  torch::Tensor y = unit.forward(x);
-  torch::Tensor g;
-  if (loss && y.requires_grad()) {
-    torch::Tensor z = y.detach().requires_grad_(true);
-    g = torch::autograd::grad({loss(z)}, {z})[0];
-  }
-  const double fwd = dev.timer.stop_s();
-  if (!g.defined()) g = torch::ones_like(y);
-  dev.timer.start();
-  if (y.requires_grad()) torch::autograd::backward({y}, {g});
-  const double bwd = dev.timer.stop_s();
-  reset_grads(grad_params);
-  return {fwd, bwd};
 }
 
 // Device-side context for a profile: memory meter, timer, synchronisation; the CPU allocator is

@@ -64,27 +64,47 @@ std::vector<int64_t> with_batch(int64_t count, const std::vector<int64_t>& shape
   return out;
 }
 
+// A tensor of `shape` filled with N(0, 1) values from Rng(key): the tasks' fixed targets and prototypes.
+torch::Tensor normal_tensor(const std::vector<int64_t>& shape, uint64_t key) {
+  torch::Tensor t = torch::empty(shape, torch::kFloat32);
+  detail::Rng rng(key);
+  float* v = t.data_ptr<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(rng.normal());
+  return t;
+}
+
+// Samples [first, first + count) of `step`: sample j draws from Rng(sample_key(seed, step, j)), first
+// `base(rng, j)` (the values the noise is added to, or nullptr for none), then N(0, 1) noise per value.
+template <class Base>
+torch::Tensor noisy_samples(uint64_t seed, int64_t step, int64_t first, int64_t count,
+                            const std::vector<int64_t>& sample_shape, Base&& base) {
+  torch::Tensor input = torch::empty(with_batch(count, sample_shape), torch::kFloat32);
+  const int64_t per_sample = input.numel() / count;
+  float* x = input.data_ptr<float>();
+  for (int64_t j = 0; j < count; ++j) {
+    detail::Rng rng(detail::sample_key(seed, step, first + j));
+    const float* b = base(rng, j);
+    for (int64_t i = 0; i < per_sample; ++i) {
+      x[j * per_sample + i] = (b != nullptr ? b[i] : 0.0f) + static_cast<float>(rng.normal());
+    }
+  }
+  return input;
+}
+
 // Regress every sample's output onto one fixed N(0, 1) target (from the seed); inputs are N(0, 1),
 // generated one by one from Rng(sample_key(seed, step, j)).
 class FixedTargetRegression : public Task {
  public:
   FixedTargetRegression(uint64_t seed, std::vector<int64_t> sample_shape, std::vector<int64_t> output_shape)
-      : seed_(seed), sample_shape_(std::move(sample_shape)), output_shape_(std::move(output_shape)) {
-    target_ = torch::empty(output_shape_, torch::kFloat32);
-    detail::Rng rng(detail::teacher_key(seed));
-    float* t = target_.data_ptr<float>();
-    for (int64_t i = 0; i < target_.numel(); ++i) t[i] = static_cast<float>(rng.normal());
-  }
+      : seed_(seed),
+        sample_shape_(std::move(sample_shape)),
+        output_shape_(std::move(output_shape)),
+        target_(normal_tensor(output_shape_, detail::teacher_key(seed))) {}
 
   Batch batch(int64_t step, int64_t first_sample, int64_t count) const override {
     TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "torchscript task: bad batch request");
-    torch::Tensor input = torch::empty(with_batch(count, sample_shape_), torch::kFloat32);
-    const int64_t per_sample = input.numel() / count;
-    float* x = input.data_ptr<float>();
-    for (int64_t j = 0; j < count; ++j) {
-      detail::Rng rng(detail::sample_key(seed_, step, first_sample + j));
-      for (int64_t i = 0; i < per_sample; ++i) x[j * per_sample + i] = static_cast<float>(rng.normal());
-    }
+    torch::Tensor input = noisy_samples(seed_, step, first_sample, count, sample_shape_,
+                                        [](detail::Rng&, int64_t) -> const float* { return nullptr; });
     return {input, target_.unsqueeze(0).expand(with_batch(count, output_shape_)).contiguous()};
   }
 
@@ -106,28 +126,22 @@ class FixedTargetRegression : public Task {
 class PrototypeClassification : public Task {
  public:
   PrototypeClassification(uint64_t seed, std::vector<int64_t> sample_shape, int64_t classes)
-      : seed_(seed), sample_shape_(std::move(sample_shape)), classes_(classes) {
-    prototypes_ = torch::empty(with_batch(classes, sample_shape_), torch::kFloat32);
-    detail::Rng rng(detail::teacher_key(seed));
-    float* p = prototypes_.data_ptr<float>();
-    for (int64_t i = 0; i < prototypes_.numel(); ++i) p[i] = static_cast<float>(rng.normal());
-  }
+      : seed_(seed),
+        sample_shape_(std::move(sample_shape)),
+        classes_(classes),
+        prototypes_(normal_tensor(with_batch(classes, sample_shape_), detail::teacher_key(seed))) {}
 
   Batch batch(int64_t step, int64_t first_sample, int64_t count) const override {
     TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "torchscript task: bad batch request");
-    torch::Tensor input = torch::empty(with_batch(count, sample_shape_), torch::kFloat32);
     torch::Tensor target = torch::empty({count}, torch::kInt64);
-    const int64_t per_sample = input.numel() / count;
-    float* x = input.data_ptr<float>();
+    int64_t* t = target.data_ptr<int64_t>();
     const float* p = prototypes_.data_ptr<float>();
-    for (int64_t j = 0; j < count; ++j) {
-      detail::Rng rng(detail::sample_key(seed_, step, first_sample + j));
-      const int64_t c = rng.below(classes_);
-      target[j] = c;
-      for (int64_t i = 0; i < per_sample; ++i) {
-        x[j * per_sample + i] = p[c * per_sample + i] + static_cast<float>(rng.normal());
-      }
-    }
+    const int64_t per_sample = prototypes_.numel() / classes_;
+    torch::Tensor input = noisy_samples(seed_, step, first_sample, count, sample_shape_,
+                                        [&](detail::Rng& rng, int64_t j) {
+                                          t[j] = rng.below(classes_);
+                                          return p + t[j] * per_sample;
+                                        });
     return {input, target};
   }
 
