@@ -15,6 +15,7 @@
 #include "zeroplan/config.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/sim/compare.h"
+#include "zeroplan/sim/price.h"
 
 namespace zeroplan::cli {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct CompareArgs {
-  std::string predicted, measured, output, overlay, predicted_trace, measured_trace, model;
+  std::string predicted, measured, output, overlay, predicted_trace, measured_trace, model, baseline;
   double tolerance = 0.10;
   double memory_tolerance = 0.05;
   bool gate_phases = false;
@@ -77,6 +78,14 @@ void print_table(const Comparison& c, const Prediction& p) {
       fmt::print(stderr, "  {}. {}\n", i + 1, c.largest_error_sources[i]);
   }
   for (const std::string& w : c.warnings) fmt::print(stderr, "warning: {}\n", w);
+  if (c.price) {
+    const AveragingPrice& p = *c.price;
+    fmt::print(stderr,
+               "what the speed costs ({} against the synchronous run {}): loss {:.4f} against {:.4f} ({:+.1f}%) after {} "
+               "steps (mean of the last {}), step {:.3f} s against {:.3f} s ({:.2f}x)\n",
+               p.strategy, p.baseline, p.loss, p.baseline_loss, 100 * p.loss_change, p.steps, std::max(1, p.steps / 4),
+               p.step_time_s, p.baseline_step_time_s, p.speedup);
+  }
   fmt::print(stderr, "verdict: {}\n", c.verdict);
 }
 
@@ -95,6 +104,7 @@ int run_compare(const CompareArgs& a, const Globals& g) {
   Comparison c = sim::compare(prediction, record, options);
   c.predicted = a.predicted;
   c.measured = a.measured;
+  if (!a.baseline.empty()) c.price = sim::averaging_price(record, read_document<RunRecord>(a.baseline), a.baseline);
 
   if (!a.overlay.empty()) {
     std::string ptrace = a.predicted_trace, mtrace = a.measured_trace;
@@ -152,6 +162,10 @@ Action add_compare(CLI::App& app, const Globals& globals) {
   app.add_flag("--gate-phases", a->gate_phases, "Phases also decide the verdict (at --tolerance)");
   app.add_option("--model", a->model,
                  "ModelProfile the prediction came from: checks threads, profiled batches, versions")
+      ->check(CLI::ExistingFile);
+  app.add_option("--baseline", a->baseline,
+                 "RunRecord of a synchronous (DDP) run of the same model, seed and batch: shows what a LocalSGD, "
+                 "SlowMo or AdaScale run's speed costs in loss")
       ->check(CLI::ExistingFile);
   app.add_option("--trace-overlay", a->overlay,
                  "Write both traces into one Chrome trace (pid 1 predicted, pid 2 measured)");

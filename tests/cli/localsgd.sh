@@ -3,7 +3,8 @@
 #   SlowMo with one rank per node runs and records its plan; AdaScale records a gain per step in [1, 2];
 #   4 ranks, LocalSGD every 3 steps: on one node of 4 (--ranks-per-node 4) it is DDP bit for bit, on two
 #   nodes of 2 (node groups formed over Gloo) the first step's loss is DDP's and later ones are not;
-#   --ranks-per-node that does not divide the ranks is one line, exit 1.
+#   --ranks-per-node that does not divide the ranks is one line, exit 1; `compare --baseline` shows the
+#   two-node LocalSGD run's loss beside DDP's (the price), and refuses a synchronous run as the measured one.
 #   localsgd.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
@@ -28,6 +29,19 @@ echo "$msg"
 [ "$code" -eq 1 ] || fail "--ranks-per-node 3 of 4 ranks: exit $code, expected 1"
 [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "--ranks-per-node 3: more than one line"
 case "$msg" in *"--ranks-per-node 3 does not divide the 4 ranks"*) ;; *) fail "message: $msg" ;; esac
+"$py" -c 'import json,sys; json.dump(json.load(open("twonodes.json"))["plan"], open("plan.json", "w"))'
+"$zp" -q profile --analytic gpt --layers 2 --hidden 64 --heads 2 --seq 64 --vocab 512 --batch 2 -o prof.json
+"$zp" -q simulate --model prof.json --cluster a100-sxm-80gb --plan plan.json -o pred.json
+"$zp" compare --predicted pred.json --measured twonodes.json --baseline ddp4.json -o price.json 2>compare.txt ||
+  fail "compare --baseline"
+cat compare.txt
+grep -q "what the speed costs (LocalSGD every 3 steps against the synchronous run ddp4.json)" compare.txt ||
+  fail "compare prints no price line"
+set +e
+msg=$("$zp" -q compare --predicted pred.json --measured ddp4.json --baseline ddp4.json 2>&1); code=$?
+set -e
+[ "$code" -eq 1 ] && [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "synchronous measured run: exit $code: $msg"
+case "$msg" in *"the measured run is synchronous"*) ;; *) fail "message: $msg" ;; esac
 "$py" - <<'PY'
 import json, math, sys
 errors = []
@@ -46,5 +60,9 @@ ddp, one, two = (json.load(open(f))["losses"] for f in ("ddp4.json", "onenode.js
 check(one == ddp, "LocalSGD on one node of 4 ranks is DDP bit for bit")
 check(two[0] == ddp[0], "two nodes: the first step's loss is DDP's")
 check(two[1:] != ddp[1:], "two nodes: later losses differ from DDP's (nodes step apart)")
+price = json.load(open("price.json"))["price"]
+tail = lambda l: sum(l[-1:]) / 1  # 6 steps: the last quarter is the last step
+check(price["steps"] == 6 and price["loss"] == tail(two) and price["baseline_loss"] == tail(ddp),
+      f"the price holds both losses after the same 6 steps: {price}")
 sys.exit(1 if errors else 0)
 PY

@@ -2,10 +2,13 @@
 //  0-1  gradients accumulate in one full flat buffer; on the last microbatch (DDP's no_sync before it)
 //       buckets of all_reduce_bucket_bytes, in reverse unit order, are all-reduced as soon as their
 //       first unit finished its backward;
-//  2-3  each unit's gradient accumulates in a transient full buffer, reduce-scattered as soon as the
-//       unit finished its backward, every microbatch; this rank's share is added to its gradient shard
-//       (on the host with offload.grads) once the next unit's backward ran, and every reduction of a
-//       microbatch lands before the next one starts (FSDP's end-of-backward callback).
+//  2-3  each unit's gradient accumulates in a transient full buffer every microbatch. Stage 3
+//       reduce-scatters it as soon as the unit finished its backward; stage 2 groups units in backward
+//       order until buckets.reduce_buffer_elems (DeepSpeed's reduce_bucket_size): a unit's gradient is
+//       copied into the bucket's buffer, rank-major, and freed, and the bucket is reduce-scattered after
+//       its last unit (a bucket of one unit in place). This rank's share is added to its gradient shard
+//       (on the host with offload.grads) once the next reduce-scatter was issued, and every reduction of
+//       a microbatch lands before the next one starts (FSDP's end-of-backward callback).
 #include <algorithm>
 
 #include "pieces.h"
@@ -18,9 +21,25 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
   grad_full_.resize(c.units.size());
   if (reduce_scatter_) {
     grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total) : c.dzeros(c.shard_total);
+    const std::int64_t cap = stage_ == 2 ? std::max<std::int64_t>(1, c.plan.buckets.reduce_buffer_elems) : 1;
+    rs_bucket_of_.assign(c.units.size(), -1);
+    RsBucket cur;
+    for (int u = c.unit_count() - 1; u >= 0; --u) {
+      const UnitRT& U = c.unit(u);
+      if (U.numel() > 0) {
+        rs_bucket_of_[static_cast<std::size_t>(u)] = static_cast<int>(rs_buckets_.size());
+        cur.units.push_back(u);
+        cur.padded += U.layout.padded_numel();
+        cur.shard += U.shard();
+      }
+      if ((cur.padded >= cap || u == 0) && !cur.units.empty()) {
+        rs_buckets_.push_back(std::move(cur));
+        cur = RsBucket{};
+      }
+    }
     if (c.plan.offload.grads) {
       std::int64_t max_shard = 0;
-      for (const auto& U : c.units) max_shard = std::max(max_shard, U.shard());
+      for (const auto& b : rs_buckets_) max_shard = std::max(max_shard, b.shard);
       host_scratch_ = c.hzeros(max_shard);
     }
     return;
@@ -67,7 +86,30 @@ torch::Tensor GradSync::chunk(int u) {
 
 void GradSync::after_bwd(int u, int micro, bool last_micro) {
   if (reduce_scatter_) {
-    launch_reduce_scatter(u, micro);
+    const int bi = rs_bucket_of_[static_cast<std::size_t>(u)];
+    if (bi < 0) return;
+    const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bi)];
+    torch::Tensor& g = grad_full_[static_cast<std::size_t>(u)];
+    if (!g.defined()) g = region(u);  // a unit whose backward wrote nothing still reduces its zeros
+    if (b.units.size() == 1) {
+      launch_reduce_scatter(bi, g, micro);
+      g = torch::Tensor();
+    } else {
+      torch::NoGradGuard no_grad;
+      if (u == b.units.front()) bucket_buffer_ = c_.dempty(b.padded);
+      std::int64_t offset = 0;
+      for (const int v : b.units) {
+        if (v == u) break;
+        offset += c_.unit(v).shard();
+      }
+      const std::int64_t shard = c_.unit(u).shard();
+      bucket_buffer_.view({c_.world, b.shard}).narrow(1, offset, shard).copy_(g.view({c_.world, shard}));
+      g = torch::Tensor();
+      if (u == b.units.back()) {
+        launch_reduce_scatter(bi, bucket_buffer_, micro);
+        bucket_buffer_ = torch::Tensor();
+      }
+    }
     drain(1);
     return;
   }
@@ -82,37 +124,43 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
   }
 }
 
-void GradSync::launch_reduce_scatter(int u, int micro) {
-  const UnitRT& U = c_.unit(u);
-  if (U.numel() == 0) return;
+void GradSync::launch_reduce_scatter(int bucket, torch::Tensor input, int micro) {
+  const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket)];
+  const int last = b.units.back();
   c_.cur_phase = "reduce_scatter";
-  torch::Tensor input = region(u);
-  torch::Tensor output = c_.dempty(U.shard());
+  torch::Tensor output = c_.dempty(b.shard);
   const double t = c_.rec.now_s();
-  auto h = c_.tracker.issue(c_.comm.reduce_scatter(output, input, ReduceOp::kSum), t, "reduce_scatter " + U.name,
-                            "reduce_scatter", u, micro);
-  grad_full_[static_cast<std::size_t>(u)] = torch::Tensor();
-  pending_.push_back({u, h, input, output});
+  const std::string name = b.units.size() == 1
+                               ? "reduce_scatter " + c_.unit(last).name
+                               : detail::format("reduce_scatter units {}-{}", last, b.units.front());
+  auto h = c_.tracker.issue(c_.comm.reduce_scatter(output, input, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
+  pending_.push_back({bucket, h, std::move(input), output});
 }
 
 void GradSync::drain(std::size_t keep) {
   while (pending_.size() > keep) {
     PendingReduce p = std::move(pending_.front());
     pending_.pop_front();
-    const UnitRT& U = c_.unit(p.unit);
-    c_.at(U.name, "reduce_scatter");
+    const RsBucket& b = rs_buckets_[static_cast<std::size_t>(p.bucket)];
+    const UnitRT& L = c_.unit(b.units.back());
+    c_.at(L.name, "reduce_scatter");
     c_.tracker.wait(p.handle);
-    torch::Tensor dst = grad_shard_all_.narrow(0, U.shard_base, U.shard());
+    p.input = torch::Tensor();
+    torch::Tensor reduced = p.output;
+    double t0 = 0;
     if (c_.plan.offload.grads) {
-      const double t0 = c_.rec.now_s();
-      torch::Tensor scratch = host_scratch_.narrow(0, 0, U.shard());
-      c_.dev.copy_d2h(scratch, p.output);
+      t0 = c_.rec.now_s();
+      reduced = host_scratch_.narrow(0, 0, b.shard);
+      c_.dev.copy_d2h(reduced, p.output);
       c_.dev.wait_copies();
-      dst.add_(scratch);
-      c_.rec.span(Lane::d2h, "d2h grads " + U.name, t0, c_.rec.now_s(), "d2h", p.unit);
-    } else {
-      dst.add_(p.output);
     }
+    std::int64_t offset = 0;
+    for (const int v : b.units) {
+      const UnitRT& U = c_.unit(v);
+      grad_shard_all_.narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, offset, U.shard()));
+      offset += U.shard();
+    }
+    if (c_.plan.offload.grads) c_.rec.span(Lane::d2h, "d2h grads " + L.name, t0, c_.rec.now_s(), "d2h", b.units.back());
   }
 }
 

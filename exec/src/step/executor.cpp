@@ -204,7 +204,7 @@ class Executor::Impl {
       // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
       c.rec.span(Lane::compute, "loss", t0, c.rec.now_s(), "forward", c.unit_count() - 1, k);
       z = loss = torch::Tensor();
-      backward(gz, k, k == m - 1);
+      backward(std::move(gz), k, k == m - 1);  // the logits' gradient dies with the last unit's backward
       grads_->finish_microbatch();
     }
     grads_->finish_step();

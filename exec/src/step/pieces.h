@@ -148,12 +148,18 @@ class GradSync {
     int lo = 0, hi = 0;  // units [lo, hi], launched when unit lo finished backward
     std::int64_t offset = 0, numel = 0;
   };
+  // Stages 2-3: units with parameters grouped in backward order until reduce_buffer_elems (stage 3:
+  // one each); shards laid out in that order in the bucket's output.
+  struct RsBucket {
+    std::vector<int> units;
+    std::int64_t padded = 0, shard = 0;
+  };
   struct PendingReduce {
-    int unit;
+    int bucket;
     CommTracker::Handle handle;
     torch::Tensor input, output;
   };
-  void launch_reduce_scatter(int u, int micro);
+  void launch_reduce_scatter(int bucket, torch::Tensor input, int micro);
   void drain(std::size_t keep);  // waits all but the newest `keep` reduce-scatters, adds them to the shard
   Ctx& c_;
   bool reduce_scatter_ = false;  // stages 2-3
@@ -164,6 +170,9 @@ class GradSync {
   torch::Tensor host_scratch_;   // offload.grads: one unit's reduced shard on its way to the host
   std::vector<torch::Tensor> grad_full_;  // stages 2-3: per unit, this microbatch's full gradient
   std::vector<Bucket> buckets_;
+  std::vector<RsBucket> rs_buckets_;
+  std::vector<int> rs_bucket_of_;  // per unit, -1 without parameters
+  torch::Tensor bucket_buffer_;    // the open bucket of several units, rank-major: [world, its shards]
   std::deque<PendingReduce> pending_;
   std::vector<CommTracker::Handle> reduces_;
 };

@@ -46,7 +46,49 @@ void check_metrics(const std::string& where, const std::vector<Metric>& metrics)
   }
 }
 
+ojson write_price(const AveragingPrice& p) {
+  ojson j;
+  j["baseline"] = p.baseline;
+  j["strategy"] = p.strategy;
+  j["steps"] = p.steps;
+  j["loss"] = p.loss;
+  j["baseline_loss"] = p.baseline_loss;
+  j["loss_change"] = p.loss_change;
+  j["step_time_s"] = p.step_time_s;
+  j["baseline_step_time_s"] = p.baseline_step_time_s;
+  j["speedup"] = p.speedup;
+  return j;
+}
+
+void check_price(const AveragingPrice& p) {
+  if (p.steps < 1) comparison_error("price.steps must be >= 1 (got " + std::to_string(p.steps) + ")");
+  if (!(std::isfinite(p.loss) && std::isfinite(p.baseline_loss)))
+    comparison_error("price: losses must be finite (got " + num(p.loss) + " and baseline " + num(p.baseline_loss) + ")");
+  if (!(p.step_time_s > 0 && p.baseline_step_time_s > 0))
+    comparison_error("price: step times must be > 0 (got " + num(p.step_time_s) + " and baseline " + num(p.baseline_step_time_s) + ")");
+  const double change = relative_error(p.loss, p.baseline_loss);
+  if (!(std::fabs(p.loss_change - change) <= 1e-9 * std::max(1.0, std::fabs(change))))
+    comparison_error("price.loss_change " + num(p.loss_change) + " != (loss - baseline_loss) / |baseline_loss| (= " + num(change) + ")");
+  const double speedup = p.baseline_step_time_s / p.step_time_s;
+  if (!(std::fabs(p.speedup - speedup) <= 1e-9 * std::max(1.0, speedup)))
+    comparison_error("price.speedup " + num(p.speedup) + " != baseline_step_time_s / step_time_s (= " + num(speedup) + ")");
+}
+
 }  // namespace
+
+void read_value(const nlohmann::json& j, AveragingPrice& p, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("baseline", p.baseline);
+  r.req("strategy", p.strategy);
+  r.req("steps", p.steps);
+  r.req("loss", p.loss);
+  r.req("baseline_loss", p.baseline_loss);
+  r.req("loss_change", p.loss_change);
+  r.req("step_time_s", p.step_time_s);
+  r.req("baseline_step_time_s", p.baseline_step_time_s);
+  r.req("speedup", p.speedup);
+  r.finish();
+}
 
 void read_value(const nlohmann::json& j, Metric& m, const std::string& path) {
   ObjectReader r(j, path);
@@ -92,6 +134,7 @@ ojson to_ordered_json(const Comparison& c) {
   j["units"] = write_array(c.units, write_unit);
   j["largest_error_sources"] = c.largest_error_sources;
   j["warnings"] = c.warnings;
+  if (c.price) j["price"] = write_price(*c.price);
   return j;
 }
 
@@ -105,6 +148,7 @@ void validate(const Comparison& c) {
   if (c.verdict != expected)
     comparison_error("verdict " + quote_json(c.verdict) + " but the gating metrics at tolerance " + num(c.tolerance) +
                      " give " + quote_json(expected));
+  if (c.price) check_price(*c.price);
 }
 
 void to_json(nlohmann::json& j, const Comparison& c) { j = to_plain(to_ordered_json(c)); }
@@ -121,6 +165,11 @@ void from_json(const nlohmann::json& j, Comparison& c) {
   r.opt("units", c.units);
   r.opt("largest_error_sources", c.largest_error_sources);
   r.opt("warnings", c.warnings);
+  if (j.contains("price")) {
+    AveragingPrice p;
+    r.req("price", p);
+    c.price = p;
+  }
   r.finish();
   validate(c);
 }

@@ -176,9 +176,9 @@ std::vector<Knob> build() {
             ZP_ASSIGN(buckets.all_reduce_bucket_bytes))
           .tune_knob("buckets").alias("all_reduce_bucket_bytes"),
       Entry("buckets.reduce_buffer_elems", T::integer, ">= 1", "8388608",
-            "stage 2: reduce-scatter buffer, elements (fairscale ShardedDDP reduce_buffer_size)",
+            "stage 2: reduce-scatter bucket, elements (DeepSpeed reduce_bucket_size, fairscale reduce_buffer_size)",
             ZP_ASSIGN(buckets.reduce_buffer_elems))
-          .tune_knob("buckets").alias("reduce_buffer_elems").run(ignored),
+          .tune_knob("buckets").alias("reduce_buffer_elems"),
       Entry("buckets.allgather_bucket_bytes", T::integer, ">= 1", "26214400",
             "stages 1-2: all-gather bucket size for the updated shards", ZP_ASSIGN(buckets.allgather_bucket_bytes))
           .tune_knob("buckets").alias("allgather_bucket_bytes").run(ignored),

@@ -137,6 +137,8 @@ void Ctx::intern_names() {
   n_full_grads = g.intern("unsharded grads");
   n_bucket = g.intern("bucket");
   n_temp = g.intern("collective temporary");
+  n_rs_output = g.intern("reduce-scatter output");
+  n_rs_wait = g.intern("wait reduce-scatter");
   n_params = g.intern("params");
   n_grads = g.intern("grads");
   n_master = g.intern("fp32 master params");

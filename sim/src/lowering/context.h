@@ -92,7 +92,7 @@ struct Ctx {
   // Names, interned once.
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_bucket, n_temp,
-      n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
+      n_rs_output, n_rs_wait, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
   // Per-unit results of the current microbatch, filled by the step schedule.
@@ -155,19 +155,36 @@ struct GradDone {
 struct GradSync {
   explicit GradSync(Ctx& c) : c_(c) {}
   void after_bwd(int u, int mb, TaskId bwd);  // allocate gradients, launch bucket collectives
-  void finish_microbatch(int mb);            // flush a partial bucket
+  void finish_microbatch(int mb);            // flush a partial bucket, drain every reduce-scatter
   // Stages 2-3: the microbatch's last reduce-scatter, which the next microbatch's forward waits for
   // (FSDP's end-of-backward callback, DeepSpeed's end-of-backward reduction); else kNone.
   TaskId microbatch_barrier() const { return c_.plan.zero_stage >= 2 && !reduces_.empty() ? reduces_.back() : kNone; }
   std::vector<GradDone> done;                // final gradients (last microbatch), in backward order
  private:
+  // Stages 2-3: units grouped in backward order until reduce_buffer_elems (stage 3: one unit each).
+  struct RsBucket {
+    std::int64_t padded = 0, shard = 0;  // sums over the bucket's units with parameters
+    int with_params = 0;                 // how many; one: reduce-scattered in place, no bucket copy
+    int first = -1, last = -1;           // first and last unit with parameters, in backward order
+  };
+  // A reduce-scatter in flight: its input, temporary and output live until it is drained on the
+  // compute stream (the executor waits for it after issuing the next one, then adds its output).
+  struct InFlight {
+    TaskId rs = kNone;
+    std::vector<AllocId> allocs;
+  };
+  void plan_buckets();
+  TaskId reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input);
+  void drain(std::size_t keep, int mb);
   void flush(int mb);
   Ctx& c_;
   std::int64_t bucket_elems_ = 0;
-  std::int64_t bucket_shard_elems_ = 0;
   TaskId bucket_last_ = kNone;
-  std::vector<AllocId> bucket_allocs_;
-  std::vector<TaskId> reduces_;  // reduce-scatters issued, in order (the in-flight limit)
+  std::vector<TaskId> reduces_;  // reduce-scatters issued, in order
+  std::vector<InFlight> in_flight_;
+  std::vector<RsBucket> rs_buckets_;
+  std::vector<int> bucket_of_;   // per unit: its RsBucket
+  AllocId bucket_buffer_ = kNone;
   std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
 };
 

@@ -1,14 +1,17 @@
 // Gradient synchronisation per zero stage:
 //  0-1  bucketed all-reduce (all_reduce_bucket_bytes) fired in backward order, only in the last
 //       microbatch (no_sync accumulation); LocalSGD reduces within the node only;
-//  2    reduce-scatter of reduce_buffer_elems buckets every microbatch (fairscale SDP); the unsharded
-//       gradients of a bucket are transient, this rank's share stays in its resident shard;
-//  3    reduce-scatter of each unit's padded flat gradient every microbatch, on its own stream.
-// 16-bit reduce of fp32 grads, fp32_reduce_scatter and Gloo's full-size reduce-scatter temporary are
-// transient buffers of the collective. With an offloaded optimizer the owned share is copied to the host.
-// At stages 2-3 at most two reduce-scatters are in flight (as FSDP2 waits for the previous one): the
-// backward that opens a bucket (stage 3: a unit) waits for the reduce-scatter issued two before, so
-// unsharded gradients cannot pile up behind a slow network.
+//  2    every microbatch, units grouped in backward order until reduce_buffer_elems (DeepSpeed's
+//       reduce_bucket_size, fairscale's reduce_buffer_size): a unit's unsharded gradient is copied into
+//       the bucket buffer (allocated when the bucket's first unit finished its backward) and freed, and
+//       the bucket is reduce-scattered after its last unit; a bucket of one unit is reduce-scattered in
+//       place;
+//  3    reduce-scatter of each unit's padded flat gradient every microbatch.
+// Stages 2-3 drain a reduce-scatter on the compute stream once the next one is issued (the executor
+// waits for it there and adds its output to the gradient shard): its input, Gloo's full-size temporary
+// and its output live until then, and the backward after the drain waits for it (at most two in flight,
+// as FSDP2). 16-bit reduce of fp32 grads and fp32_reduce_scatter cast into a transient buffer of the
+// collective. With an offloaded optimizer the owned share is copied to the host.
 #include <algorithm>
 
 #include "context.h"
@@ -19,7 +22,7 @@ namespace zeroplan::sim::lowering {
 namespace {
 
 TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ranks, NameId name, int u, int mb,
-                  TaskId after) {
+                  TaskId after, std::vector<AllocId>* held = nullptr) {
   const std::int64_t bytes = elems * (c.plan.precision.fp32_reduce_scatter ? 4 : c.b.reduce);
   CollectiveOptions o;
   o.algo = c.opt.collective_algo;
@@ -29,7 +32,10 @@ TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ran
   if (bytes != elems * c.b.grad) c.g.alloc(t, c.dev, bytes, MemCategory::buffers, c.label(c.n_bucket, u, mb));
   if (op == CollOp::reduce_scatter) {
     const std::int64_t temp = reduce_scatter_temp_bytes(c.cluster, bytes);
-    if (temp > 0) c.g.alloc(t, c.dev, temp, MemCategory::buffers, c.label(c.n_temp, u, mb));
+    if (temp > 0) {
+      const AllocId a = c.g.alloc(t, c.dev, temp, MemCategory::buffers, c.label(c.n_temp, u, mb));
+      if (held != nullptr) held->push_back(a);
+    }
   }
   return t;
 }
@@ -47,81 +53,110 @@ TaskId to_host(Ctx& c, std::int64_t elems, int u, int mb, TaskId after) {
 
 }  // namespace
 
+void GradSync::plan_buckets() {
+  const int units = static_cast<int>(c_.units.size());
+  bucket_of_.assign(c_.units.size(), -1);
+  early_.assign(c_.units.size(), kNone);
+  const std::int64_t cap = c_.plan.zero_stage == 2 ? std::max<std::int64_t>(1, c_.plan.buckets.reduce_buffer_elems) : 1;
+  RsBucket cur;
+  for (int u = units - 1; u >= 0; --u) {
+    const Unit& x = c_.units[static_cast<std::size_t>(u)];
+    bucket_of_[static_cast<std::size_t>(u)] = static_cast<int>(rs_buckets_.size());
+    if (x.params > 0) {
+      cur.padded += x.padded;
+      cur.shard += x.shard;
+      ++cur.with_params;
+      if (cur.first < 0) cur.first = u;
+      cur.last = u;
+    }
+    if (cur.padded >= cap || u == 0) {
+      rs_buckets_.push_back(cur);
+      cur = RsBucket{};
+    }
+  }
+}
+
+TaskId GradSync::reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input) {
+  InFlight f;
+  f.allocs.push_back(input);
+  f.rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, padded, c_.n, c_.n_reduce_scatter, u, mb, bwd, &f.allocs);
+  f.allocs.push_back(c_.g.alloc(f.rs, c_.dev, shard * c_.b.grad, MemCategory::buffers, c_.label(c_.n_rs_output, u, mb), kNone));
+  for (const AllocId a : f.allocs) c_.g.set_free_at(a, kNone);  // until drained
+  reduces_.push_back(f.rs);
+  in_flight_.push_back(std::move(f));
+  drain(1, mb);
+  return reduces_.back();
+}
+
+void GradSync::drain(std::size_t keep, int mb) {
+  while (in_flight_.size() > keep) {
+    const InFlight f = std::move(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+    const TaskId wait = c_.compute_task(0, c_.n_rs_wait, -1, mb);
+    c_.g.add_dep(wait, f.rs);
+    for (const AllocId a : f.allocs) c_.g.set_free_at(a, wait);
+  }
+}
+
 void GradSync::after_bwd(int u, int mb, TaskId bwd) {
   const Unit& x = c_.units[static_cast<std::size_t>(u)];
   const bool last_mb = mb + 1 == c_.m;
-  if (c_.plan.zero_stage >= 2) {
-    // A borrower's backward writes into its owners' gradients: allocated here, not at the owner's.
-    if (early_.empty()) early_.assign(c_.units.size(), kNone);
-    for (const int o : x.owners_due) {
-      const Unit& owner = c_.units[static_cast<std::size_t>(o)];
-      const std::int64_t elems = c_.plan.zero_stage == 2 ? std::max<std::int64_t>(0, owner.params - owner.shard) : owner.padded;
-      early_[static_cast<std::size_t>(o)] = c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads,
-                                                       c_.label(c_.n_full_grads, o, mb), kNone);
-    }
+  if (c_.plan.zero_stage <= 1) {
+    if (!last_mb) return;  // no_sync: accumulate locally
+    bucket_elems_ += x.params;
+    bucket_last_ = bwd;
+    const std::int64_t cap = std::max<std::int64_t>(1, c_.plan.buckets.all_reduce_bucket_bytes / c_.b.grad);
+    if (bucket_elems_ >= cap) flush(mb);
+    return;
   }
-  // This unit's own full gradient: allocated early by a borrower, or now.
-  auto full_grad = [&](std::int64_t elems) {
-    if (!early_.empty() && early_[static_cast<std::size_t>(u)] != kNone) {
-      const AllocId a = early_[static_cast<std::size_t>(u)];
-      early_[static_cast<std::size_t>(u)] = kNone;
-      return a;
-    }
-    return c_.g.alloc(bwd, c_.dev, elems * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
-  };
-  switch (c_.plan.zero_stage) {
-    case 0:
-    case 1: {
-      if (!last_mb) return;  // no_sync: accumulate locally
-      bucket_elems_ += x.params;
-      bucket_last_ = bwd;
-      const std::int64_t cap = std::max<std::int64_t>(1, c_.plan.buckets.all_reduce_bucket_bytes / c_.b.grad);
-      if (bucket_elems_ >= cap) flush(mb);
-      return;
-    }
-    case 2: {
-      // Unsharded gradients of the unit beyond this rank's share, until the bucket is reduced.
-      const std::int64_t transient = std::max<std::int64_t>(0, x.params - x.shard);
-      if (bucket_elems_ == 0 && reduces_.size() >= 2) c_.g.add_dep(bwd, reduces_[reduces_.size() - 2]);
-      bucket_allocs_.push_back(full_grad(transient));
-      bucket_elems_ += x.params;
-      bucket_last_ = bwd;
-      if (bucket_elems_ >= c_.plan.buckets.reduce_buffer_elems) flush(mb);
-      return;
-    }
-    default: {
-      if (reduces_.size() >= 2) c_.g.add_dep(bwd, reduces_[reduces_.size() - 2]);
-      const AllocId full = full_grad(x.padded);
-      const TaskId rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, x.padded, c_.n, c_.n_reduce_scatter, u, mb, bwd);
-      c_.g.set_free_at(full, rs);
-      reduces_.push_back(rs);
-      if (last_mb) done.push_back({to_host(c_, x.shard, u, mb, rs), x.shard});
-      return;
-    }
+  if (bucket_of_.empty()) plan_buckets();
+  // A borrower's backward writes into its owners' gradients: allocated here, not at the owner's.
+  for (const int o : x.owners_due) {
+    const Unit& owner = c_.units[static_cast<std::size_t>(o)];
+    early_[static_cast<std::size_t>(o)] = c_.g.alloc(bwd, c_.dev, owner.padded * c_.b.grad, MemCategory::grads,
+                                                     c_.label(c_.n_full_grads, o, mb), kNone);
   }
+  if (x.params == 0) return;
+  // This unit's own unsharded gradient: allocated early by a borrower, or by its backward.
+  AllocId full = early_[static_cast<std::size_t>(u)];
+  early_[static_cast<std::size_t>(u)] = kNone;
+  if (full == kNone) full = c_.g.alloc(bwd, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+  const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket_of_[static_cast<std::size_t>(u)])];
+  if (b.with_params == 1) {
+    const TaskId rs = reduce_scatter(x.padded, x.shard, u, mb, bwd, full);
+    if (last_mb) done.push_back({to_host(c_, x.shard, u, mb, rs), x.shard});
+    return;
+  }
+  // After the backward (its activations freed), the gradient is copied into the bucket and freed.
+  const DeviceSpec& d = c_.cluster.device;
+  const double bytes = 2.0 * static_cast<double>(x.padded * c_.b.grad);  // read and write
+  const TaskId copy = c_.compute_task((d.mem_bw_bytes_per_s > 0 ? bytes / d.mem_bw_bytes_per_s : 0.0) + d.launch_overhead_s,
+                                      c_.n_bucket, u, mb);
+  c_.g.add_dep(copy, bwd);
+  if (u == b.first) {
+    bucket_buffer_ = c_.g.alloc(copy, c_.dev, b.padded * c_.b.grad, MemCategory::buffers, c_.label(c_.n_bucket, u, mb), kNone);
+  }
+  c_.g.set_free_at(full, copy);
+  if (u != b.last) return;
+  const TaskId rs = reduce_scatter(b.padded, b.shard, -1, mb, copy, bucket_buffer_);
+  bucket_buffer_ = kNone;
+  if (last_mb) done.push_back({to_host(c_, b.shard, -1, mb, rs), b.shard});
 }
 
+// Stages 0-1: all-reduce the bucket collected so far.
 void GradSync::flush(int mb) {
   if (bucket_elems_ == 0) return;
-  const int stage = c_.plan.zero_stage;
-  TaskId t;
-  std::int64_t owned;
-  if (stage <= 1) {
-    const int ranks = c_.plan.localsgd() ? std::min(c_.n, c_.cluster.devices_per_node) : c_.n;
-    t = collective(c_, c_.comm, CollOp::all_reduce, bucket_elems_, ranks, c_.n_all_reduce, -1, mb, bucket_last_);
-    owned = stage == 0 ? bucket_elems_ : (bucket_elems_ + c_.n - 1) / c_.n;
-  } else {
-    t = collective(c_, c_.comm, CollOp::reduce_scatter, bucket_elems_, c_.n, c_.n_reduce_scatter, -1, mb, bucket_last_);
-    for (AllocId a : bucket_allocs_) c_.g.set_free_at(a, t);
-    reduces_.push_back(t);
-    owned = (bucket_elems_ + c_.n - 1) / c_.n;
-  }
-  if (mb + 1 == c_.m) done.push_back({stage == 0 ? t : to_host(c_, owned, -1, mb, t), owned});
+  const int ranks = c_.plan.localsgd() ? std::min(c_.n, c_.cluster.devices_per_node) : c_.n;
+  const TaskId t = collective(c_, c_.comm, CollOp::all_reduce, bucket_elems_, ranks, c_.n_all_reduce, -1, mb, bucket_last_);
+  const std::int64_t owned = c_.plan.zero_stage == 0 ? bucket_elems_ : (bucket_elems_ + c_.n - 1) / c_.n;
+  if (mb + 1 == c_.m) done.push_back({c_.plan.zero_stage == 0 ? t : to_host(c_, owned, -1, mb, t), owned});
   bucket_elems_ = 0;
   bucket_last_ = kNone;
-  bucket_allocs_.clear();
 }
 
-void GradSync::finish_microbatch(int mb) { flush(mb); }
+void GradSync::finish_microbatch(int mb) {
+  flush(mb);
+  drain(0, mb);
+}
 
 }  // namespace zeroplan::sim::lowering

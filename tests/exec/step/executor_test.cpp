@@ -227,23 +227,32 @@ TEST(ExecutorCounts, CollectivesPerStepMatchFormulas) {
                             PlanSpec{3, 4, true}, PlanSpec{3, 2, false}}) {
     Plan plan = make_plan(m, 2, s);
     plan.buckets.all_reduce_bucket_bytes = 200 << 10;  // several buckets
+    plan.buckets.reduce_buffer_elems = 60000;          // stage 2: several reduce-scatter buckets
     auto runs = thread_run(m, plan, 2, cpu_device());
     zoo::Model model = build(m, plan.seed);
     const std::int64_t f = static_cast<std::int64_t>(model.units.size());  // every gpt unit has parameters
     const std::int64_t mb = s.microbatches;
     // Buckets: units in reverse, closed at the cap.
-    std::int64_t buckets = 0, acc = 0;
+    // Stage 2 reduce-scatters: the same in elements against reduce_buffer_elems (DeepSpeed's IPG bucket).
+    std::int64_t buckets = 0, acc = 0, rs_buckets = 0, rs_acc = 0;
     for (std::int64_t u = f - 1; u >= 0; --u) {
       std::int64_t n = 0;
       for (const auto& p : model.units[static_cast<std::size_t>(u)].module->parameters()) n += p.numel();
       if (s.stage >= 1) n = (n + 1) / 2 * 2;
       acc += n * 4;
+      rs_acc += n;
       if (acc >= plan.buckets.all_reduce_bucket_bytes || u == 0) {
         ++buckets;
         acc = 0;
       }
+      if (rs_acc >= plan.buckets.reduce_buffer_elems || u == 0) {
+        ++rs_buckets;
+        rs_acc = 0;
+      }
     }
     EXPECT_GT(buckets, 1);
+    EXPECT_GT(rs_buckets, 1);
+    EXPECT_LT(rs_buckets, f);
     for (const auto& run : runs) {
       for (const CollectiveCounts& c : run.step_counts) {
         const std::string what = s.label();
@@ -259,7 +268,7 @@ TEST(ExecutorCounts, CollectivesPerStepMatchFormulas) {
             break;
           case 2:
             EXPECT_EQ(c.all_reduce, 0) << what;
-            EXPECT_EQ(c.reduce_scatter, mb * f) << what;
+            EXPECT_EQ(c.reduce_scatter, mb * rs_buckets) << what;
             EXPECT_EQ(c.all_gather, f) << what;
             break;
           case 3:

@@ -62,6 +62,7 @@ struct PlanSpec {
   bool reshard = false;
   bool offload_params = false, offload_grads = false, offload_optimizer = false;
   bool checkpointing = false;
+  std::int64_t reduce_buffer_elems = 0;  // stage 2 bucket; 0: the plan's default
   std::string label() const {
     std::string s = "stage" + std::to_string(stage) + "_m" + std::to_string(microbatches);
     if (reshard) s += "_reshard";
@@ -69,6 +70,7 @@ struct PlanSpec {
     if (offload_grads) s += "_offG";
     if (offload_optimizer) s += "_offO";
     if (checkpointing) s += "_ckpt";
+    if (reduce_buffer_elems > 0) s += "_rb" + std::to_string(reduce_buffer_elems);
     return s;
   }
 };
@@ -85,6 +87,7 @@ inline Plan make_plan(const ModelSpec& m, int world, const PlanSpec& s, std::uin
   p.offload.grads = s.offload_grads;
   p.offload.optimizer = s.offload_optimizer;
   if (s.checkpointing) p.checkpointing.mode = Checkpointing::Mode::all;
+  if (s.reduce_buffer_elems > 0) p.buckets.reduce_buffer_elems = s.reduce_buffer_elems;
   p.optimizer = m.optimizer;
   p.seed = seed;
   return p;

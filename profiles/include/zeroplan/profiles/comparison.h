@@ -1,6 +1,7 @@
 // Comparison ("zeroplan.comparison/1"): a Prediction next to a RunRecord, metric by metric.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,22 @@ struct UnitComparison {
   bool operator==(const UnitComparison&) const = default;
 };
 
+// What a LocalSGD, SlowMo or AdaScale plan's speed costs in loss: its run beside a synchronous (DDP)
+// baseline run of the same model, seed and global batch, after the same steps.
+struct AveragingPrice {
+  std::string baseline;              // path of the baseline RunRecord
+  std::string strategy;              // "LocalSGD every 4 steps", "SlowMo every 4 steps (momentum 0.5, slow lr 1)", "AdaScale"
+  int steps = 0;                     // steps both runs took (warm-up included: every step trains)
+  double loss = 0;                   // mean loss over the last quarter of those steps (at least one)
+  double baseline_loss = 0;
+  double loss_change = 0;            // (loss - baseline_loss) / |baseline_loss|
+  double step_time_s = 0;            // measured medians
+  double baseline_step_time_s = 0;
+  double speedup = 0;                // baseline_step_time_s / step_time_s
+
+  bool operator==(const AveragingPrice&) const = default;
+};
+
 struct Comparison {
   std::string predicted;     // path of the Prediction
   std::string measured;      // path of the RunRecord
@@ -35,6 +52,7 @@ struct Comparison {
   std::vector<UnitComparison> units;               // optional
   std::vector<std::string> largest_error_sources;  // human-readable, largest first; optional
   std::vector<std::string> warnings;               // optional
+  std::optional<AveragingPrice> price;             // optional: with a baseline run (compare --baseline)
 
   bool operator==(const Comparison&) const = default;
 };
