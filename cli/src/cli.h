@@ -18,6 +18,7 @@ enum ExitCode : int {
   kBadInput = 1,        // bad file, bad plan, unknown model or cluster, plan that cannot fit
   kNotPossibleHere = 2, // needs hardware or a feature this build or machine does not have
   kRunFailed = 3,       // a run started and failed: dead rank, timeout, out of device memory
+  // 128 + N: `run --nproc` stopped by signal N (SIGTERM 143, SIGINT 130, SIGHUP 129); ranks stopped.
 };
 
 // An error with its exit code; what() is the one line printed after "zeroplan <cmd>: ".

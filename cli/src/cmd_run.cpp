@@ -109,6 +109,7 @@ int run_parent(const RunArgs& a, const Globals& g) {
   exec::LaunchOptions lo;
   lo.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   auto result = exec::launch_local(a.nproc, exec::without_option(a.argv, "--nproc"), lo);
+  if (result.exit_code > 128) throw ExitError(result.exit_code, result.message);  // stopped by a signal: 128 + it
   if (result.exit_code != 0) throw ExitError(kRunFailed, result.message);
   std::vector<exec::RunResult> ranks;
   for (int r = 0; r < a.nproc; ++r) {

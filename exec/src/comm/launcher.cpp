@@ -8,12 +8,17 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -112,6 +117,56 @@ std::string default_output_dir() {
   return buf.data();
 }
 
+// A listening socket on 127.0.0.1 only (port chosen by the kernel) for the store to take over: the run
+// is local by construction, so no other machine can reach its keys.
+int loopback_listener() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw LaunchError(fmt::format("cannot open a socket for the store: {}", std::strerror(errno)));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw LaunchError(fmt::format("cannot listen on 127.0.0.1 for the store: {}", std::strerror(err)));
+  }
+  return fd;
+}
+
+int bound_port(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw LaunchError(fmt::format("cannot read the store's port: {}", std::strerror(errno)));
+  return ntohs(a.sin_port);
+}
+
+// SIGTERM, SIGINT and SIGHUP to the launcher while ranks run: remembered here, forwarded by the watch
+// loop (a handler does nothing else), the previous handlers restored when the launch ends.
+std::atomic<int> g_stop_signal{0};
+extern "C" void remember_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = remember_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGTERM, SIGINT, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
 std::string self_executable() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -131,11 +186,21 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   LaunchResult result;
   result.output_dir = options.output_dir.empty() ? default_output_dir() : options.output_dir;
   std::filesystem::create_directories(result.output_dir);
+  if (options.output_dir.empty()) {
+    // The folder the launcher made goes when the last copy of the result does (after the caller read
+    // the ranks' files), whatever ended the run.
+    result.cleanup = std::shared_ptr<void>(nullptr, [dir = result.output_dir](void*) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    });
+  }
 
   // The agent store: served here, so it outlives any rank, and bound before the ranks start (no
   // race for the port).
+  const int listen_fd = loopback_listener();
   c10d::TCPStoreOptions sopts;
-  sopts.port = 0;
+  sopts.port = static_cast<std::uint16_t>(bound_port(listen_fd));
+  sopts.masterListenFd = listen_fd;
   sopts.isServer = true;
   sopts.waitWorkers = false;
   sopts.timeout = options.timeout;
@@ -143,6 +208,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   try {
     tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", sopts);
   } catch (const std::exception& e) {
+    ::close(listen_fd);
     throw LaunchError("cannot serve the store on 127.0.0.1: " + detail::first_line(e.what()));
   }
   const int port = tcp->getPort();
@@ -166,6 +232,8 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   for (const auto& [k, v] : options.env) base_env.push_back(k + "=" + v);
 
   std::vector<Rank> ranks(nproc);
+  StopSignals stop_signals;
+  int stopped_by = 0;  // the signal the launcher was stopped with
   const auto start = Clock::now();
   auto stop_all = [&](int sig, bool by_launcher) {
     for (auto& r : ranks) {
@@ -271,6 +339,11 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
         }
       }
     }
+    if (const int sig = g_stop_signal.load(); sig != 0 && stopped_by == 0) {
+      stopped_by = sig;
+      terminated = now;
+      stop_all(SIGTERM, true);
+    }
     if (first_failure && !terminated && now - *first_failure > options.failure_grace) {
       terminated = now;
       stop_all(SIGTERM, true);
@@ -288,6 +361,12 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
     result.ranks.push_back(r.exit);
   }
 
+  if (stopped_by != 0) {
+    result.exit_code = 128 + stopped_by;
+    result.message = fmt::format("stopped by {}: the {} ranks were stopped", sigabbrev_np(stopped_by) != nullptr
+                                     ? fmt::format("SIG{}", sigabbrev_np(stopped_by)) : fmt::format("signal {}", stopped_by), nproc);
+    return result;
+  }
   if (hung) {
     const auto& r = ranks[*hung];
     result.exit_code = kRankFailedExitCode;

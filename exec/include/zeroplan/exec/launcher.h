@@ -4,11 +4,14 @@
 // rank RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_ERROR_FILE, ZEROPLAN_OUTPUT_DIR and ZEROPLAN_TIMEOUT_MS, and never hangs: a rank that
 // dies ends the run, a rank without a heartbeat for timeout/2 (timeout before its first) is declared
-// hung, and the rest are stopped (SIGTERM, then SIGKILL).
+// hung, and the rest are stopped (SIGTERM, then SIGKILL). The store listens on 127.0.0.1 only. SIGTERM,
+// SIGINT or SIGHUP to the launcher stops the ranks the same way; a folder it made is removed with the
+// result.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -44,11 +47,14 @@ struct RankExit {
 };
 
 struct LaunchResult {
-  int exit_code = 0;    // 0, or kRankFailedExitCode
+  int exit_code = 0;    // 0, kRankFailedExitCode, or 128 + the signal (SIGTERM, SIGINT, SIGHUP) that
+                        // stopped the launcher: it sent SIGTERM to the ranks, then SIGKILL after kill_grace
   std::string message;  // one line naming the rank that failed first, e.g.
                         // "rank 1 exited with signal 9 (killed) at step 3"; "" on success
   std::vector<RankExit> ranks;
   std::string output_dir;  // where the ranks wrote their results (rank_file())
+  // When the launcher made output_dir: removes it once the last copy of this result is gone.
+  std::shared_ptr<void> cleanup;
 };
 
 // Could not start at all (no such executable, no free port); rank failures are in LaunchResult.
