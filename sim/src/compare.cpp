@@ -350,9 +350,19 @@ const ojson& events_of(const ojson& trace, const std::string& which) {
 
 ojson parse_trace(const std::string& text, const std::string& which) {
   try {
-    return ojson::parse(text);
+    // A trace is events in an array, a few levels deep: a bound keeps a hostile file from overflowing
+    // the stack in the recursive copy and destruction.
+    constexpr int kMaxDepth = 64;
+    return ojson::parse(text, [&](int depth, ojson::parse_event_t event, ojson&) {
+      if ((event == ojson::parse_event_t::object_start || event == ojson::parse_event_t::array_start) &&
+          depth >= kMaxDepth)
+        throw SchemaError(fmt::format("{} trace: nested deeper than {} levels", which, kMaxDepth));
+      return true;
+    });
   } catch (const nlohmann::json::parse_error& e) {
     throw SchemaError(fmt::format("{} trace: invalid JSON at byte {}", which, e.byte));
+  } catch (const nlohmann::json::out_of_range& e) {
+    throw SchemaError(fmt::format("{} trace: a number out of range", which));
   }
 }
 

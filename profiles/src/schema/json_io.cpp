@@ -59,11 +59,17 @@ T convert(const nlohmann::json& j, const std::filesystem::path& base_dir, const 
 }  // namespace
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& origin) {
+  constexpr int kMaxJsonDepth = 64;
   // JSON allows a repeated key and keeps the last one; a document with one is almost surely a mistake.
   std::vector<std::set<std::string>> keys_per_object;
   std::string last_key;  // names the field when a number is out of range
-  auto reject_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
+    // No zeroplan document nests deeper than a few levels; a bound keeps copies and destruction (which
+    // recurse) from overflowing the stack on a hostile file.
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth)
+      throw SchemaError(origin + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels" +
+                        (last_key.empty() ? std::string() : " (under " + quote_json(last_key) + ")"));
     if (event == Event::object_start) {
       keys_per_object.emplace_back();
     } else if (event == Event::object_end) {
