@@ -50,6 +50,15 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
 
 // Checks that --model names a ModelProfile file; when it names no file (e.g. a built-in model's name),
 // the message shows the command that makes a profile of it.
+// Numeric option checks whose message names the value in one line ("must be > 0 (got -1)"): finite,
+// and in [lo, hi] (open at lo when `open_lo`).
+CLI::Validator number_in(double lo, double hi, bool open_lo = false);
+inline CLI::Validator positive() { return number_in(0, 1e300, true); }
+inline CLI::Validator non_negative() { return number_in(0, 1e300); }
+// An output path: refused when empty (-o '').
+inline CLI::Validator output_path() {
+  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("is an empty path") : std::string(); }, "");
+}
 CLI::Validator model_profile_file();
 
 Action add_profile(CLI::App& app, const Globals& globals);

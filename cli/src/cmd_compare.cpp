@@ -152,13 +152,13 @@ Action add_compare(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<CompareArgs>();
   app.add_option("--predicted", a->predicted, "Prediction (from zeroplan simulate)")->required()->check(CLI::ExistingFile);
   app.add_option("--measured", a->measured, "RunRecord (from zeroplan run)")->required()->check(CLI::ExistingFile);
-  app.add_option("-o,--output", a->output, "Write the Comparison here");
+  app.add_option("-o,--output", a->output, "Write the Comparison here")->check(output_path());
   app.add_option("--tolerance", a->tolerance, "Largest relative error of step time that passes (exit code 0 whatever the verdict)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_option("--memory-tolerance", a->memory_tolerance, "Largest relative error of a peak that passes")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_flag("--gate-phases", a->gate_phases, "Phases also decide the verdict (at --tolerance)");
   app.add_option("--model", a->model,
                  "ModelProfile the prediction came from: checks threads, profiled batches, versions")

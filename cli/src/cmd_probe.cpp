@@ -96,23 +96,23 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
 
 Action add_probe(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<ProbeArgs>();
-  app.add_option("-o,--output", a->output, "Write the ClusterProfile here (default: this machine's probe cache, which --cluster local reads)");
+  app.add_option("-o,--output", a->output, "Write the ClusterProfile here (default: this machine's probe cache, which --cluster local reads)")->check(output_path());
   app.add_option("--name", a->name, "The profile's name")->capture_default_str();
   app.add_option("--world-sizes", a->world_sizes, "Ranks to fit the collectives at, e.g. 2,4 (each >= 2)")
       ->delimiter(',')
-      ->check(CLI::Range(2, 64))
+      ->check(number_in(2, 64))
       ->capture_default_str();
   app.add_flag("--quick", a->quick, "Small sizes and few repeats: seconds, for tests and CI");
   app.add_flag("--no-collectives", a->no_collectives, "Skip the collectives (links then estimated from memcpy)");
   app.add_option("--reuse-if-fresh", a->reuse_if_fresh_s,
                  "Keep -o FILE if it is younger than SECONDS, valid, and has fits for --world-sizes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--device-memory", a->device_memory,
                  "Bytes of memory per device (rank) to record (default: the node's memory / ranks per node)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_option("--timeout", a->timeout_s, "Seconds before a silent collectives worker ends the probe")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_flag("--collectives-worker", a->collectives_worker)->group("");  // hidden: one rank of the probe
   return [a, &globals] {
     try {

@@ -92,17 +92,17 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--heads", a->heads, "Attention heads (gpt, analytic gpt)");
   app.add_option("--seq", a->seq, "Sequence length (gpt, analytic gpt)");
   app.add_option("--vocab", a->vocab, "Vocabulary size (gpt, analytic gpt; --torchscript --task lm)");
-  app.add_option("--batch", a->options.batch, "Reference micro batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", a->options.batch, "Reference micro batch")->capture_default_str()->check(positive());
   app.add_option("--batches", a->options.batches, "Batches to fit each figure over (default: batch, 2 x batch)")
       ->delimiter(',');
   app.add_option("--warmup", a->options.warmup, "Untimed iterations per unit")->capture_default_str();
-  app.add_option("--repeats", a->options.repeats, "Timed iterations per unit")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeats", a->options.repeats, "Timed iterations per unit")->capture_default_str()->check(positive());
   app.add_option("--threads", a->options.threads, "Torch threads (0: torch's default)")->capture_default_str();
   app.add_option("--device", a->options.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--dtype", a->options.dtype, "fp32 | fp16 | bf16")->capture_default_str();
   app.add_option("--seed", a->seed, "Model initialisation seed")->capture_default_str();
   app.add_flag("--progress", a->options.progress, "One line per unit on stderr");
-  app.add_option("-o,--output", a->output, "Write the ModelProfile here");
+  app.add_option("-o,--output", a->output, "Write the ModelProfile here")->check(output_path());
   return [a, &app, &globals] {
     a->dtype_given = app.count("--dtype") > 0;
     return run_profile(*a, globals);

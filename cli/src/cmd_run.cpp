@@ -189,25 +189,28 @@ Action add_run(CLI::App& app, const Globals& globals) {
   add_torchscript_options(app, a->torchscript, a->input_shape, a->task);
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
   app.add_option("--set", a->plan.sets, "Plan field key=value, dotted (offload.params=true); repeatable");
-  app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks (default: the plan's, or --nproc)");
+  app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks (default: the plan's, or --nproc)")
+      ->check(number_in(1, 1 << 20));
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
   app.add_option("--nproc", a->nproc, "Start this many local ranks (Gloo on 127.0.0.1) and gather their results")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", a->steps, "Steps, warm-up included")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  app.add_option("--steps", a->steps, "Steps, warm-up included")->capture_default_str()->check(positive());
   app.add_option("--warmup", a->warmup, "Warm-up steps excluded from the statistics")->capture_default_str();
   app.add_option("--device", a->device, "cpu | cuda")->capture_default_str();
   app.add_option("--device-memory-limit", a->device_memory_limit,
                  "Bytes the device pool may hold (CPU): past it the run fails as a GPU would");
-  app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")->capture_default_str();
+  app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")
+      ->capture_default_str()
+      ->check(number_in(0, 1e6, true));
   app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)");
   app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
   app.add_option("--threads", a->threads, "Intra-op threads per rank (default: OMP_NUM_THREADS, else cores / local ranks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--ranks-per-node", a->ranks_per_node,
                  "Ranks that share a node, numbered node by node (default: LOCAL_WORLD_SIZE); LocalSGD reduces "
                  "gradients within a node and averages parameters across nodes: 1 makes every rank a node")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-o,--output", a->output, "Write the RunRecord here");
+      ->check(non_negative());
+  app.add_option("-o,--output", a->output, "Write the RunRecord here")->check(output_path());
   return [a, &app, &globals] {
     a->argv = globals.argv;
     (void)app;

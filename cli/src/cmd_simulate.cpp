@@ -82,11 +82,12 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
   app.add_option("--set", a->plan.sets, "Plan knob key=value, dotted (offload.params=true); repeatable; knobs: zeroplan plan --fields");
-  app.add_option("--world-size", a->plan.world_size, "Ranks (data-parallel size x pipeline stages)");
+  app.add_option("--world-size", a->plan.world_size, "Ranks (data-parallel size x pipeline stages)")
+      ->check(number_in(1, 1 << 20));
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
   app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)");
   app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");
-  app.add_option("-o,--output", a->output, "Write the Prediction here");
+  app.add_option("-o,--output", a->output, "Write the Prediction here")->check(output_path());
   return [a, &globals] {
     try {
       return run_simulate(*a, globals);

@@ -111,8 +111,9 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_option("--seq", a->seq, "With --max-model: sequence length")->capture_default_str();
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
   app.add_option("--global-batch", a->constraints.global_batch, "Samples per optimizer step")->required()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--world-size", a->constraints.world_size, "Ranks (default: as many whole nodes as divide the batch)");
+      ->check(positive());
+  app.add_option("--world-size", a->constraints.world_size, "Ranks (default: as many whole nodes as divide the batch)")
+      ->check(number_in(1, 1 << 20));
   app.add_option("--nodes", a->constraints.nodes, "Nodes available (default: the cluster's)");
   app.add_option("--knobs", a->knobs, knob_help);
   app.add_option("--fix", a->fixes, "Fixed knob key=value, e.g. --fix zero_stage=3 (repeatable; knobs: zeroplan plan "
@@ -120,13 +121,15 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_option("--device-headroom", a->constraints.device_headroom_fraction, "Share of device memory kept free [0,1)");
   app.add_option("--device-headroom-bytes", a->constraints.device_headroom_bytes, "Device bytes kept free");
   app.add_option("--host-headroom", a->constraints.host_headroom_fraction, "Share of host memory kept free [0,1)");
-  app.add_option("--device-memory-gib", a->device_memory_gib, "Override the device memory of the cluster (GiB)");
+  app.add_option("--device-memory-gib", a->device_memory_gib, "Override the device memory of the cluster (GiB)")
+      ->check(number_in(0, 1e9, true));
   app.add_flag("--allow-approximate-averaging", a->constraints.allow_approximate_averaging,
                "Let LocalSGD/SlowMo vary (they change the optimisation)");
   app.add_option("--optimizer", a->constraints.optimizer, "adam | adamw | sgd")->capture_default_str();
   app.add_option("--top-k", a->top_k, "Plans in the ranking")->capture_default_str();
   app.add_option("--threads", a->threads, "Search threads (0: all cores)")->capture_default_str();
-  app.add_option("-o,--output-dir", a->output_dir, "Write report.md, report.html, tune.json and the exports here");
+  app.add_option("-o,--output-dir", a->output_dir, "Write report.md, report.html, tune.json and the exports here")
+      ->check(output_path());
   return [a, &globals] { return run_tune(*a, globals); };
 }
 

@@ -1,5 +1,6 @@
 #include <fmt/core.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "cli.h"
@@ -46,6 +47,25 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
     }
   }
   return out;
+}
+
+CLI::Validator number_in(double lo, double hi, bool open_lo) {
+  return CLI::Validator(
+      [lo, hi, open_lo](std::string& text) -> std::string {
+        double v = 0;
+        std::size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return fmt::format("expected a number, got \"{}\"", text);
+        if (!std::isfinite(v)) return fmt::format("must be a finite number (got {})", text);
+        if (open_lo ? !(v > lo) : !(v >= lo)) return fmt::format("must be {} {:g} (got {})", open_lo ? ">" : ">=", lo, text);
+        if (v > hi) return fmt::format("must be <= {:g} (got {})", hi, text);
+        return "";
+      },
+      "");
 }
 
 CLI::Validator model_profile_file() {

@@ -44,4 +44,13 @@ expect 1 "overflow.json: number overflow parsing '1e999' \(the value of \"global
 # An output that cannot be written is refused before the run trains (one line, no run summary).
 expect 1 "/proc/zeroplan-x.json: cannot write: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
 expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo --nproc 2 --steps 2
+# Option values out of range: one line naming the option and the value, exit 1, before any work.
+expect 1 '^zeroplan: --threads: must be >= 0 \(got -1\)' -q run --model mlp --threads -1 --steps 2
+expect 1 '^zeroplan: --nproc: must be > 0 \(got 0\)' -q run --model mlp --nproc 0 --steps 2
+expect 1 '^zeroplan: --timeout: must be > 0 \(got 0\)' -q run --nproc 2 --model mlp --timeout 0 --steps 2
+expect 1 '^zeroplan: --world-size: must be >= 1 \(got 0\)' -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --world-size 0
+for v in 0 -1 nan 1e308; do
+  expect 1 "^zeroplan: --device-memory-gib: must be .*\(got $v\)" -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --device-memory-gib $v
+done
+expect 1 "^zeroplan: --output: is an empty path" -q simulate --model "$out/cnn.pt" --cluster a100-sxm-80gb -o ''
 exit $status
