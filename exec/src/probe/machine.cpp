@@ -142,11 +142,11 @@ void measure_memory(ClusterProfile& c, const Context& x) {
       "median of {}, {}",
       s.stream_bytes / kMiB, s.stream_reps, as_rank));
   // Launch overhead: the time of a tiny op.
-  auto x = torch::zeros({1});
+  auto tiny = torch::zeros({1});
   std::vector<double> per_op;
   for (int b = 0; b < s.tiny_batches; ++b) {
     const auto t0 = Clock::now();
-    for (int i = 0; i < s.tiny_ops; ++i) x.add_(1.0);
+    for (int i = 0; i < s.tiny_ops; ++i) tiny.add_(1.0);
     per_op.push_back(seconds_since(t0) / s.tiny_ops);
   }
   c.device.launch_overhead_s = positive(timing_stats(per_op).median_s, "launch overhead");
