@@ -15,6 +15,12 @@ grep -q '"cluster"' "$out/p.json"
 "$zp" -q autopilot --model resnet --preset resnet-tiny --cluster local --steps 3 --warmup 1 --verify 2 -o "$out/ap"
 grep -q 'Model: `resnet` resnet-tiny' "$out/ap/report.md"
 test -s "$out/ap/report.html"
+# report.html is real HTML (issue #11): tables, headings and inline SVG figures, not the Markdown in <pre>.
+html=$out/ap/report.html
+for want in '<table>' '<h2>' '<svg'; do
+  grep -q "$want" "$html" || { echo "report.html has no $want" >&2; exit 1; }
+done
+if grep -q -e '<pre>' -e '|---|' "$html"; then echo "report.html wraps Markdown in <pre>" >&2; exit 1; fi
 # Every plan that ran has a comparison; at least one ran.
 ls "$out"/ap/*/comparison.json >/dev/null
 echo "ok: probe cache, --cluster local, autopilot on resnet-tiny: $(ls -d "$out"/ap/*/ | wc -l) plan folders"

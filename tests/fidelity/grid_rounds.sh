@@ -26,5 +26,8 @@ for r in f["rows"]:
     assert sorted(got) == rounds, f"{r['label']}: run records {got}, fidelity rounds {rounds}"
 report = open(os.path.join(ap, "report.md")).read()
 assert report.count("(rounds ") == 2, "report rows lack the rounds' spread"
+html = open(os.path.join(ap, "report.html")).read()
+assert "<table>" in html and "<pre>" not in html, "report.html is not real HTML"
+assert "Fidelity grid: step time" in html and "Fidelity grid: peak device memory" in html, "no fidelity plots"
 print("grid rounds ok:", {r["label"]: r["measured_time_rounds_s"] for r in f["rows"]})
 PY

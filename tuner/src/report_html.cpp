@@ -1,25 +1,42 @@
-// report.html: the report's blocks as HTML with inline SVG plots; no scripts, no external resources.
+// Blocks as a self-contained HTML page with inline SVG plots (tune's report.html and autopilot's); no
+// scripts, no external resources.
 #include "report_document.h"
 #include "text.h"
 #include "zeroplan/tuner/report.h"
+#include "zeroplan/tuner/report_blocks.h"
 
 namespace zeroplan::tuner {
 namespace {
 
-// Escapes, then turns `code` spans into <code>.
+// Escapes, then turns `code` spans into <code>, **strong** into <strong> and [text](link) into <a>.
 std::string inline_html(const std::string& s) {
-  const std::string e = text::html_escape(s);
   std::string out;
-  bool open = false;
-  for (char c : e) {
+  bool code = false, strong = false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     if (c == '`') {
-      out += open ? "</code>" : "<code>";
-      open = !open;
+      out += code ? "</code>" : "<code>";
+      code = !code;
+    } else if (!code && c == '*' && i + 1 < s.size() && s[i + 1] == '*') {
+      out += strong ? "</strong>" : "<strong>";
+      strong = !strong;
+      ++i;
+    } else if (!code && c == '[') {
+      const std::size_t close = s.find("](", i);
+      const std::size_t end = close == std::string::npos ? close : s.find(')', close);
+      if (end == std::string::npos || s.find('[', i + 1) < close) {
+        out += '[';
+        continue;
+      }
+      out += "<a href=\"" + text::html_escape(s.substr(close + 2, end - close - 2)) + "\">" +
+             text::html_escape(s.substr(i + 1, close - i - 1)) + "</a>";
+      i = end;
     } else {
-      out += c;
+      out += text::html_escape(std::string_view(&s[i], 1));
     }
   }
-  if (open) out += "</code>";
+  if (code) out += "</code>";
+  if (strong) out += "</strong>";
   return out;
 }
 
@@ -33,24 +50,25 @@ constexpr const char* kStyle =
 
 }  // namespace
 
-std::string report_html(const TuneResult& r) {
+namespace report {
+
+std::string render_html(const std::string& title, const std::vector<Block>& blocks, const PlotRenderer& plot) {
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  text::html_escape("zeroplan tune: " + r.model.name + " on " + r.cluster.name) + "</title>\n<style>" +
-                  kStyle + "</style>\n</head>\n<body>\n";
-  for (const report::Block& b : report::build_document(r)) {
+                  text::html_escape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
+  for (const Block& b : blocks) {
     switch (b.kind) {
-      case report::Block::Kind::heading: {
+      case Block::Kind::heading: {
         const std::string tag = "h" + std::to_string(b.level);
         h += "<" + tag + ">" + inline_html(b.text) + "</" + tag + ">\n";
         break;
       }
-      case report::Block::Kind::paragraph: h += "<p>" + inline_html(b.text) + "</p>\n"; break;
-      case report::Block::Kind::list:
+      case Block::Kind::paragraph: h += "<p>" + inline_html(b.text) + "</p>\n"; break;
+      case Block::Kind::list:
         h += "<ul>\n";
         for (const auto& i : b.items) h += "<li>" + inline_html(i) + "</li>\n";
         h += "</ul>\n";
         break;
-      case report::Block::Kind::table:
+      case Block::Kind::table:
         h += "<table>\n<tr>";
         for (const auto& c : b.header) h += "<th>" + inline_html(c) + "</th>";
         h += "</tr>\n";
@@ -61,16 +79,26 @@ std::string report_html(const TuneResult& r) {
         }
         h += "</table>\n";
         break;
-      case report::Block::Kind::code: h += "<pre><code>" + text::html_escape(b.text) + "</code></pre>\n"; break;
-      case report::Block::Kind::plot:
-        if (b.text == "pareto") h += report::svg_pareto(r);
-        else if (b.text == "breakdown") h += report::svg_breakdown(r);
-        else if (b.text == "memory") h += report::svg_memory(r);
+      case Block::Kind::code: h += "<pre><code>" + text::html_escape(b.text) + "</code></pre>\n"; break;
+      case Block::Kind::plot:
+        if (plot) h += plot(b.text);
         break;
     }
   }
   h += "</body>\n</html>\n";
   return h;
+}
+
+}  // namespace report
+
+std::string report_html(const TuneResult& r) {
+  return report::render_html("zeroplan tune: " + r.model.name + " on " + r.cluster.name, report::build_document(r),
+                             [&r](const std::string& which) -> std::string {
+                               if (which == "pareto") return report::svg_pareto(r);
+                               if (which == "breakdown") return report::svg_breakdown(r);
+                               if (which == "memory") return report::svg_memory(r);
+                               return "";
+                             });
 }
 
 }  // namespace zeroplan::tuner

@@ -7,6 +7,7 @@
 
 #include "report_common.h"
 #include "report_document.h"
+#include "report_svg_axes.h"
 #include "text.h"
 
 namespace zeroplan::tuner::report {
@@ -14,6 +15,10 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 const std::array<const char*, 6> kCategoryColors = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
+
+}  // namespace
+
+namespace svg {
 
 // A "nice" tick step (1, 2, 5 x 10^k) giving about `n` ticks over [0, max].
 double nice_step(double max, int n) {
@@ -30,13 +35,6 @@ std::string tick_label(double v, double step) {
   if (step >= 0.01) return fmt::format("{:.2f}", v);
   return fmt::format("{:.3g}", v);
 }
-
-struct Frame {
-  double w = 760, h = 420, left = 80, right = 24, top = 36, bottom = 76;
-  double xmax = 1, ymax = 1;
-  double x(double v) const { return left + (w - left - right) * v / xmax; }
-  double y(double v) const { return h - bottom - (h - top - bottom) * v / ymax; }
-};
 
 std::string axes(const Frame& f, const std::string& title, const std::string& xlabel, const std::string& ylabel, bool yticks) {
   std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
@@ -79,7 +77,11 @@ std::string legend(double x, double y, const std::vector<std::pair<std::string, 
   return s;
 }
 
-}  // namespace
+}  // namespace svg
+
+using svg::axes;
+using svg::Frame;
+using svg::legend;
 
 std::string svg_pareto(const TuneResult& r) {
   Frame f;

@@ -1,0 +1,210 @@
+// The probe's collectives: launches the workers once per world size, fits every op as alpha + beta x
+// bytes, and reads the loopback links off the all_reduce fit.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "probe_parts.h"
+#include "zeroplan/exec/launcher.h"
+
+namespace zeroplan::exec {
+
+AlphaBetaFit fit_alpha_beta(const std::vector<std::pair<double, double>>& points) {
+  TORCH_INTERNAL_ASSERT(!points.empty());
+  // Weighted least squares, w = 1/t^2 (relative error); bytes in MiB for conditioning.
+  double s = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
+  for (const auto& [bytes, t] : points) {
+    TORCH_INTERNAL_ASSERT(t > 0);
+    const double w = 1.0 / (t * t), x = bytes / probe::kMiB;
+    s += w;
+    sx += w * x;
+    sxx += w * x * x;
+    st += w * t;
+    sxt += w * x * t;
+  }
+  double alpha = 0, beta = 0;  // beta per MiB here
+  const double det = s * sxx - sx * sx;
+  if (points.size() >= 2 && det > 1e-12 * s * sxx) {
+    alpha = (sxx * st - sx * sxt) / det;
+    beta = (s * sxt - sx * st) / det;
+  } else {
+    alpha = st / s;  // one size only: a constant
+  }
+  if (alpha < 0) {  // through the origin
+    alpha = 0;
+    beta = sxx > 0 ? sxt / sxx : 0;
+  }
+  if (beta < 0) {  // a constant
+    beta = 0;
+    alpha = st / s;
+  }
+  AlphaBetaFit f;
+  f.alpha_s = alpha;
+  f.beta_s_per_byte = beta / probe::kMiB;
+  double sq = 0;
+  for (const auto& [bytes, t] : points) {
+    const double e = (f.alpha_s + f.beta_s_per_byte * bytes - t) / t;
+    sq += e * e;
+  }
+  f.residual = std::sqrt(sq / static_cast<double>(points.size()));
+  return f;
+}
+
+namespace probe {
+namespace {
+
+nlohmann::json settings_json(const WorkerSettings& w) {
+  return {{"bytes", w.bytes}, {"reps", w.reps}, {"warmup", w.warmup}, {"threads", w.threads}};
+}
+
+struct CollectiveRun {
+  std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, median s)
+  std::vector<std::string> fallbacks;
+  int threads = 1;
+  double compute_alone_s = 0;     // rank 0's median of a small MLP step, the other ranks idle
+  double compute_together_s = 0;  // the same with every rank computing
+};
+
+CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings& settings) {
+  namespace fs = std::filesystem;
+  LaunchOptions lo;
+  lo.executable = o.worker_executable;
+  lo.timeout = o.worker_timeout;
+  lo.capture_output = true;
+  lo.env = {{kProbeWorkerEnv, settings_json(settings).dump()}, {"OMP_NUM_THREADS", std::to_string(settings.threads)}};
+  LaunchResult r;
+  try {
+    r = launch_local(n, o.worker_argv, lo);
+  } catch (const LaunchError& e) {
+    throw ProbeError(fmt::format("collectives on {} ranks: {}", n, e.what()));
+  }
+  if (r.exit_code != 0) {
+    throw ProbeError(fmt::format("collectives on {} ranks: {} (logs in {})", n, r.message, r.output_dir));
+  }
+  std::ifstream in(rank_file(r.output_dir, 0, ".json"));
+  if (!in) throw ProbeError(fmt::format("collectives on {} ranks: rank 0 wrote no result in {}", n, r.output_dir));
+  const auto j = nlohmann::json::parse(in);
+  CollectiveRun run;
+  run.threads = j.at("threads").get<int>();
+  run.compute_alone_s = j.at("compute_alone_s").get<double>();
+  run.compute_together_s = j.at("compute_together_s").get<double>();
+  run.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
+  for (const auto& [op, rows] : j.at("timings").items())
+    for (const auto& row : rows)
+      run.points[op].emplace_back(row.at("bytes").get<double>(), row.at("median_s").get<double>());
+  for (const char* op : kOps) {
+    if (run.points[op].empty())
+      throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {} (in {})", n, op,
+                                   r.output_dir));
+  }
+  std::error_code ec;
+  fs::remove_all(r.output_dir, ec);  // kept when something went wrong, for the logs
+  return run;
+}
+
+}  // namespace
+
+void measure_collectives(ClusterProfile& c, const Context& x) {
+  const ProbeOptions& o = x.options;
+  const Sizes& s = x.sizes;
+  const Machine& m = x.machine;
+  const auto& progress = x.progress;
+  auto measured = [&](const std::string& method) { return x.measured(method); };
+  std::vector<int> sizes = o.world_sizes;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  for (int n : sizes) {
+    WorkerSettings w{s.coll_bytes, s.coll_reps, s.coll_warmup, std::max(1, m.cores / n)};
+    const CollectiveRun run = run_collectives(o, n, w);
+    std::string line = fmt::format("collectives on {} ranks (gloo, 127.0.0.1):", n);
+    for (const std::string op : kOps) {
+      const auto it = run.points.find(op);
+      const AlphaBetaFit fit = fit_alpha_beta(it->second);
+      CollectiveFit f;
+      f.op = op;
+      f.backend = "gloo";
+      f.algorithm = "ring";
+      f.scope = "intra_node";
+      f.world_sizes = {n};
+      f.alpha_s = fit.alpha_s;
+      f.beta_s_per_byte = fit.beta_s_per_byte;
+      f.fit_residual = fit.residual;
+      f.min_bytes = static_cast<std::int64_t>(it->second.front().first);
+      f.max_bytes = static_cast<std::int64_t>(it->second.back().first);
+      std::string fallback;
+      for (const std::string& fb : run.fallbacks)
+        if (fb.rfind("gloo " + op, 0) == 0) fallback += "; what ran: " + fb;
+      const std::string bytes_mean = op == "all_gather"       ? "the gathered output"
+                                     : op == "reduce_scatter" ? "the full input"
+                                                              : "the buffer";
+      std::string medians;
+      for (const auto& [bytes, t] : it->second)
+        medians += fmt::format("{}{:.0f} B {:.1f} us", medians.empty() ? "" : ", ", bytes, t * 1e6);
+      c.provenance[fmt::format("collectives[{}]", c.collectives.size())] = measured(fmt::format(
+          "{} over Gloo on 127.0.0.1 with {} ranks started by launch_local ({} torch thread(s) each), rank 0's "
+          "time to Work::wait (broadcast: rank 0 receives), median of {} after {} warm-up, bytes = {}; fitted as "
+          "alpha + beta x bytes by least squares on relative error to the medians ({}){}",
+          op, n, run.threads, s.coll_reps, s.coll_warmup, bytes_mean, medians, fallback));
+      c.collectives.push_back(f);
+      line += fmt::format(" {} {:.1f} us + {:.2f} GB/s (res {:.2f});", op, f.alpha_s * 1e6,
+                          f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0, f.fit_residual);
+    }
+    progress(line);
+    // The smallest world size probed is the one the runs on this machine use first: its slowdown
+    // calibrates every compute task (profiles are measured with one process running).
+    if (n == sizes.front()) {
+      const double slowdown = run.compute_alone_s > 0 ? run.compute_together_s / run.compute_alone_s : 0.0;
+      progress(fmt::format("compute with {} ranks at once: x{:.3f} of one rank alone{}", n, slowdown,
+                           slowdown > 1 ? "" : " (no slowdown recorded)"));
+      if (slowdown > 1) {
+        c.calibration.compute_time_scale = slowdown;
+        c.provenance["calibration.comm_time_scale"] =
+            Provenance{"estimate", "1: the probe times collectives alone; zeroplan autopilot --grid --calibrate "
+                                   "fits this factor from runs"};
+        c.provenance["calibration.compute_time_scale"] = measured(fmt::format(
+            "rank 0's median time of a small MLP forward + backward (512 x 256 -> 1024 -> 256, {} thread(s)) with "
+            "all {} ranks computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms)",
+            run.threads, n, run.compute_together_s * 1e3, run.compute_alone_s * 1e3));
+      }
+    }
+  }
+}
+
+void record_links(ClusterProfile& c, const Context& x) {
+  auto measured = [&](const std::string& method) { return x.measured(method); };
+  if (x.options.collectives) {
+    // Links: the loopback path seen by a ring all_reduce on the fewest ranks.
+    const CollectiveFit& ar = c.collectives.front();
+    const int n = ar.world_sizes.front();
+    const double bus = 2.0 * (n - 1) / n;
+    if (ar.beta_s_per_byte > 0) {
+      for (auto [link, field] :
+           {std::pair{&c.links.intra_node, "intra_node"}, std::pair{&c.links.inter_node, "inter_node"}}) {
+        link->name = "loopback TCP (Gloo on 127.0.0.1)";
+        link->bw_bytes_per_s = bus / ar.beta_s_per_byte;
+        link->latency_s = ar.alpha_s / (2.0 * (n - 1));
+        c.provenance[std::string("links.") + field] = measured(fmt::format(
+            "from the all_reduce fit on {} ranks (collectives[0]) read as a ring: bandwidth = 2(n-1)/n / beta, "
+            "latency = alpha / 2(n-1){}",
+            n, std::string(field) == "inter_node" ? "; one node only, so inter-node is taken equal to loopback" : ""));
+      }
+    }
+  }
+  if (c.links.intra_node.bw_bytes_per_s <= 0) {
+    for (auto [link, field] :
+         {std::pair{&c.links.intra_node, "intra_node"}, std::pair{&c.links.inter_node, "inter_node"}}) {
+      link->name = "loopback (not measured)";
+      link->bw_bytes_per_s = c.host.memcpy_bw_bytes_per_s;
+      link->latency_s = c.links.pcie.latency_s;
+      c.provenance[std::string("links.") + field] =
+          Provenance{"estimate", "collectives not probed: the memcpy bandwidth and the tiny-copy latency"};
+    }
+  }
+}
+
+}  // namespace probe
+}  // namespace zeroplan::exec

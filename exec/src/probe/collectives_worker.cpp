@@ -1,0 +1,133 @@
+// The probe's collectives worker: one rank under launch_local that times every collective the
+// executor uses at each size, and a small MLP step alone and with every rank computing.
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "probe_parts.h"
+#include "zeroplan/exec/communicator.h"
+#include "zeroplan/exec/launcher.h"
+#include "zeroplan/exec/rendezvous.h"
+
+namespace zeroplan::exec {
+namespace probe {
+namespace {
+
+WorkerSettings worker_settings_from_env() {
+  const char* text = std::getenv(kProbeWorkerEnv);
+  if (text == nullptr) throw ProbeError(fmt::format("{} is not set", kProbeWorkerEnv));
+  const auto j = nlohmann::json::parse(text);
+  WorkerSettings w;
+  w.bytes = j.at("bytes").get<std::vector<std::int64_t>>();
+  w.reps = j.at("reps").get<int>();
+  w.warmup = j.at("warmup").get<int>();
+  w.threads = j.at("threads").get<int>();
+  return w;
+}
+
+// Median seconds of one collective `op` over a buffer of about `bytes` (all_gather: the gathered
+// output; reduce_scatter: the full input), as this rank sees it. Returns the exact bytes used.
+std::pair<std::int64_t, double> time_collective(Communicator& comm, const std::string& op, std::int64_t bytes, int reps,
+                                                int warmup) {
+  const int n = comm.world_size();
+  const std::int64_t elems = std::max<std::int64_t>(n, bytes / 4 / n * n);
+  torch::Tensor full = torch::ones({elems});
+  torch::Tensor part = torch::ones({elems / n});
+  std::function<void()> once;
+  if (op == "all_reduce") {
+    once = [&] { comm.all_reduce(full, ReduceOp::kSum)->wait(); };
+  } else if (op == "all_gather") {
+    once = [&] { comm.all_gather(full, part)->wait(); };
+  } else if (op == "reduce_scatter") {
+    once = [&] { comm.reduce_scatter(part, full, ReduceOp::kSum)->wait(); };
+  } else {
+    // The last rank is the root, so rank 0 (whose times are used) waits for the data to arrive.
+    once = [&] { comm.broadcast(full, n - 1)->wait(); };
+  }
+  comm.barrier();
+  return {elems * 4, median_s(reps, warmup, once)};
+}
+
+}  // namespace
+}  // namespace probe
+
+bool is_collectives_worker() { return std::getenv(kProbeWorkerEnv) != nullptr; }
+
+int run_collectives_worker() {
+  std::unique_ptr<RankSession> session;
+  RankContext ctx;
+  try {
+    const probe::WorkerSettings w = probe::worker_settings_from_env();
+    ctx = rank_context_from_env();
+    at::set_num_threads(std::max(1, w.threads));
+    RendezvousOptions ro;
+    ro.timeout = ctx.timeout.value_or(std::chrono::seconds(60));
+    session = join(ctx, ro);
+    Communicator& comm = session->comm();
+    nlohmann::json out{{"rank", ctx.rank},
+                       {"world_size", ctx.world_size},
+                       {"threads", at::get_num_threads()},
+                       {"backend", comm.backend()}};
+    // One untimed pass over every op and size first: the first collectives after the group forms pay
+    // for connection set-up and first-touch allocations.
+    for (const std::string op : probe::kOps)
+      for (std::int64_t bytes : w.bytes) probe::time_collective(comm, op, bytes, 1, 0);
+    // Compute with the other ranks idle, then with every rank computing at once (as in training):
+    // ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
+    {
+      torch::manual_seed(0);
+      torch::Tensor x = torch::randn({512, 256});
+      torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
+      torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
+      auto once = [&] {
+        torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(w1)).matmul(w2) + x, {256});
+        y.pow(2).mean().backward();
+        w1.mutable_grad() = torch::Tensor();
+        w2.mutable_grad() = torch::Tensor();
+      };
+      const int reps = std::max(5, w.reps);
+      comm.barrier();
+      double alone = 0;
+      if (ctx.rank == 0) alone = probe::median_s(reps, 2, once);
+      comm.barrier();
+      const double together = probe::median_s(reps, 2, once);
+      comm.barrier();
+      out["compute_alone_s"] = alone;
+      out["compute_together_s"] = together;
+    }
+    nlohmann::json timings = nlohmann::json::object();
+    for (const std::string op : probe::kOps) {
+      for (std::int64_t bytes : w.bytes) {
+        const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup);
+        timings[op].push_back({{"bytes", used}, {"median_s", t}});
+      }
+    }
+    out["timings"] = timings;
+    out["fallbacks"] = comm.fallbacks();
+    comm.barrier();
+    if (ctx.output_dir.empty()) throw ProbeError("ZEROPLAN_OUTPUT_DIR is not set (start workers with launch_local)");
+    std::ofstream file(rank_file(ctx.output_dir, ctx.rank, ".json"));
+    file << out.dump(1) << "\n";
+    if (!file) throw ProbeError("cannot write " + rank_file(ctx.output_dir, ctx.rank, ".json"));
+    session->finish();
+    return 0;
+  } catch (const std::exception& e) {
+    const std::string message = fmt::format("probe worker rank {}: {}", ctx.rank, e.what());
+    std::fprintf(stderr, "%s\n", message.c_str());
+    if (session) {
+      session->fail(message);
+    } else {
+      write_error_file(ctx.error_file, message);
+    }
+    return 1;
+  }
+}
+
+}  // namespace zeroplan::exec
