@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -12,13 +13,14 @@
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/profiles/profiler.h"
+#include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::cli {
 namespace {
 
 struct ProfileArgs {
-  std::string model, preset, torchscript, analytic, output;
+  std::string model, preset, torchscript, analytic, output, trace;
   std::vector<std::string> sets;
   std::vector<int64_t> input_shape;
   std::optional<int64_t> layers, hidden, heads, seq, vocab;
@@ -30,6 +32,7 @@ struct ProfileArgs {
 
 int run_profile(const ProfileArgs& a, const Globals& g) {
   if (!a.output.empty()) check_output(a.output);  // before any work
+  if (!a.trace.empty()) check_output(a.trace);
   int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty();
   if (sources != 1)
     throw ExitError(kBadInput, fmt::format("give exactly one of --model, --torchscript, --analytic (got {})", sources));
@@ -47,6 +50,7 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (a.dtype_given) o.dtype = a.options.dtype;  // else the analytic default (fp16 mixed precision)
     auto kv = parse_key_values(a.sets, "--opt");
     if (auto it = kv.find("tied"); it != kv.end()) o.tied_embeddings = it->second != "false" && it->second != "0";
+    if (!a.trace.empty()) throw ExitError(kBadInput, "--trace: an --analytic profile runs nothing to trace");
     profile = analytic_gpt(o);
   } else {
     zoo::Model model;
@@ -67,7 +71,14 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     }
     ProfileOptions options = a.options;
     options.progress = options.progress && !g.quiet;
-    profile = profile_model(model, options);
+    TraceWriter trace;
+    profile = profile_model(model, options, a.trace.empty() ? nullptr : &trace);
+    if (!a.trace.empty()) {
+      std::ofstream out(a.trace, std::ios::binary);
+      out << trace.json();
+      if (!out) throw ExitError(kBadInput, fmt::format("{}: cannot write the trace", a.trace));
+      if (!g.quiet) fmt::print(stderr, "wrote {}\n", a.trace);
+    }
   }
   if (!g.quiet) print_profile_table(profile, stderr);
   if (!a.output.empty()) {
@@ -103,6 +114,7 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--seed", a->seed, "Model initialisation seed")->capture_default_str();
   app.add_flag("--progress", a->options.progress, "One line per unit on stderr");
   app.add_option("-o,--output", a->output, "Write the ModelProfile here")->check(output_path());
+  app.add_option("--trace", a->trace, "Write the profiling run as a Chrome trace (Perfetto)");
   return [a, &app, &globals] {
     a->dtype_given = app.count("--dtype") > 0;
     return run_profile(*a, globals);

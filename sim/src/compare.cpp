@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/trace.h"
 
 namespace zeroplan::sim {
 
@@ -428,13 +429,10 @@ double min_ts(const ojson& events) {
   return m;
 }
 
-void append_process(std::string& out, bool& first, const ojson& events, int pid, const std::string& name,
+void append_process(TraceWriter& out, const ojson& events, int pid, const std::string& name,
                     const std::string& label, double shift_us, const std::string& which) {
-  auto emit = [&](const ojson& e) {
-    out += first ? "\n" : ",\n";
-    first = false;
-    out += e.dump();
-  };
+  // Raw events keep their order: each process's metadata, then its events as they were.
+  auto emit = [&](const ojson& e) { out.raw(e.dump()); };
   emit(ojson{{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", name}}}});
   emit(ojson{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
   if (!label.empty())
@@ -467,13 +465,11 @@ std::string overlay_traces(const std::string& predicted_trace_json, const std::s
   const double lowest = std::min(min_ts(pe) + (at - p_start), min_ts(me) + (at - m_start));
   if (std::isfinite(lowest) && lowest < 0) at -= lowest;
   const std::string label = m_step >= 0 ? fmt::format("step {} aligned with the predicted step", m_step) : "";
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
-  bool first = true;
-  append_process(out, first, pe, 1, "predicted", p_step >= 0 ? fmt::format("step {}", p_step) : "", at - p_start,
+  TraceWriter out;
+  append_process(out, pe, 1, "predicted", p_step >= 0 ? fmt::format("step {}", p_step) : "", at - p_start,
                  "predicted");
-  append_process(out, first, me, 2, "measured", label, at - m_start, "measured");
-  out += "\n]}\n";
-  return out;
+  append_process(out, me, 2, "measured", label, at - m_start, "measured");
+  return out.json();
 }
 
 }  // namespace zeroplan::sim

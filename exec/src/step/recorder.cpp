@@ -1,8 +1,9 @@
 #include "zeroplan/exec/recorder.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
+
+#include "zeroplan/profiles/trace.h"
 
 namespace zeroplan::exec {
 
@@ -62,67 +63,25 @@ void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s
   if (keep_spans_) spans_.push_back({lane, name, t0_s, t1_s, unit, microbatch, step_, warmup_});
 }
 
-namespace {
-
-void append_escaped(std::string& out, const std::string& s) {
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<int>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-}
-
-}  // namespace
-
 std::string Recorder::chrome_trace_json() const {
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"zeroplan run rank %d\"}}",
-                rank_, rank_);
-  out += buf;
+  TraceWriter w;
+  w.process_name(rank_, "zeroplan run rank " + std::to_string(rank_));
   for (int i = 0; i <= static_cast<int>(Lane::optimizer); ++i) {
-    std::snprintf(buf, sizeof(buf),
-                  ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}"
-                  ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
-                  rank_, i, lane_name(static_cast<Lane>(i)), rank_, i, i);
-    out += buf;
+    w.thread_name(rank_, i, lane_name(static_cast<Lane>(i)));
+    w.thread_sort_index(rank_, i, i);
   }
-  std::vector<const Span*> order;
-  for (const auto& s : spans_) order.push_back(&s);
-  std::stable_sort(order.begin(), order.end(), [](const Span* a, const Span* b) {
-    if (a->lane != b->lane) return a->lane < b->lane;
-    return a->t0_s < b->t0_s;
-  });
-  for (const Span* s : order) {
-    out += ",\n{\"name\":\"";
-    append_escaped(out, s->name);
-    std::snprintf(buf, sizeof(buf),
-                  "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,\"args\":{\"step\":%d",
-                  lane_name(s->lane), s->t0_s * 1e6, std::max(0.0, s->t1_s - s->t0_s) * 1e6, rank_,
-                  static_cast<int>(s->lane), s->step);
-    out += buf;
-    if (s->warmup) out += ",\"warmup\":true";
-    if (s->unit >= 0) out += ",\"unit\":" + std::to_string(s->unit);
-    if (s->microbatch >= 0) out += ",\"microbatch\":" + std::to_string(s->microbatch);
-    out += "}}";
+  for (const Span& s : spans_) {
+    TraceArgs args{{"step", s.step}};
+    if (s.warmup) args.emplace_back("warmup", true);
+    if (s.unit >= 0) args.emplace_back("unit", s.unit);
+    if (s.microbatch >= 0) args.emplace_back("microbatch", s.microbatch);
+    w.span(s.name, lane_name(s.lane), s.t0_s * 1e6, std::max(0.0, s.t1_s - s.t0_s) * 1e6, rank_,
+           static_cast<int>(s.lane), std::move(args));
   }
   for (const MemorySample& m : memory_) {
-    std::snprintf(buf, sizeof(buf),
-                  ",\n{\"name\":\"memory device\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,\"args\":{\"bytes\":%lld,"
-                  "\"peak_bytes\":%lld}}",
-                  m.t_s * 1e6, rank_, static_cast<long long>(m.live), static_cast<long long>(m.peak));
-    out += buf;
+    w.counter("memory device", m.t_s * 1e6, rank_, {{"bytes", m.live}, {"peak_bytes", m.peak}});
   }
-  out += "\n]}\n";
-  return out;
+  return w.json();
 }
 
 }  // namespace zeroplan::exec

@@ -40,6 +40,8 @@ ojson write_unit(const UnitProfile& u) {
   j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
   j["flops_fwd"] = write_figure(u.flops_fwd);
   j["flops_bwd"] = write_figure(u.flops_bwd);
+  if (u.kernel_time_fwd_s.value > 0) j["kernel_time_fwd_s"] = write_figure(u.kernel_time_fwd_s);
+  if (u.kernel_time_bwd_s.value > 0) j["kernel_time_bwd_s"] = write_figure(u.kernel_time_bwd_s);
   if (!u.borrowed.empty()) {
     j["borrowed"] = ojson::array();
     for (const BorrowedParams& b : u.borrowed) {
@@ -124,6 +126,8 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.req("bytes_peak_bwd", u.bytes_peak_bwd);
   r.req("flops_fwd", u.flops_fwd);
   r.req("flops_bwd", u.flops_bwd);
+  r.opt("kernel_time_fwd_s", u.kernel_time_fwd_s);
+  r.opt("kernel_time_bwd_s", u.kernel_time_bwd_s);
   r.opt("borrowed", u.borrowed);
   r.finish();
 }
@@ -191,6 +195,8 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".time_bwd_s", u.time_bwd_s);
     check_figure(at + ".time_fwd_spread_s", u.time_fwd_spread_s);
     check_figure(at + ".time_bwd_spread_s", u.time_bwd_spread_s);
+    check_figure(at + ".kernel_time_fwd_s", u.kernel_time_fwd_s);
+    check_figure(at + ".kernel_time_bwd_s", u.kernel_time_bwd_s);
     check_figure(at + ".bytes_peak_fwd", u.bytes_peak_fwd);
     check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
     check_figure(at + ".flops_fwd", u.flops_fwd);

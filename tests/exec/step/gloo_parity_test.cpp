@@ -243,7 +243,8 @@ TEST(ExecutorGlooMemory, Stage3OffloadBelowStage0AndLimit) {
   }
 }
 
-// The ranks' results merge into a valid RunRecord; each rank's trace has the simulator's lanes.
+// The ranks' results merge into a valid RunRecord; each rank's trace has the simulator's lanes and
+// memory counters.
 TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
   const ModelSpec m = gpt_tiny();
   Case c{m, PlanSpec{3, 2, true, false, true, true, true}, 4, 0, 0, true};
@@ -256,7 +257,10 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
     exec::from_json(cr.json, rr);
     ranks.push_back(rr);
     std::set<std::string> lanes, names;
+    int memory_counters = 0;
     for (const auto& e : cr.trace.at("traceEvents")) {
+      if (e.at("ph") == "C" && e.at("name") == "memory device" && e.at("args").at("bytes").get<std::int64_t>() > 0)
+        ++memory_counters;
       if (e.at("ph") == "M" && e.at("name") == "thread_name") lanes.insert(e.at("args").at("name").get<std::string>());
       if (e.at("ph") == "X") {
         names.insert(e.at("name").get<std::string>().substr(0, e.at("name").get<std::string>().find(' ')));
@@ -264,6 +268,7 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
       }
     }
     EXPECT_EQ(lanes, (std::set<std::string>{"compute", "comm", "h2d", "d2h", "optimizer"}));
+    EXPECT_GT(memory_counters, 0) << "rank " << r << " trace has no memory device counters";
     for (const char* n : {"forward", "backward", "recompute", "all_gather", "reduce_scatter", "optimizer", "d2h", "h2d"}) {
       EXPECT_TRUE(names.count(n)) << "rank " << r << " trace has no " << n;
     }

@@ -8,12 +8,15 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/flops.h"
 #include "zeroplan/profiles/timer.h"
+#include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
+#include <zeroplan/config.h>
 
 namespace zeroplan {
 namespace {
@@ -316,6 +319,93 @@ TEST(Profiler, BadOptionsNameTheValue) {
   o = quick();
   o.repeats = 0;
   EXPECT_THROW(profile_model(model, o), SchemaError);
+}
+
+// The profile's trace: per unit, batch and round a forward and a backward span on tid 0 carrying the
+// durations the medians came from, the memory pass on tid 1, and "memory device" counters at each
+// span's start and end; spans on a track do not overlap.
+TEST(Profiler, TraceHasPerUnitSpansAndMemoryCounters) {
+  zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "16"}}, 1);
+  ProfileOptions o = quick();
+  o.repeats = 2;  // fewer than 3 samples are never re-measured, so the span count is exact
+  o.batch = 2;
+  o.batches = {2, 4};
+  o.threads = 1;
+  TraceWriter trace;
+  ModelProfile p = profile_model(model, o, &trace);
+  const nlohmann::json events = nlohmann::json::parse(trace.json()).at("traceEvents");
+  const std::size_t nu = p.units.size();
+  std::map<int, std::vector<nlohmann::json>> spans_by_tid;
+  std::vector<nlohmann::json> counters;
+  std::map<std::string, std::string> threads;
+  for (const auto& e : events) {
+    EXPECT_EQ(e.at("pid"), 0);
+    if (e.at("ph") == "X") spans_by_tid[e.at("tid").get<int>()].push_back(e);
+    if (e.at("ph") == "C") counters.push_back(e);
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      threads[std::to_string(e.at("tid").get<int>())] = e.at("args").at("name");
+  }
+  EXPECT_EQ(threads, (std::map<std::string, std::string>{{"0", "compute"}, {"1", "memory pass"}}));
+  ASSERT_EQ(spans_by_tid[0].size(), nu * 2 * 2 * 2);  // units x batches x repeats x (fwd, bwd)
+  ASSERT_EQ(spans_by_tid[1].size(), nu * 2 * 2);      // units x batches x (fwd, bwd)
+  EXPECT_EQ(counters.size(), 2 * (spans_by_tid[0].size() + spans_by_tid[1].size()));
+  for (const auto& c : counters) {
+    EXPECT_EQ(c.at("name"), "memory device");
+    EXPECT_GE(c.at("args").at("bytes").get<std::int64_t>(), 0);
+    EXPECT_GE(c.at("args").at("peak_bytes").get<std::int64_t>(), c.at("args").at("bytes").get<std::int64_t>());
+  }
+  for (const auto& [tid, spans] : spans_by_tid) {
+    for (std::size_t k = 1; k < spans.size(); ++k) {
+      EXPECT_LE(spans[k - 1].at("ts").get<double>() + spans[k - 1].at("dur").get<double>(),
+                spans[k].at("ts").get<double>() + 0.002)
+          << "tid " << tid << " span " << k;
+    }
+  }
+  // Each unit's median at the reference batch is the median (here: the mean) of its two timed spans.
+  for (std::size_t i = 0; i < nu; ++i) {
+    for (const char* phase : {"forward", "backward"}) {
+      std::vector<double> durs;
+      for (const auto& e : spans_by_tid[0]) {
+        const auto& a = e.at("args");
+        if (a.at("unit") == static_cast<int>(i) && a.at("batch") == 2 && a.at("phase") == phase) {
+          EXPECT_EQ(e.at("name"), std::string(phase) + " " + p.units[i].name);
+          EXPECT_EQ(a.at("unit_name"), p.units[i].name);
+          durs.push_back(e.at("dur").get<double>());
+        }
+      }
+      ASSERT_EQ(durs.size(), 2u) << p.units[i].name << " " << phase;
+      const Figure& f = std::string(phase) == "forward" ? p.units[i].time_fwd_s : p.units[i].time_bwd_s;
+      EXPECT_NEAR((durs[0] + durs[1]) / 2, f.value * 1e6, 0.002) << p.units[i].name << " " << phase;
+    }
+  }
+  // The memory pass comes first: its first span is unit 0's forward at batch 2, and its counters'
+  // peak above what was live before it is the profile's bytes_peak_fwd.
+  const auto& first_fwd = spans_by_tid[1][0];
+  EXPECT_EQ(first_fwd.at("name"), "forward " + p.units[0].name);
+  EXPECT_EQ(first_fwd.at("args").at("batch"), 2);
+  EXPECT_FALSE(first_fwd.at("args").contains("repeat"));
+  EXPECT_DOUBLE_EQ(first_fwd.at("ts").get<double>(), counters[0].at("ts").get<double>());
+  EXPECT_EQ(counters[1].at("args").at("peak_bytes").get<std::int64_t>() - counters[0].at("args").at("bytes").get<std::int64_t>(),
+            static_cast<std::int64_t>(p.units[0].bytes_peak_fwd.value));
+  // No CUPTI on the CPU: no kernel times in the profile.
+  for (const UnitProfile& u : p.units) EXPECT_EQ(u.kernel_time_fwd_s, Figure{}) << u.name;
+}
+
+// With CUPTI the summed kernel times of each unit are saved in the profile and its JSON.
+TEST(Profiler, KernelTimesSaved_CUDA) {
+  if (!ZEROPLAN_HAVE_CUPTI || !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device or no CUPTI";
+  zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "256"}}, 1);
+  ProfileOptions o = quick();
+  o.device = "cuda";
+  o.batch = 16;
+  ModelProfile p = profile_model(model, o);
+  const nlohmann::json j = p;
+  for (std::size_t i = 0; i < p.units.size(); ++i) {
+    EXPECT_GT(p.units[i].kernel_time_fwd_s.value, 0) << p.units[i].name;
+    EXPECT_GT(p.units[i].kernel_time_bwd_s.value, 0) << p.units[i].name;
+    EXPECT_TRUE(j["units"][i].contains("kernel_time_fwd_s")) << p.units[i].name;
+  }
+  EXPECT_EQ(j.get<ModelProfile>(), p);
 }
 
 TEST(Profiler, LinearUnit_CUDA) {

@@ -52,6 +52,30 @@ TEST(ModelProfile, OptionalKeysDefault) {
   EXPECT_EQ(m.units[0].time_fwd_spread_s, Figure{});
 }
 
+// CUPTI kernel times: written only when measured (> 0), read back as written, absent = 0.
+TEST(ModelProfile, KernelTimesRoundTripWhenMeasured) {
+  ModelProfile m = sample_model();
+  const nlohmann::json without = m;
+  for (const auto& u : without["units"]) {
+    EXPECT_FALSE(u.contains("kernel_time_fwd_s"));
+    EXPECT_FALSE(u.contains("kernel_time_bwd_s"));
+  }
+  m.units[1].kernel_time_fwd_s = Figure{9e-5, Fit{1e-5, 1e-5, 0.99, 2}};
+  m.units[1].kernel_time_bwd_s = Figure{2e-4, Fit{2e-5, 2.25e-5, 1, 2}};
+  validate(m);
+  testing::expect_round_trip(m);
+  const nlohmann::json j = m;
+  EXPECT_EQ(j["units"][1]["kernel_time_fwd_s"]["value"].get<double>(), 9e-5);
+  EXPECT_EQ(j["units"][1]["kernel_time_bwd_s"]["points"].get<int>(), 2);
+  EXPECT_FALSE(j["units"][0].contains("kernel_time_fwd_s"));
+  const ModelProfile back = j.get<ModelProfile>();
+  EXPECT_EQ(back.units[1].kernel_time_fwd_s, m.units[1].kernel_time_fwd_s);
+  EXPECT_EQ(back.units[1].kernel_time_bwd_s, m.units[1].kernel_time_bwd_s);
+  EXPECT_EQ(back.units[0].kernel_time_fwd_s, Figure{});
+  m.units[1].kernel_time_bwd_s.value = -1;
+  expect_error([&] { validate(m); }, "model_profile: units[1] (block).kernel_time_bwd_s must be >= 0 (got -1.0)");
+}
+
 TEST(ModelProfile, StrictKeys) {
   nlohmann::json j = sample_model();
   j["units"][1]["time_fwd"] = j["units"][1]["time_fwd_s"];

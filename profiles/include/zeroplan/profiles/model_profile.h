@@ -43,6 +43,10 @@ struct UnitProfile {
   Figure bytes_peak_bwd;     // transient peak during backward above what was live before it
   Figure flops_fwd;
   Figure flops_bwd;
+  // Summed kernel durations of one forward / backward (CUDA with CUPTI only; the time_*_s above
+  // include launch gaps, these do not); optional, value 0 and absent from the JSON when not measured.
+  Figure kernel_time_fwd_s;
+  Figure kernel_time_bwd_s;
   std::vector<BorrowedParams> borrowed;  // optional, default none
 
   bool operator==(const UnitProfile&) const = default;

@@ -20,6 +20,7 @@
 //   time_fwd_s / time_bwd_s         median over `repeats` after `warmup` iterations
 //   time_*_spread_s                 p90 - p10 of the same samples (linear interpolation)
 //   flops_fwd / flops_bwd           see flops.h
+//   kernel_time_fwd_s / _bwd_s      CUDA with CUPTI only: summed kernel durations of one more pass
 // The last unit is measured with the task's loss after it, as a training step runs it: its forward
 // figures include computing the loss and the output's gradient (time, temporaries in bytes_peak_fwd;
 // the gradient, held until the unit's backward, in bytes_saved), and its backward starts from that
@@ -36,13 +37,12 @@
 #include "zeroplan/profiles/figure.h"
 #include "zeroplan/profiles/model_profile.h"
 
-namespace zeroplan {
-
-}  // namespace zeroplan
 namespace at {
 class Tensor;
 }  // namespace at
 namespace zeroplan {
+
+class TraceWriter;
 
 namespace zoo {
 struct Model;
@@ -67,7 +67,11 @@ struct ProfileOptions {
 // shape: one integer dimension = tokens of a sequence, (C,H,W) = image), input_shape,
 // profiled_batches and units. Throws SchemaError for bad options (naming the value), OutOfMemoryError
 // never (no limit is set).
-ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options);
+// With `trace`, the profiling run is also written to it (Chrome trace, trace.h): on pid 0, one span per
+// unit's forward and backward in every timed round (tid 0, args unit, unit_name, batch, phase, repeat)
+// and in the memory pass (tid 1), each with "memory device" counters (the memory meter's live bytes
+// and the phase's peak) at its start and end.
+ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, TraceWriter* trace = nullptr);
 
 // One unit on a given input (at the input's batch), for tests and tools; figures are not fitted
 // (Figure::constant of the measurement). The unit must already be on the input's device and dtype.
@@ -84,8 +88,8 @@ struct UnitMeasurement {
   double time_fwd_s = 0, time_fwd_spread_s = 0;
   double time_bwd_s = 0, time_bwd_spread_s = 0;
   double flops_fwd = 0, flops_bwd = 0;
-  // CUDA with CUPTI only (0 otherwise): summed kernel durations of one forward / backward. Not in the
-  // ModelProfile yet (no field); the event times above include launch gaps, these do not.
+  // CUDA with CUPTI only (0 otherwise): summed kernel durations of one forward / backward, saved as the
+  // ModelProfile's kernel_time_*_s; the event times above include launch gaps, these do not.
   double kernel_time_fwd_s = 0, kernel_time_bwd_s = 0;
 };
 UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,

@@ -16,6 +16,7 @@
 #include "zeroplan/profiles/counting_allocator.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan {
@@ -124,11 +125,61 @@ void reset_grads(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();
 }
 
+// The profile's Chrome trace (profile_model with a TraceWriter): on pid 0, a span per measured
+// forward and backward (tid 0: the timed rounds; tid 1: the memory pass) and the memory meter's live
+// and peak bytes at each one's start and end ("memory device"). Timestamps are the host's steady clock
+// since the profile began; durations the profiler's own measurements.
+class ProfilerTrace {
+ public:
+  static constexpr int kTimedTid = 0;
+  static constexpr int kMemoryTid = 1;
+
+  explicit ProfilerTrace(TraceWriter& w) : w_(w), origin_(std::chrono::steady_clock::now()) {
+    w_.process_name(0, "zeroplan profile");
+    w_.thread_name(0, kTimedTid, "compute");
+    w_.thread_sort_index(0, kTimedTid, kTimedTid);
+    w_.thread_name(0, kMemoryTid, "memory pass");
+    w_.thread_sort_index(0, kMemoryTid, kMemoryTid);
+  }
+  // Start of a phase (us): now, but not before the end of the last one (the phases run one at a time).
+  double begin_us() const {
+    const double now = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_).count();
+    return std::max(now, last_end_us_);
+  }
+  void phase(int tid, const std::string& name, double ts_us, double dur_s, TraceArgs args, std::int64_t live_before,
+             std::int64_t live_after, std::int64_t peak) {
+    const double dur_us = std::max(0.0, dur_s) * 1e6;
+    w_.span(name, "compute", ts_us, dur_us, 0, tid, std::move(args));
+    w_.counter("memory device", ts_us, 0, {{"bytes", live_before}, {"peak_bytes", live_before}});
+    w_.counter("memory device", ts_us + dur_us, 0, {{"bytes", live_after}, {"peak_bytes", std::max(peak, live_after)}});
+    last_end_us_ = ts_us + dur_us;
+  }
+
+ private:
+  TraceWriter& w_;
+  std::chrono::steady_clock::time_point origin_;
+  double last_end_us_ = 0;
+};
+
+// What a traced phase is: its unit, batch and repeat (-1 for the memory pass).
+struct TracedPhase {
+  const std::string& unit_name;
+  int unit;
+  int batch;
+  int repeat;
+  TraceArgs args(const char* phase) const {
+    TraceArgs a{{"unit", unit}, {"unit_name", unit_name}, {"batch", batch}, {"phase", phase}};
+    if (repeat >= 0) a.emplace_back("repeat", repeat);
+    return a;
+  }
+};
+
 struct Devices {
   detail::MemoryMeter& memory;
   PhaseTimer& timer;
   std::function<void()> synchronize;
   PhaseTimer* kernel_timer = nullptr;  // CUPTI: summed kernel time; null when not available
+  ProfilerTrace* trace = nullptr;      // null: no trace
 };
 
 // The task's loss after the last unit, as a training step runs it: the loss of the detached output
@@ -136,11 +187,20 @@ struct Devices {
 using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
+// With dev.trace and `traced`, each phase is a span of the trace.
 std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
-                                    const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss) {
+                                    const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss,
+                                    const TracedPhase* traced = nullptr) {
   torch::Tensor x = input.detach();
   if (x.is_floating_point()) x.requires_grad_(true);
   reset_grads(grad_params);
+  ProfilerTrace* trace = traced != nullptr ? dev.trace : nullptr;
+  double ts_us = 0;
+  std::int64_t live0 = 0;
+  if (trace != nullptr) {
+    live0 = dev.memory.begin_phase();
+    ts_us = trace->begin_us();
+  }
   dev.timer.start();
   torch::Tensor y = unit.forward(x);
   torch::Tensor g;
@@ -149,10 +209,22 @@ std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& 
     g = torch::autograd::grad({loss(z)}, {z})[0];
   }
   const double fwd = dev.timer.stop_s();
+  if (trace != nullptr) {
+    trace->phase(ProfilerTrace::kTimedTid, "forward " + traced->unit_name, ts_us, fwd, traced->args("forward"), live0,
+                 dev.memory.live(), dev.memory.peak());
+  }
   if (!g.defined()) g = torch::ones_like(y);
+  if (trace != nullptr) {
+    live0 = dev.memory.begin_phase();
+    ts_us = trace->begin_us();
+  }
   dev.timer.start();
   if (y.requires_grad()) torch::autograd::backward({y}, {g});
   const double bwd = dev.timer.stop_s();
+  if (trace != nullptr) {
+    trace->phase(ProfilerTrace::kTimedTid, "backward " + traced->unit_name, ts_us, bwd, traced->args("backward"),
+                 live0, dev.memory.live(), dev.memory.peak());
+  }
   reset_grads(grad_params);
   return {fwd, bwd};
 }
@@ -165,7 +237,8 @@ std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& 
 std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const torch::Tensor& input,
                                                   const std::vector<torch::Tensor>& grad_params,
                                                   const ProfileOptions& options, Devices& dev,
-                                                  const LossFn& loss = {}, bool time_it = true) {
+                                                  const LossFn& loss = {}, bool time_it = true,
+                                                  const TracedPhase* traced = nullptr) {
   UnitMeasurement m;
   for (const auto& p : unit.parameters()) {
     m.params += p.numel();
@@ -207,12 +280,22 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   clear();
   torch::Tensor x_copy = x.clone();
   const double bytes_x_copy = tensor_bytes(x_copy);
+  ProfilerTrace* trace = traced != nullptr ? dev.trace : nullptr;
+  // The memory pass's phases in the trace: host wall time (the phases end with a synchronize).
+  auto memory_phase = [&](const char* phase, double ts_us, std::int64_t live_before) {
+    if (trace == nullptr) return;
+    const double dur_s = (trace->begin_us() - ts_us) * 1e-6;
+    trace->phase(ProfilerTrace::kMemoryTid, std::string(phase) + " " + traced->unit_name, ts_us, dur_s,
+                 traced->args(phase), live_before, dev.memory.live(), dev.memory.peak());
+  };
   dev.synchronize();
   const std::int64_t live0 = dev.memory.begin_phase();
+  const double fwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
   torch::Tensor y = unit.forward(x_copy);
   torch::Tensor g_loss = loss ? output_grad(y) : torch::Tensor();
   dev.synchronize();
   const std::int64_t live1 = dev.memory.live();
+  memory_phase("forward", fwd_ts_us, live0);
   x_copy = torch::Tensor();
   m.bytes_peak_fwd = static_cast<double>(dev.memory.peak() - live0);
   m.output_shape = shape_of(y);
@@ -223,9 +306,11 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     torch::Tensor g = loss ? std::move(g_loss) : torch::ones_like(y);
     dev.synchronize();
     const std::int64_t live2 = dev.memory.begin_phase();
+    const double bwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
     backward(y, g);
     dev.synchronize();
     m.bytes_peak_bwd = static_cast<double>(dev.memory.peak() - live2);
+    memory_phase("backward", bwd_ts_us, live2);
   }
   torch::Tensor output = y.detach();
   y = torch::Tensor();
@@ -243,18 +328,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     m.flops_bwd = count.backward();
   }
 
-  if (!time_it) {  // the caller times the unit in interleaved rounds (profile_model)
-    clear();
-    return {std::move(m), output};
-  }
-  // Timed passes.
-  std::vector<double> fwd, bwd;
-  for (int i = 0; i < options.repeats; ++i) {
-    auto [f, b] = time_once(unit, x, grad_params, dev, loss);
-    fwd.push_back(f);
-    bwd.push_back(b);
-  }
-  // Kernel time (CUDA with CUPTI): one more pass with activity records on.
+  // Kernel time (CUDA with CUPTI): one more pass (also when the caller times the unit) with activity records on.
   if (dev.kernel_timer != nullptr) {
     clear();
     dev.kernel_timer->start();
@@ -265,6 +339,18 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     dev.kernel_timer->start();
     backward(yk, g);
     m.kernel_time_bwd_s = dev.kernel_timer->stop_s();
+  }
+
+  if (!time_it) {  // the caller times the unit in interleaved rounds (profile_model)
+    clear();
+    return {std::move(m), output};
+  }
+  // Timed passes.
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i < options.repeats; ++i) {
+    auto [f, b] = time_once(unit, x, grad_params, dev, loss);
+    fwd.push_back(f);
+    bwd.push_back(b);
   }
   clear();
   const TimingStats sf = timing_stats(fwd), sb = timing_stats(bwd);
@@ -338,7 +424,7 @@ UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,
   return measure(unit, input, unit.parameters(), options, dev).first;
 }
 
-ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
+ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, TraceWriter* trace) {
   validate_options(options);
   TORCH_CHECK(model.task != nullptr, "profile_model: model has no task");
   const torch::Dtype dtype = parse_dtype(options.dtype);
@@ -383,8 +469,12 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
   std::vector<LossFn> losses;                      // [batch]: the task's loss for the last unit
   std::vector<std::string> noisy_notes;            // units whose times spread after re-measuring
   DeviceContext ctx(device);
+  std::optional<ProfilerTrace> profiler_trace;
+  if (trace != nullptr) profiler_trace.emplace(*trace);
+  ProfilerTrace* traced = profiler_trace ? &*profiler_trace : nullptr;
   for (int b : batches) {
     Devices dev = ctx.devices();
+    dev.trace = traced;
     zoo::Batch data = model.task->batch(static_cast<std::int64_t>(options.data_seed), 0, b);
     torch::Tensor x = data.input.to(device);
     if (x.is_floating_point()) x = x.to(dtype);
@@ -409,7 +499,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
       try {
         row_inputs.push_back(x);
         if (loss) losses.push_back(loss);
-        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss, /*time_it=*/false);
+        const TracedPhase phase{model.units[i].name, static_cast<int>(i), b, -1};
+        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss, /*time_it=*/false, &phase);
         row.push_back(std::move(m));
         x = out;
       } catch (const c10::Error& e) {
@@ -422,6 +513,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
   }
   {
     Devices dev = ctx.devices();
+    dev.trace = traced;
     const std::size_t nb = batches.size(), nu = model.units.size();
     std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu);
     for (int r = 0; r < options.repeats; ++r) {
@@ -429,8 +521,9 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
       for (std::size_t bi = 0; bi < nb; ++bi) {
         for (std::size_t i = 0; i < nu; ++i) {
           const LossFn none;
+          const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], r};
           auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev,
-                                  i + 1 == nu ? losses[bi] : none);
+                                  i + 1 == nu ? losses[bi] : none, &phase);
           fwd[bi * nu + i].push_back(f);
           bwd[bi * nu + i].push_back(g);
         }
@@ -449,7 +542,9 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
         if (!noisy(fwd[k]) && !noisy(bwd[k])) continue;
         const LossFn none;
         for (int r = 0; r < options.repeats; ++r) {
-          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none);
+          const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], options.repeats + r};
+          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none,
+                                  &phase);
           fwd[k].push_back(f);
           bwd[k].push_back(g);
         }
@@ -504,6 +599,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options) {
     u.bytes_peak_bwd = figure(&UnitMeasurement::bytes_peak_bwd);
     u.flops_fwd = figure(&UnitMeasurement::flops_fwd);
     u.flops_bwd = figure(&UnitMeasurement::flops_bwd);
+    if (r.kernel_time_fwd_s > 0) u.kernel_time_fwd_s = figure(&UnitMeasurement::kernel_time_fwd_s);
+    if (r.kernel_time_bwd_s > 0) u.kernel_time_bwd_s = figure(&UnitMeasurement::kernel_time_bwd_s);
     for (const zoo::BorrowedParam& b : model.units[i].borrowed) {
       const auto owned = model.units[static_cast<std::size_t>(b.owner_unit)].module->named_parameters();
       const torch::Tensor* p = owned.find(b.owner_name);
