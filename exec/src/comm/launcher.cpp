@@ -8,17 +8,12 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -30,6 +25,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "launcher_os.h"
 
 extern char** environ;
 
@@ -117,56 +113,6 @@ std::string default_output_dir() {
   return buf.data();
 }
 
-// A listening socket on 127.0.0.1 only (port chosen by the kernel) for the store to take over: the run
-// is local by construction, so no other machine can reach its keys.
-int loopback_listener() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw LaunchError(fmt::format("cannot open a socket for the store: {}", std::strerror(errno)));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw LaunchError(fmt::format("cannot listen on 127.0.0.1 for the store: {}", std::strerror(err)));
-  }
-  return fd;
-}
-
-int bound_port(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof(a);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw LaunchError(fmt::format("cannot read the store's port: {}", std::strerror(errno)));
-  return ntohs(a.sin_port);
-}
-
-// SIGTERM, SIGINT and SIGHUP to the launcher while ranks run: remembered here, forwarded by the watch
-// loop (a handler does nothing else), the previous handlers restored when the launch ends.
-std::atomic<int> g_stop_signal{0};
-extern "C" void remember_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = remember_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~StopSignals() {
-    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  static constexpr std::array<int, 3> kSignals{SIGTERM, SIGINT, SIGHUP};
-  std::array<struct sigaction, 3> old_{};
-};
-
 std::string self_executable() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -197,9 +143,9 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
 
   // The agent store: served here, so it outlives any rank, and bound before the ranks start (no
   // race for the port).
-  const int listen_fd = loopback_listener();
+  const int listen_fd = detail::loopback_listener();
   c10d::TCPStoreOptions sopts;
-  sopts.port = static_cast<std::uint16_t>(bound_port(listen_fd));
+  sopts.port = static_cast<std::uint16_t>(detail::bound_port(listen_fd));
   sopts.masterListenFd = listen_fd;
   sopts.isServer = true;
   sopts.waitWorkers = false;
@@ -232,7 +178,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   for (const auto& [k, v] : options.env) base_env.push_back(k + "=" + v);
 
   std::vector<Rank> ranks(nproc);
-  StopSignals stop_signals;
+  detail::StopSignals stop_signals;
   int stopped_by = 0;  // the signal the launcher was stopped with
   const auto start = Clock::now();
   auto stop_all = [&](int sig, bool by_launcher) {
@@ -339,7 +285,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
         }
       }
     }
-    if (const int sig = g_stop_signal.load(); sig != 0 && stopped_by == 0) {
+    if (const int sig = detail::stop_signal(); sig != 0 && stopped_by == 0) {
       stopped_by = sig;
       terminated = now;
       stop_all(SIGTERM, true);
