@@ -27,6 +27,7 @@ using pieces::Ctx;
 using pieces::GradSync;
 using pieces::OptimizerStep;
 using pieces::ParamResidency;
+using pieces::Precision;
 using pieces::UnitRT;
 
 // The step driver: for each microbatch, forward over the units then backward in reverse, asking the
@@ -54,7 +55,8 @@ class Executor::Impl {
       params_ = std::make_unique<ParamResidency>(*c_);
       grads_ = std::make_unique<GradSync>(*c_);
       acts_ = std::make_unique<Activations>(*c_);
-      optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_);
+      precision_ = std::make_unique<Precision>(*c_);
+      optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_, *precision_);
     });
   }
 
@@ -76,6 +78,7 @@ class Executor::Impl {
     return static_cast<int>(std::count_if(c_->units.begin(), c_->units.end(), [](const UnitRT& u) { return u.numel() > 0; }));
   }
   bool views_valid() const { return params_->views_valid(); }
+  LossScaler& loss_scaler() { return precision_->scaler(); }
 
  private:
   // Runs f; a refused device allocation becomes OutOfDeviceMemory, any other torch error UnitFailure,
@@ -126,7 +129,9 @@ class Executor::Impl {
     for (const auto& b : U.borrows) inputs.push_back(b.param);
     std::vector<torch::Tensor> grads;
     if (!inputs.empty() && grad.defined() && out.requires_grad()) {
-      grads = torch::autograd::grad({out}, inputs, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
+      // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
+      const torch::Tensor g = grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
+      grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
     } else {
       grads.assign(inputs.size(), torch::Tensor());
@@ -171,7 +176,9 @@ class Executor::Impl {
     const std::int64_t mb = c.plan.micro_batch;
     grads_->zero();
     double loss_sum = 0;
-    const double scale = 1.0 / (static_cast<double>(c.world) * m);
+    // The mean over the global batch, times the loss scale (16-bit gradients).
+    const double loss_scale = precision_->loss_scale();
+    const double scale = loss_scale / (static_cast<double>(c.world) * m);
     for (int k = 0; k < m; ++k) {
       c.at("all", "data");
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
@@ -180,7 +187,7 @@ class Executor::Impl {
       torch::Tensor last = forward(input, k);
       c.at(c.units.back().name, "loss");
       const double t0 = c.rec.now_s();
-      torch::Tensor z = last.detach().requires_grad_(true);
+      torch::Tensor z = last.detach().to(torch::kFloat32).requires_grad_(true);  // the loss in fp32
       last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
       torch::Tensor loss = c.model.task->loss(z, target);
       loss_sum += loss.item<double>();
@@ -192,9 +199,12 @@ class Executor::Impl {
       grads_->finish_microbatch();
     }
     grads_->finish_step();
-    optimizer_->step();
+    const bool skipped = !optimizer_->step();
+    precision_->after_step(skipped);
     dev_.synchronize();
     StepStats stats;
+    stats.loss_scale = loss_scale;
+    stats.skipped = skipped;
     stats.time_s = c.rec.now_s() - t_step;
     stats.loss = loss_sum / m;
     stats.phase_s = c.rec.end_step();
@@ -206,6 +216,7 @@ class Executor::Impl {
   std::unique_ptr<ParamResidency> params_;
   std::unique_ptr<GradSync> grads_;
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<Precision> precision_;
   std::unique_ptr<OptimizerStep> optimizer_;
 };
 
@@ -218,5 +229,6 @@ std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_s
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }
 bool Executor::views_valid() const { return impl_->views_valid(); }
+LossScaler& Executor::loss_scaler() { return impl_->loss_scaler(); }
 
 }  // namespace zeroplan::exec

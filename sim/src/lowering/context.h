@@ -41,7 +41,7 @@ struct Bytes {
   int grad = 4;     // gradients (param dtype)
   int reduce = 4;   // gradient collectives
   int master = 0;   // fp32 master copy when params are 16-bit and master_fp32 (counted as optimizer state)
-  int states = 8;   // optimizer states, fp32: 4 x states_per_param
+  int states = 8;   // optimizer states: 4 x states_per_param (param dtype without master_fp32)
   int compute = 4;  // activations
 };
 
