@@ -189,8 +189,7 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
       "pipeline_stages",      "offload.activations_ratio", "offload_model.enabled", "offload_model.slices",
       "offload_model.checkpoint_activation", "offload_model.microbatches", "localsgd_frequency", "slowmo_momentum",
-      "slowmo_frequency",     "adascale", "precision.param_dtype", "precision.compute_dtype",
-      "precision.reduce_dtype", "precision.broadcast_fp16", "precision.loss_scale"};
+      "slowmo_frequency",     "adascale"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
@@ -208,8 +207,8 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   // OffloadModel's settings matter only when it is on.
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
-            "zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,checkpointing,"
-            "micro_batch");
+            "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
+            "checkpointing,micro_batch,broadcast_fp16,fp32_reduce_scatter");
 }
 
 TEST(Knobs, TuneKnobsMoveRegistryKnobs) {
