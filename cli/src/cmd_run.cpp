@@ -46,6 +46,7 @@ struct RunArgs {
   double timeout_s = 300;
   bool progress = false;
   int threads = 0;                // 0: OMP_NUM_THREADS if set, else the cores shared by the local ranks
+  int ranks_per_node = 0;         // 0: the launcher's LOCAL_WORLD_SIZE
   std::vector<std::string> argv;  // the full command line, for the launcher
 };
 
@@ -68,6 +69,7 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   o.trace_path = a.trace;
   o.progress = a.progress && !g.quiet;
   o.threads = a.threads;
+  o.ranks_per_node = a.ranks_per_node;
   if (o.warmup_steps >= o.steps)
     throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", o.warmup_steps, o.steps));
   return o;
@@ -102,6 +104,8 @@ int run_parent(const RunArgs& a, const Globals& g) {
   }
   if (options.plan.world_size != a.nproc)
     throw ExitError(kBadInput, fmt::format("plan world_size {} != --nproc {}", options.plan.world_size, a.nproc));
+  if (a.ranks_per_node > 0 && a.nproc % a.ranks_per_node != 0)
+    throw ExitError(kBadInput, fmt::format("--ranks-per-node {} does not divide the {} ranks", a.ranks_per_node, a.nproc));
   exec::LaunchOptions lo;
   lo.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   auto result = exec::launch_local(a.nproc, exec::without_option(a.argv, "--nproc"), lo);
@@ -126,6 +130,10 @@ int run_rank(RunArgs a, const Globals& g) {
   }
   // Without a plan file or --world-size, the plan spans the ranks that were launched.
   if (a.plan.file.empty() && !a.plan.world_size) a.plan.world_size = ctx.world_size;
+  if (a.ranks_per_node == 0) a.ranks_per_node = std::max(1, ctx.local_world_size);
+  if (ctx.world_size % a.ranks_per_node != 0)
+    throw ExitError(kBadInput, fmt::format("--ranks-per-node {} does not divide the {} ranks", a.ranks_per_node,
+                                           ctx.world_size));
   exec::RunOptions options = run_options(a, g);
   if (options.plan.world_size != ctx.world_size)
     throw ExitError(kBadInput, fmt::format("plan world_size {} != launched world size {} ({})",
@@ -193,6 +201,10 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)");
   app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
   app.add_option("--threads", a->threads, "Intra-op threads per rank (default: OMP_NUM_THREADS, else cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ranks-per-node", a->ranks_per_node,
+                 "Ranks that share a node, numbered node by node (default: LOCAL_WORLD_SIZE); LocalSGD reduces "
+                 "gradients within a node and averages parameters across nodes: 1 makes every rank a node")
       ->check(CLI::NonNegativeNumber);
   app.add_option("-o,--output", a->output, "Write the RunRecord here");
   return [a, &app, &globals] {

@@ -296,7 +296,11 @@ Comparison compare(const Prediction& p, const RunRecord& r, const CompareOptions
 
   double measured_step_s = r.step_time_median_s;
   if (r.plan.localsgd()) {
-    const std::vector<double> steps = r.measured_step_times_s();
+    // The mean over the LocalSGD period, after the localsgd warm-up's plain DDP steps (which step_time_s
+    // leaves out) when some measured steps follow them.
+    std::vector<double> steps = r.measured_step_times_s();
+    const auto warm = static_cast<std::size_t>(std::max(0, r.plan.localsgd_warmup_steps - r.warmup_steps));
+    if (warm < steps.size()) steps.erase(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(warm));
     double sum = 0;
     for (double s : steps) sum += s;
     if (!steps.empty()) measured_step_s = sum / static_cast<double>(steps.size());

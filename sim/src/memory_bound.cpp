@@ -11,7 +11,7 @@ MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& 
   const lowering::Residency r = lowering::model_state_residency(plan, cluster, units);
   const lowering::Bytes b = lowering::bytes_of(plan);
   MemoryBound out;
-  out.device_model_state_bytes = r.dev_params + r.dev_grads + r.dev_optimizer;
+  out.device_model_state_bytes = r.dev_params + r.dev_grads + r.dev_optimizer + r.dev_slowmo;
   out.host_model_state_bytes = r.host_params + r.host_grads + r.host_optimizer;
   // Allocations every plan makes: each forward's workspace; at stage 3 (not OffloadModel) each unit's
   // gathered parameters and unsharded gradients.

@@ -184,6 +184,19 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
                                     plan.micro_batch, lo, hi));
     }
   }
+  // LocalSGD warm-up (PostLocalSGDOptimizer): plain DDP steps before the first local one, a one-off that
+  // step_time_s (the steady state) leaves out; their time is that of the same plan without LocalSGD.
+  if (plan.localsgd() && plan.localsgd_warmup_steps > 0) {
+    Plan ddp = plan;
+    ddp.localsgd_frequency = ddp.localsgd_warmup_steps = ddp.slowmo_frequency = 0;
+    ddp.slowmo_momentum = 0;
+    ddp.slowmo_lr = 1;
+    const double warm_s = simulate_step(model, cluster, ddp, options).prediction.step_time_s;
+    c.notes.push_back(fmt::format("LocalSGD warm-up: the first {} steps reduce gradients across all {} ranks, {:.6f} s "
+                                  "each ({:+.6f} s against step_time_s): a one-off {:.6f} s, not in step_time_s",
+                                  plan.localsgd_warmup_steps, c.n, warm_s, warm_s - p.step_time_s,
+                                  plan.localsgd_warmup_steps * (warm_s - p.step_time_s)));
+  }
   if (cluster.allocator_overhead_factor > 1) {
     c.notes.push_back(fmt::format("device allocator overhead factor {} reported separately from peak_bytes",
                                   cluster.allocator_overhead_factor));

@@ -125,6 +125,28 @@ TEST(Compare, TwentyPercentSlowerFailsAndNamesStepTime) {
   EXPECT_EQ(compare(prediction(), record(1.2), CompareOptions{}.set_time_tolerance(0.2)).verdict, "pass");
 }
 
+// LocalSGD: the measured step is the mean over the period, after the localsgd warm-up's synchronous steps
+// (the prediction's step_time_s leaves them out).
+TEST(Compare, LocalSgdMeanSkipsTheWarmupSteps) {
+  Prediction p = prediction();
+  p.plan.localsgd_frequency = 2;
+  p.plan.localsgd_warmup_steps = 3;
+  p.step_time_s = 0.15;
+  p.samples_per_s = 8 / 0.15;
+  p.sync_step_time_s = 0.2;
+  p.lower_bound_s = 0.1;
+  RunRecord r = record();
+  r.plan = p.plan;
+  r.warmup_steps = 1;  // the timing warm-up: step 0; steps 1 and 2 are LocalSGD warm-up (DDP) steps
+  r.step_times_s = {0.5, 0.3, 0.3, 0.1, 0.2, 0.1, 0.2};
+  r.compute_step_statistics();
+  EXPECT_DOUBLE_EQ(metric(compare(p, r), "step_time_s").measured, 0.15);
+  r.plan.localsgd_warmup_steps = p.plan.localsgd_warmup_steps = 0;  // no LocalSGD warm-up: all measured steps
+  EXPECT_DOUBLE_EQ(metric(compare(p, r), "step_time_s").measured, 0.2);
+  r.plan.localsgd_warmup_steps = p.plan.localsgd_warmup_steps = 50;  // longer than the run: all measured steps
+  EXPECT_DOUBLE_EQ(metric(compare(p, r), "step_time_s").measured, 0.2);
+}
+
 TEST(Compare, MemoryHasItsOwnTolerance) {
   // 4% more memory measured passes at 5%; 7% fails although the time tolerance is 10%.
   EXPECT_EQ(compare(prediction(), record(1.0, 1.04)).verdict, "pass");

@@ -74,6 +74,30 @@ std::vector<std::pair<std::string, Plan>> cases() {
     p.offload_model = {true, 2, true, 4};
     out.emplace_back("offload_model", p);
   }
+  {  // SlowMo with a slow learning rate, after a warm-up of synchronous steps
+    Plan p = base(16, 2, 1);
+    p.localsgd_frequency = 3;
+    p.localsgd_warmup_steps = 100;
+    p.slowmo_frequency = 6;
+    p.slowmo_momentum = 0.2;
+    p.slowmo_lr = 0.7;
+    out.emplace_back("slowmo_lr_warmup", p);
+  }
+  {  // AdaScale over SGD with momentum, 8 ranks x 2 accumulated microbatches
+    Plan p = base(8, 2, 2);
+    p.optimizer.name = "sgd";
+    p.optimizer.lr = 0.1;
+    p.optimizer.momentum = 0.9;
+    p.adascale = true;
+    out.emplace_back("ddp_adascale", p);
+  }
+  {  // ZeRO-2 with every unit checkpointed, the kept inputs on the host
+    Plan p = base(8, 2, 1);
+    p.zero_stage = 2;
+    p.checkpointing.mode = Checkpointing::Mode::all;
+    p.checkpoint_offload = true;
+    out.emplace_back("stage2_checkpoint_offload", p);
+  }
   return out;
 }
 
@@ -163,6 +187,90 @@ TEST(Export, AccelerateFsdpKeys) {
       EXPECT_FALSE(v2.expressible()) << name;
     }
   }
+}
+
+const Plan& case_named(const std::string& name) {
+  static const auto all = cases();
+  for (const auto& [n, p] : all)
+    if (n == name) return p;
+  throw std::logic_error("no export case " + name);
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// SlowMo: fairscale's arguments, the slow buffers whole on every rank (as simulated), no no_sync (SlowMo
+// DDP has none), the warm-up said. DeepSpeed and Accelerate say in one line why they cannot.
+TEST(Export, SlowMoIsFairscaleOnly) {
+  const ModelProfile m = small_gpt();
+  const Plan& p = case_named("slowmo_lr_warmup");
+  const Export f = export_fairscale(p, m, 8);
+  ASSERT_TRUE(f.expressible());
+  for (const char* part : {"SlowMoDistributedDataParallel(", "nprocs_per_node=8,", "localsgd_frequency=3,", "slowmo_momentum=0.2,",
+                           "slowmo_lr=0.7,", "slowmo_frequency=6,", "slowmo_memory_efficient=False,",
+                           "model.perform_slowmo(optimizer)"})
+    EXPECT_TRUE(has(f.text, part)) << part;
+  EXPECT_FALSE(has(f.text, "no_sync"));
+  bool warm = false;
+  for (const auto& n : f.notes) warm = warm || has(n, "localsgd_warmup_steps 100");
+  EXPECT_TRUE(warm);
+  // LocalSGD without SlowMo: fairscale's update off (momentum 0, slow lr 1).
+  Plan local = p;
+  local.slowmo_frequency = 0;
+  local.slowmo_momentum = 0;
+  local.slowmo_lr = 1;
+  const Export l = export_fairscale(local, m, 8);
+  EXPECT_TRUE(has(l.text, "slowmo_momentum=0,") && has(l.text, "slowmo_lr=1,")) << l.text;
+  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2), export_accelerate_fsdp2(p, m, 2)}) {
+    EXPECT_FALSE(e.expressible()) << e.tool;
+    int lines = 0;
+    for (const auto& u : e.unsupported) lines += has(u, "LocalSGD / SlowMo: ") ? 1 : 0;
+    EXPECT_EQ(lines, 1) << e.tool;
+  }
+}
+
+// AdaScale wraps the SGD optimizer with the world size and the accumulation; the loop reads the gain.
+TEST(Export, AdaScaleWrapsSgdInFairscaleOnly) {
+  const ModelProfile m = small_gpt();
+  const Plan& p = case_named("ddp_adascale");
+  const Export f = export_fairscale(p, m, 8);
+  ASSERT_TRUE(f.expressible());
+  EXPECT_TRUE(has(f.text, "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0)\n"
+                          "optimizer = AdaScale(optimizer, world_size=8, num_gradients_to_accumulate=2)\n"))
+      << f.text;
+  EXPECT_TRUE(has(f.text, "gain = optimizer.gain()"));
+  Plan stage2 = p;
+  stage2.zero_stage = 2;
+  EXPECT_FALSE(export_fairscale(stage2, m, 8).expressible());
+  Plan alone = p;  // one gradient per step: fairscale's AdaScale raises
+  alone.world_size = 1;
+  alone.microbatches = 1;
+  alone.global_batch = 2;
+  EXPECT_FALSE(export_fairscale(alone, m, 8).expressible());
+  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2)}) {
+    EXPECT_FALSE(e.expressible()) << e.tool;
+    int lines = 0;
+    for (const auto& u : e.unsupported) lines += has(u, "AdaScale: ") ? 1 : 0;
+    EXPECT_EQ(lines, 1) << e.tool;
+  }
+}
+
+// Checkpoint offload: fairscale's checkpoint_wrapper(offload_to_cpu=True), DeepSpeed's cpu_checkpointing;
+// Accelerate has no setting for it.
+TEST(Export, CheckpointOffload) {
+  const ModelProfile m = small_gpt();
+  const Plan& p = case_named("stage2_checkpoint_offload");
+  const Export f = export_fairscale(p, m, 8);
+  EXPECT_TRUE(has(f.text, "units = [checkpoint_wrapper(u, offload_to_cpu=True) for u in units]")) << f.text;
+  const auto ds = nlohmann::json::parse(export_deepspeed(p, m).text);
+  EXPECT_EQ(ds.at("activation_checkpointing").at("cpu_checkpointing"), true);
+  Plan kept = p;
+  kept.checkpoint_offload = false;
+  EXPECT_EQ(nlohmann::json::parse(export_deepspeed(kept, m).text).at("activation_checkpointing").at("cpu_checkpointing"), false);
+  EXPECT_FALSE(has(export_fairscale(kept, m, 8).text, "offload_to_cpu"));
+  Plan some = p;
+  some.checkpointing = Checkpointing{Checkpointing::Mode::units, {1}};
+  EXPECT_TRUE(has(export_fairscale(some, m, 8).text, "units[i] = checkpoint_wrapper(units[i], offload_to_cpu=True)"));
+  EXPECT_FALSE(export_accelerate_fsdp(p, m, 1).expressible());
 }
 
 TEST(Export, FairscaleUsesTheWrapperOfEachStage) {

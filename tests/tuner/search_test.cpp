@@ -79,6 +79,48 @@ TEST(Search, CheckpointingIsTriedWhenOffloadAloneCannotFitAndTheCheaperWins) {
   EXPECT_DOUBLE_EQ(o.plan.offload.activations_ratio, 0.05);
 }
 
+// Checkpoint offload at a level (copies, +0.05 s, 150 more saved, 150 on the host) is tried before the
+// next level's recompute; the fastest variant that fits wins, and none without checkpointing is offloaded.
+TEST(Search, CheckpointOffloadIsTriedAtEachLevelBeforeCheckpointingMore) {
+  struct Fake final : Evaluator {
+    Prediction simulate(const Plan& p) const override {
+      EXPECT_FALSE(p.checkpoint_offload && p.checkpointing.mode == Checkpointing::Mode::none) << "nothing to offload";
+      Prediction q;
+      q.plan = p;
+      const std::size_t units = p.checkpointing.mode == Checkpointing::Mode::all   ? 3
+                                : p.checkpointing.mode == Checkpointing::Mode::none ? 0
+                                                                                    : p.checkpointing.units.size();
+      q.device.peak_bytes = 1000 - 100 * static_cast<std::int64_t>(units) - (p.checkpoint_offload ? 150 : 0);
+      q.host.peak_bytes = p.checkpoint_offload ? 150 : 0;
+      q.step_time_s = 1 + 0.1 * static_cast<double>(units) + (p.checkpoint_offload ? 0.05 : 0);
+      q.samples_per_s = p.global_batch / q.step_time_s;
+      return q;
+    }
+    MemoryBytes memory_lower_bound(const Plan&) const override { return {}; }
+  } fake;
+  Candidate c;
+  c.fit_checkpointing = c.fit_checkpoint_offload = true;
+  const ModelProfile m = small_gpt();
+  ASSERT_GE(checkpointing_levels(m).size(), 3u);
+  // 250 to save: the first level with its inputs on the host (100 + 150) beats checkpointing 3 levels.
+  Outcome o = evaluate_candidate(c, m, fake, MemoryLimits{750, 1 << 20});
+  ASSERT_EQ(o.status, Status::fits);
+  EXPECT_TRUE(o.plan.checkpoint_offload);
+  EXPECT_EQ(checkpointing_levels(m)[1], o.plan.checkpointing);
+  // 100 to save: the first level alone fits; nothing is offloaded.
+  o = evaluate_candidate(c, m, fake, MemoryLimits{900, 1 << 20});
+  EXPECT_FALSE(o.plan.checkpoint_offload);
+  // No host room: offload never fits; checkpointing one more unit does.
+  o = evaluate_candidate(c, m, fake, MemoryLimits{800, 100});
+  ASSERT_EQ(o.status, Status::fits);
+  EXPECT_FALSE(o.plan.checkpoint_offload);
+  EXPECT_EQ(checkpointing_levels(m)[2], o.plan.checkpointing);
+  // Not asked to fit it: never offloaded.
+  c.fit_checkpoint_offload = false;
+  o = evaluate_candidate(c, m, fake, MemoryLimits{750, 1 << 20});
+  EXPECT_FALSE(o.plan.checkpoint_offload);
+}
+
 TEST(Search, HostLimitStopsOffloadEarly) {
   const LinearFake fake;
   // Device needs ratio >= 0.5 (host 50), host allows 40: nothing fits.

@@ -63,6 +63,30 @@ TEST(Space, OnlyListedKnobsVaryAndFixedValuesHold) {
   for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) EXPECT_EQ(cand.plan.zero_stage, 3);
 }
 
+// checkpoint_offload varies only where checkpointing is on: enumerated beside a fixed checkpointing, fitted
+// with a fitted one, never with none or OffloadModel.
+TEST(Space, CheckpointOffloadOnlyWhereCheckpointingIsOn) {
+  const ModelProfile m = small_gpt();
+  TuneConstraints c;
+  c.set_global_batch(32).set_knobs({"zero_stage", "checkpointing", "checkpoint_offload", "offload_model"});
+  for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) {
+    EXPECT_FALSE(cand.plan.checkpoint_offload);
+    EXPECT_EQ(cand.fit_checkpoint_offload, !cand.plan.offload_model.enabled);
+    EXPECT_EQ(cand.fit_checkpointing, !cand.plan.offload_model.enabled);
+  }
+  c.set_knobs({"zero_stage", "checkpoint_offload"}).fix("checkpointing", "all");
+  const Space fixed = enumerate_space(m, a100(1), c);
+  EXPECT_EQ(fixed.candidates.size(), 8u);  // 4 stages x kept on the device or on the host
+  int offloaded = 0;
+  for (const Candidate& cand : fixed.candidates) {
+    offloaded += cand.plan.checkpoint_offload ? 1 : 0;
+    EXPECT_FALSE(cand.fit_checkpoint_offload);
+  }
+  EXPECT_EQ(offloaded, 4);
+  c.fix("checkpointing", "none");
+  for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) EXPECT_FALSE(cand.plan.checkpoint_offload);
+}
+
 TEST(Space, WorldSizeUsesTheMostWholeNodesThatDivideTheBatch) {
   const Space s = enumerate_space(small_gpt(), a100(128), TuneConstraints{}.set_global_batch(1536).set_knobs({"zero_stage"}));
   EXPECT_EQ(s.world_size, 768);

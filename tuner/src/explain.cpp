@@ -67,6 +67,8 @@ const std::vector<KnobField>& fields() {
        [](Plan& p, const Plan& w) { p.offload_model = w.offload_model; }},
       {"checkpointing", [](const Plan& p) { return exports::checkpointing_text(p.checkpointing); },
        [](Plan& p, const Plan& w) { p.checkpointing = w.checkpointing; }},
+      {"checkpoint_offload", [](const Plan& p) { return yes_no(p.checkpoint_offload); },
+       [](Plan& p, const Plan& w) { p.checkpoint_offload = w.checkpoint_offload; }},
       {"offload_activations", [](const Plan& p) { return text::num(p.offload.activations_ratio); },
        [](Plan& p, const Plan& w) { p.offload.activations_ratio = w.offload.activations_ratio; }},
       {"micro_batch", [](const Plan& p) { return fmt::format("{} x {}", p.micro_batch, p.microbatches); },
@@ -77,15 +79,18 @@ const std::vector<KnobField>& fields() {
       {"localsgd",
        [](const Plan& p) {
          if (!p.localsgd()) return std::string("off");
-         if (p.slowmo_frequency > 0 || p.slowmo_momentum != 0)
-           return fmt::format("every {} (slowmo every {}, momentum {})", p.localsgd_frequency, p.slowmo_frequency,
-                              p.slowmo_momentum);
-         return fmt::format("every {}", p.localsgd_frequency);
+         const std::string warm = p.localsgd_warmup_steps > 0 ? fmt::format(" after {} synchronous", p.localsgd_warmup_steps) : "";
+         if (p.slowmo())
+           return fmt::format("every {}{} (slowmo every {}, momentum {}{})", p.localsgd_frequency, warm, p.slowmo_frequency,
+                              p.slowmo_momentum, p.slowmo_lr != 1 ? fmt::format(", lr {}", p.slowmo_lr) : "");
+         return fmt::format("every {}{}", p.localsgd_frequency, warm);
        },
        [](Plan& p, const Plan& w) {
          p.localsgd_frequency = w.localsgd_frequency;
+         p.localsgd_warmup_steps = w.localsgd_warmup_steps;
          p.slowmo_frequency = w.slowmo_frequency;
          p.slowmo_momentum = w.slowmo_momentum;
+         p.slowmo_lr = w.slowmo_lr;
        }},
       {"buckets",
        [](const Plan& p) {

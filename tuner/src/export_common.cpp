@@ -52,8 +52,16 @@ std::string plan_summary(const Plan& p) {
   if (p.offload.activations_ratio > 0) off.push_back(fmt::format("activations {}", p.offload.activations_ratio));
   if (!off.empty()) parts.push_back("offload " + text::join(off, "+"));
   if (p.offload_model.enabled) parts.push_back(fmt::format("OffloadModel {} slices", p.offload_model.slices));
-  if (p.checkpointing.mode != Checkpointing::Mode::none) parts.push_back("checkpointing " + checkpointing_text(p.checkpointing));
-  if (p.localsgd()) parts.push_back(fmt::format("localsgd every {}", p.localsgd_frequency));
+  if (p.checkpointing.mode != Checkpointing::Mode::none)
+    parts.push_back("checkpointing " + checkpointing_text(p.checkpointing) + (p.checkpoint_offload ? " (inputs on the host)" : ""));
+  if (p.localsgd()) {
+    std::string l = fmt::format("localsgd every {}", p.localsgd_frequency);
+    if (p.localsgd_warmup_steps > 0) l += fmt::format(" after {} synchronous steps", p.localsgd_warmup_steps);
+    if (p.slowmo())
+      l += fmt::format(", slowmo every {} (momentum {}, lr {})", p.slowmo_frequency, p.slowmo_momentum, p.slowmo_lr);
+    parts.push_back(std::move(l));
+  }
+  if (p.adascale) parts.emplace_back("AdaScale");
   if (p.flat_params) parts.emplace_back("flat params");
   return text::join(parts);
 }

@@ -26,7 +26,9 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   auto& no = e.unsupported;
 
   if (p.offload_model.enabled) no.emplace_back("fairscale OffloadModel (layer-by-layer slices) has no DeepSpeed equivalent");
-  if (p.localsgd()) no.emplace_back("LocalSGD / SlowMo (averaging parameters every few steps) has no DeepSpeed equivalent");
+  if (p.localsgd())
+    no.emplace_back("LocalSGD / SlowMo: DeepSpeed's engine reduces gradients across all ranks every step; it has no periodic "
+                    "parameter averaging or slow momentum");
   if (p.offload.activations_ratio > 0)
     no.push_back(fmt::format("partial activation offload (ratio {}) has no DeepSpeed setting; activation_checkpointing."
                              "cpu_checkpointing offloads checkpoints, which is a different plan",
@@ -36,7 +38,8 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   if (p.offload.optimizer && p.optimizer.name == "sgd")
     no.emplace_back("DeepSpeed's host optimizers are Adam, Adagrad and Lion; the plan offloads SGD");
   if (p.precision.broadcast_fp16) no.emplace_back("broadcast_fp16 (fairscale OSS) has no DeepSpeed equivalent");
-  if (p.adascale) no.emplace_back("AdaScale has no DeepSpeed equivalent");
+  if (p.adascale)
+    no.emplace_back("AdaScale: DeepSpeed's engine steps its own optimizer and has no gradient-variance learning-rate gain");
   if (p.precision.param_dtype != p.precision.compute_dtype)
     no.push_back(fmt::format("parameters in {} with compute in {}: DeepSpeed computes in its parameter dtype",
                              p.precision.param_dtype, p.precision.compute_dtype));
@@ -141,7 +144,7 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
 
   ojson ac;
   ac["partition_activations"] = false;
-  ac["cpu_checkpointing"] = false;
+  ac["cpu_checkpointing"] = p.checkpoint_offload;
   ac["contiguous_memory_optimization"] = false;
   ac["number_checkpoints"] = nullptr;
   ac["synchronize_checkpoint_boundary"] = false;
@@ -149,8 +152,9 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   j["activation_checkpointing"] = ac;
   if (p.checkpointing.mode != Checkpointing::Mode::none)
     e.notes.push_back(fmt::format("activation checkpointing ({}) lives in the model code: wrap those units' forward in "
-                                  "deepspeed.checkpointing.checkpoint",
-                                  exports::checkpointing_text(p.checkpointing)));
+                                  "deepspeed.checkpointing.checkpoint{}",
+                                  exports::checkpointing_text(p.checkpointing),
+                                  p.checkpoint_offload ? " (cpu_checkpointing keeps each checkpointed input on the host)" : ""));
   if (!p.flat_params && p.zero_stage >= 1)
     e.notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");

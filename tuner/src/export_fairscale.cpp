@@ -42,6 +42,16 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
   if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining: use fairscale.nn.Pipe, not covered by this snippet");
   if (p.precision.param_dtype != "fp32" && !p.precision.master_fp32)
     no.emplace_back("16-bit parameters without an fp32 master copy: fairscale keeps fp32 parameters");
+  if (p.slowmo() && p.precision.param_dtype != "fp32")
+    no.push_back(fmt::format("SlowMo with {} parameters: fairscale's slow update asserts fp32 parameters (fp16 needs "
+                             "fairseq's fp32_params)", p.precision.param_dtype));
+  if (p.adascale && p.zero_stage >= 2)
+    no.push_back(fmt::format("AdaScale at stage {}: fairscale's AdaScale reads every full gradient after the reduction "
+                             "(DDP and OSS, stages 0-1), which stages 2-3 shard", p.zero_stage));
+  if (p.adascale && p.localsgd())
+    no.emplace_back("AdaScale with LocalSGD: AdaScale's gain needs the gradients averaged across all ranks every step");
+  if (p.adascale && static_cast<std::int64_t>(p.world_size) * p.microbatches <= 1)
+    no.emplace_back("AdaScale on 1 rank without accumulation: fairscale's AdaScale needs at least two gradients per step");
   if (!e.expressible()) return e;
 
   const std::string dtype = torch_dtype(p.precision.compute_dtype);
@@ -75,6 +85,8 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
                         text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
     wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
   } else if (p.localsgd()) {
+    // slowmo_momentum 0 and slowmo_lr 1 turn fairscale's slow update off (plain LocalSGD). The slow buffers
+    // are kept whole on every rank (slowmo_memory_efficient=False), as the simulator counts them.
     s += "from fairscale.experimental.nn.data_parallel import SlowMoBaseAlgorithm, SlowMoDistributedDataParallel\n";
     wrap += fmt::format(
         "model = SlowMoDistributedDataParallel(\n"
@@ -83,11 +95,13 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
         "    slowmo_base_algorithm=SlowMoBaseAlgorithm.LOCALSGD,\n"
         "    localsgd_frequency={},\n"
         "    slowmo_momentum={},\n"
+        "    slowmo_lr={},\n"
         "    slowmo_frequency={},\n"
+        "    slowmo_memory_efficient=False,\n"
         "    broadcast_buffers=False,\n"
         ")\n",
-        devices_per_node, p.localsgd_frequency, text::num(p.slowmo_momentum),
-        p.slowmo_frequency > 0 ? p.slowmo_frequency : p.localsgd_frequency);
+        devices_per_node, p.localsgd_frequency, text::num(p.slowmo() ? p.slowmo_momentum : 0.0),
+        text::num(p.slowmo() ? p.slowmo_lr : 1.0), p.slowmo_frequency > 0 ? p.slowmo_frequency : p.localsgd_frequency);
     wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
   } else if (p.zero_stage == 0) {
     wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
@@ -123,21 +137,26 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
     wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
   }
   if (p.adascale) {
+    // The gain scales the SGD learning rate; progress is counted in scale-invariant steps (sum of gains).
     s += "from fairscale.optim import AdaScale\n";
-    wrap += fmt::format("optimizer = AdaScale(optimizer, world_size={})\n", p.world_size);
+    wrap += fmt::format("optimizer = AdaScale(optimizer, world_size={}, num_gradients_to_accumulate={})\n", p.world_size,
+                        p.microbatches);
   }
   std::string pre;
   if (p.checkpointing.mode != Checkpointing::Mode::none) {
+    const std::string args = p.checkpoint_offload ? ", offload_to_cpu=True" : "";
+    const std::string where = p.checkpoint_offload ? " its input kept on the host until then" : "";
     if (p.checkpointing.mode == Checkpointing::Mode::all)
-      pre += "# Checkpoint every unit (recomputed in backward).\nunits = [checkpoint_wrapper(u) for u in units]\n";
+      pre += fmt::format("# Checkpoint every unit (recomputed in backward{}).\nunits = [checkpoint_wrapper(u{}) for u in units]\n",
+                         p.checkpoint_offload ? "," + where : "", args);
     else {
       std::vector<std::string> idx;
       for (int i : p.checkpointing.units) idx.push_back(std::to_string(i));
       pre += fmt::format(
-          "# Checkpoint these profile units (every repetition of each): {}.\n"
+          "# Checkpoint these profile units (every repetition of each){}: {}.\n"
           "for i in [{}]:\n"
-          "    units[i] = checkpoint_wrapper(units[i])\n",
-          exports::checkpointing_text(p.checkpointing), text::join(idx));
+          "    units[i] = checkpoint_wrapper(units[i]{})\n",
+          p.checkpoint_offload ? ", each with" + where : "", exports::checkpointing_text(p.checkpointing), text::join(idx), args);
     }
   }
   s += "\n" + pre + wrap;
@@ -150,7 +169,8 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
     }
   }
   // The step.
-  const bool no_sync = p.microbatches > 1 && (p.zero_stage <= 1 || p.localsgd() || p.offload_model.enabled);
+  // SlowMoDistributedDataParallel has no no_sync: it reduces within the node after every backward.
+  const bool no_sync = p.microbatches > 1 && !p.localsgd() && (p.zero_stage <= 1 || p.offload_model.enabled);
   s += "\n\ndef train_step(batches):\n";
   s += fmt::format("    # batches: {} micro batches of {} samples\n", p.microbatches, p.micro_batch);
   s += "    optimizer.zero_grad(set_to_none=False)\n";
@@ -166,8 +186,10 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
   else
     s += indent + "loss = loss_fn(model(x), y)\n";
   s += indent + (fp16 ? "scaler.scale(loss).backward()\n" : "loss.backward()\n");
+  if (p.adascale) s += "    gain = optimizer.gain()  # add it to the scale-invariant step count the lr schedule follows\n";
   s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
   if (p.localsgd()) s += "    model.perform_slowmo(optimizer)\n";
+  if (p.adascale) s += "    return gain\n";
   if (no_sync) {
     const std::size_t at = s.find("import torch\n");
     s.insert(at, "import contextlib\n");
@@ -180,6 +202,15 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
                                   dtype, p.precision.param_dtype));
   if (p.zero_stage <= 2 && p.flat_params)
     e.notes.emplace_back("OSS / DDP step per tensor: use a foreach or fused optimizer for the plan's flat step");
+  if (p.localsgd() && p.microbatches > 1)
+    e.notes.push_back(fmt::format("SlowMoDistributedDataParallel all-reduces gradients within the node after each of the {} "
+                                  "backward passes (it has no no_sync); the plan reduces once per step",
+                                  p.microbatches));
+  if (p.localsgd_warmup_steps > 0)
+    e.notes.push_back(fmt::format("localsgd_warmup_steps {}: SlowMoDistributedDataParallel has no warm-up; train the first "
+                                  "{} steps with DistributedDataParallel (or use torch's PostLocalSGDOptimizer, "
+                                  "warmup_steps={}) before wrapping",
+                                  p.localsgd_warmup_steps, p.localsgd_warmup_steps, p.localsgd_warmup_steps));
   e.notes.emplace_back("`model`, `units` (the model's units in order), `loss_fn` are yours; the snippet shows the wrapping");
   return e;
 }

@@ -13,7 +13,9 @@ void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
   auto& no = e.unsupported;
   if (p.zero_stage == 1) no.emplace_back("ZeRO stage 1 (optimizer state sharding only) has no FSDP sharding strategy");
   if (p.offload_model.enabled) no.emplace_back("fairscale OffloadModel (layer-by-layer slices) has no FSDP equivalent");
-  if (p.localsgd()) no.emplace_back("LocalSGD / SlowMo (averaging parameters every few steps) has no FSDP equivalent");
+  if (p.localsgd())
+    no.emplace_back("LocalSGD / SlowMo: FSDP reduces gradients every step, and accelerate.local_sgd.LocalSGD refuses FSDP "
+                    "(DDP only) and has no slow momentum");
   if (p.offload.activations_ratio > 0)
     no.push_back(fmt::format("partial activation offload (ratio {}) has no Accelerate FSDP setting", p.offload.activations_ratio));
   const bool any = p.offload.params || p.offload.grads || p.offload.optimizer;
@@ -24,8 +26,12 @@ void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
   if (p.checkpointing.mode != Checkpointing::Mode::none && !exports::checkpoints_exactly_wrap_class(p, model))
     no.push_back(fmt::format("checkpointing {}: Accelerate checkpoints exactly the wrapped {} layers",
                              exports::checkpointing_text(p.checkpointing), wrap_class(model)));
+  if (p.checkpoint_offload)
+    no.emplace_back("checkpoint_offload: Accelerate's fsdp_activation_checkpointing keeps checkpointed inputs on the device");
   if (p.precision.broadcast_fp16) no.emplace_back("broadcast_fp16 (fairscale OSS) has no FSDP equivalent");
-  if (p.adascale) no.emplace_back("AdaScale has no Accelerate equivalent");
+  if (p.adascale)
+    no.emplace_back("AdaScale: Accelerate has no learning-rate gain, and fairscale's AdaScale reads full gradients, which FSDP "
+                    "shards");
   if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining has no FSDP equivalent");
   if (p.precision.param_dtype != p.precision.compute_dtype)
     no.push_back(fmt::format("parameters in {} with compute in {}: FSDP computes in its parameter dtype",

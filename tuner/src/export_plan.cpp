@@ -1,4 +1,6 @@
+#include "text.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/knobs.h"
 #include "zeroplan/tuner/exports.h"
 
 namespace zeroplan::tuner {
@@ -8,7 +10,12 @@ Export export_plan(const Plan& plan) {
   e.tool = "zeroplan";
   e.file = "plan.json";
   e.text = to_json_string(plan);
-  e.notes.emplace_back("zeroplan simulate --plan plan.json predicts it; zeroplan run --plan plan.json runs it");
+  const std::vector<std::string> not_run = unsupported_knobs(plan, Component::run);
+  if (not_run.empty())
+    e.notes.emplace_back("zeroplan simulate --plan plan.json predicts it; zeroplan run --plan plan.json runs it");
+  else
+    e.notes.push_back("zeroplan simulate --plan plan.json predicts it; zeroplan run does not run it yet (" +
+                      text::join(not_run) + ")");
   return e;
 }
 

@@ -235,36 +235,54 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
   Fitter f(ev, limits, opt, out);
   const std::vector<Checkpointing> levels =
       cand.fit_checkpointing ? checkpointing_levels(model) : std::vector<Checkpointing>{cand.plan.checkpointing};
-  for (const Checkpointing& level : levels) {
-    Plan p = cand.plan;
-    p.checkpointing = level;
+  // What to do after a variant: try the next (more saving) one, stop (it fits: the next only add
+  // recompute), or give up on this kind of variant (it cannot fit the host, or cannot be simulated).
+  enum class Next { level, fits, stop };
+  // One variant: simulated as is, or with the smallest activation offload ratio that fits.
+  auto try_variant = [&](const Plan& p) {
     if (!cand.fit_activations) {
-      if (f.host_ruled_out(p)) break;  // checkpointing frees no host memory
-      if (f.device_ruled_out(p)) continue;
+      if (f.host_ruled_out(p)) return Next::stop;  // checkpointing frees no host memory
+      if (f.device_ruled_out(p)) return Next::level;
       const auto pred = f.sim(p);
-      if (pred && fits(*pred, limits)) break;  // later levels only add recompute
-      if (pred && host_excess(*pred, limits) > 0) break;
-      continue;
+      if (pred && fits(*pred, limits)) return Next::fits;
+      if (pred && host_excess(*pred, limits) > 0) return Next::stop;
+      return Next::level;
     }
     // Ratio free. Device memory falls and host memory grows with the ratio: ratio 1 is the device's
     // best chance, ratio 0 the host's.
     const Plan p0 = with_ratio(p, 0), p1 = with_ratio(p, kRatioSteps);
-    if (f.host_ruled_out(p0)) break;
-    if (f.device_ruled_out(p1)) continue;
+    if (f.host_ruled_out(p0)) return Next::stop;
+    if (f.device_ruled_out(p1)) return Next::level;
     std::optional<Prediction> pred0;
     if (!f.device_ruled_out(p0)) {
       pred0 = f.sim(p0);
-      if (!pred0) break;
-      if (fits(*pred0, limits)) break;  // no offload needed; later levels only add recompute
-      if (host_excess(*pred0, limits) > 0) break;
+      if (!pred0) return Next::stop;
+      if (fits(*pred0, limits)) return Next::fits;  // no offload needed
+      if (host_excess(*pred0, limits) > 0) return Next::stop;
     }
     const auto pred1 = f.sim(p1);
-    if (!pred1) break;
-    if (device_excess(*pred1, limits) > 0) continue;
+    if (!pred1) return Next::stop;
+    if (device_excess(*pred1, limits) > 0) return Next::level;
     // Excess at ratio 0: simulated, or the bound's (an underestimate: fine for a first guess).
     const double ex0 = pred0 ? static_cast<double>(device_excess(*pred0, limits))
                              : static_cast<double>(ev.memory_lower_bound(p0).device - limits.device_bytes);
     smallest_ratio(f, p, limits, 0, std::max(1.0, ex0), kRatioSteps, static_cast<double>(device_excess(*pred1, limits)));
+    return Next::level;
+  };
+  bool offload_fits_host = true;  // checkpoint_offload variants: false once one overflows the host
+  for (const Checkpointing& level : levels) {
+    Plan p = cand.plan;
+    p.checkpointing = level;
+    const bool checkpoints = level.mode != Checkpointing::Mode::none;
+    if (p.checkpoint_offload && !checkpoints) continue;  // nothing to offload
+    if (try_variant(p) != Next::level) break;
+    // The kept inputs on the host before checkpointing more units (copies instead of recompute).
+    if (cand.fit_checkpoint_offload && checkpoints && !p.checkpoint_offload && offload_fits_host) {
+      p.checkpoint_offload = true;
+      const Next n = try_variant(p);
+      if (n == Next::fits) break;
+      offload_fits_host = n != Next::stop;
+    }
   }
   f.finish();
   return out;

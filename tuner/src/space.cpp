@@ -268,6 +268,21 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                      : std::string();
         });
   }
+  // Checkpoint offload where a fixed checkpointing is on (a fitted one fits it too: Candidate), never with
+  // OffloadModel.
+  {
+    const bool vary = c.varies("checkpoint_offload") && !c.varies("checkpointing");
+    const bool ckpt_fitted = c.varies("checkpointing");
+    auto can = [&](const Plan& p) {
+      return !p.offload_model.enabled && (ckpt_fitted || p.checkpointing.mode != Checkpointing::Mode::none);
+    };
+    e.expand<bool>(Vals([&](const Plan& p) { return bools(vary && can(p), p.checkpoint_offload); }),
+                   Set([](Plan& p, const bool& v) { p.checkpoint_offload = v; }), [&](const Plan& p) {
+                     if (!p.checkpoint_offload) return std::string();
+                     if (p.offload_model.enabled) return std::string("checkpoint_offload requires offload_model off");
+                     return can(p) ? std::string() : std::string("checkpoint_offload requires checkpointing");
+                   });
+  }
   // LocalSGD / SlowMo: only across nodes and only when approximate averaging is allowed.
   {
     struct Avg {
@@ -295,8 +310,12 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                   },
                   [](const Plan& p) {
                     if (p.localsgd() && p.zero_stage != 0) return std::string("localsgd requires zero_stage 0 (full replicas)");
-                    if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0) && !p.localsgd())
+                    if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0 || p.slowmo_lr != 1) && !p.localsgd())
                       return std::string("slowmo requires localsgd");
+                    if (p.localsgd_warmup_steps > 0 && !p.localsgd())
+                      return std::string("localsgd_warmup_steps requires localsgd");
+                    if ((p.slowmo_momentum != 0 || p.slowmo_lr != 1) && p.slowmo_frequency == 0)
+                      return std::string("slowmo momentum or slowmo_lr requires slowmo_frequency > 0");
                     return std::string();
                   });
   }
@@ -350,11 +369,16 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
     // OffloadModel keeps its own activation policy (checkpoint_activation); the others do not apply.
     cand.fit_activations = fit_act && !p.offload_model.enabled;
     cand.fit_checkpointing = fit_ckpt && !p.offload_model.enabled;
+    cand.fit_checkpoint_offload = cand.fit_checkpointing && c.varies("checkpoint_offload");
     if (cand.fit_activations) p.offload.activations_ratio = 0;
     if (cand.fit_checkpointing) p.checkpointing = Checkpointing{};
     try {
-      validate(p, model);
-      validate(p);
+      // A fitted checkpointing starts at none; a fixed checkpoint_offload is checked against the levels that
+      // checkpoint (the search skips none for it).
+      Plan checked = p;
+      if (cand.fit_checkpointing && p.checkpoint_offload) checked.checkpointing.mode = Checkpointing::Mode::all;
+      validate(checked, model);
+      validate(checked);
     } catch (const SchemaError& err) {
       ++s.invalid[err.what()];
       continue;

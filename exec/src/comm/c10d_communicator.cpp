@@ -4,6 +4,7 @@
 #include <zeroplan/config.h>
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #if ZEROPLAN_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -47,9 +48,12 @@ class C10dWork final : public Work {
 
 class C10dCommunicator final : public Communicator {
  public:
+  // `make_group(store_prefix, rank, size)` forms a group of the same kind (split()).
+  using MakeGroup = std::function<std::unique_ptr<Communicator>(const std::string&, int, int)>;
   C10dCommunicator(c10::intrusive_ptr<c10d::Backend> pg, std::string backend, int rank, int world,
-                   C10dOptions options, bool native_avg)
-      : pg_(std::move(pg)),
+                   C10dOptions options, bool native_avg, MakeGroup make_group = {})
+      : make_group_(std::move(make_group)),
+        pg_(std::move(pg)),
         backend_(std::move(backend)),
         rank_(rank),
         world_(world),
@@ -59,6 +63,14 @@ class C10dCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return backend_; }
+
+  std::unique_ptr<Communicator> split(int group_size) override {
+    if (group_size < 1 || world_ % group_size != 0 || !make_group_) {
+      throw CommError(fmt::format("rank {}: {} ranks cannot be split into groups of {}", rank_, world_, group_size));
+    }
+    const int group = rank_ / group_size;
+    return make_group_(fmt::format("zeroplan/group{}x{}/", group, group_size), rank_ % group_size, group_size);
+  }
 
   std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override {
     TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
@@ -197,6 +209,7 @@ class C10dCommunicator final : public Communicator {
     return std::make_unique<C10dWork>(this, std::move(what), std::move(works), std::move(after));
   }
 
+  MakeGroup make_group_;
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::string backend_;
   int rank_;
@@ -239,8 +252,11 @@ std::unique_ptr<Communicator> make_gloo_communicator(const c10::intrusive_ptr<c1
     opts->threads = options.gloo_threads;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
     // Gloo in torch 2.x has no ReduceOp::AVG for all reduction ops: sum, then divide.
+    auto make_group = [store, options](const std::string& prefix, int r, int n) {
+      return make_gloo_communicator(c10::make_intrusive<c10d::PrefixStore>(prefix, store), r, n, options);
+    };
     return std::make_unique<C10dCommunicator>(std::move(pg), "gloo", rank, world_size, options,
-                                              /*native_avg=*/false);
+                                              /*native_avg=*/false, make_group);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -262,8 +278,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(const c10::intrusive_ptr<c1
     c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
     pg->setBoundDeviceId(device);
+    auto make_group = [store, options](const std::string& prefix, int r, int n) {
+      return make_nccl_communicator(c10::make_intrusive<c10d::PrefixStore>(prefix, store), r, n, options);
+    };
     return std::make_unique<C10dCommunicator>(std::move(pg), "nccl", rank, world_size, options,
-                                              /*native_avg=*/true);
+                                              /*native_avg=*/true, make_group);
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: nccl process group of {} ranks could not form: {}", rank,
                                 world_size, detail::first_line(e.what())));

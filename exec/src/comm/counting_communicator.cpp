@@ -91,4 +91,13 @@ void CountingCommunicator::barrier() {
   inner_->barrier();
 }
 
+std::unique_ptr<Communicator> CountingCommunicator::split(int group_size) {
+  std::chrono::microseconds delay;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    delay = delay_;
+  }
+  return std::make_unique<CountingCommunicator>(inner_->split(group_size), delay);
+}
+
 }  // namespace zeroplan::exec

@@ -34,4 +34,9 @@ std::unique_ptr<Work> LocalCommunicator::broadcast(torch::Tensor& /*tensor*/, in
   return std::make_unique<DoneWork>();
 }
 
+std::unique_ptr<Communicator> LocalCommunicator::split(int group_size) {
+  if (group_size != 1) throw CommError("local communicator of 1 rank cannot form groups of " + std::to_string(group_size));
+  return std::make_unique<LocalCommunicator>();
+}
+
 }  // namespace zeroplan::exec

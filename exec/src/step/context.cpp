@@ -5,9 +5,13 @@
 
 namespace zeroplan::exec::pieces {
 
-Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r)
+Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks)
     : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()),
       dt(dtypes_of(p)) {
+  ranks_per_node = node_ranks > 0 ? node_ranks : world;
+  if (world % ranks_per_node != 0) {
+    throw ExecError(detail::format("ranks per node {} does not divide the {} ranks", ranks_per_node, world));
+  }
   // Stages 1-3 lay every unit out in world equal chunks, one per rank (padded); stage 0 keeps one.
   const int shards = plan.zero_stage >= 1 ? world : 1;
   units.resize(model.units.size());

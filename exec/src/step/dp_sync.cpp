@@ -27,6 +27,7 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     }
     return;
   }
+  all_reduce_comm_ = &c.comm;
   grad_all_ = c.dzeros(c.padded_total, c.dt.grad);
   // Buckets in reverse unit order, closed once they reach the cap (DDP: bucket_cap_mb).
   const auto elem = static_cast<std::int64_t>(c10::elementSize(c.dt.grad));
@@ -73,7 +74,7 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
     drain(1);
     return;
   }
-  if (!last_micro) return;
+  if (!last_micro || all_reduce_comm_ == nullptr) return;
   for (const Bucket& b : buckets_) {
     if (b.lo != u) continue;
     c_.cur_phase = "all_reduce";
@@ -81,14 +82,15 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
     const std::string name = detail::format("all_reduce units {}-{}", b.lo, b.hi);
     if (c_.dt.all_reduce == c_.dt.grad) {
       const double t = c_.rec.now_s();
-      reduces_.push_back(c_.tracker.issue(c_.comm.all_reduce(view, ReduceOp::kSum), t, name, "all_reduce", u, micro));
+      reduces_.push_back(
+          c_.tracker.issue(all_reduce_comm_->all_reduce(view, ReduceOp::kSum), t, name, "all_reduce", u, micro));
       continue;
     }
     finish_cast_bucket();
     torch::Tensor wire = view.to(c_.dt.all_reduce);
     const double t = c_.rec.now_s();
-    cast_buckets_.push_back({c_.tracker.issue(c_.comm.all_reduce(wire, ReduceOp::kSum), t, name, "all_reduce", u, micro),
-                             view, wire});
+    auto h = c_.tracker.issue(all_reduce_comm_->all_reduce(wire, ReduceOp::kSum), t, name, "all_reduce", u, micro);
+    cast_buckets_.push_back({h, view, wire});
   }
 }
 
@@ -135,6 +137,13 @@ void GradSync::drain(std::size_t keep) {
       dst.add_(p.output);
     }
   }
+}
+
+torch::Tensor GradSync::sqr_norm_share() {
+  torch::NoGradGuard no_grad;
+  // A dot product: no temporary the size of the gradients (fairscale squares in the gradients' dtype too).
+  if (reduce_scatter_) return torch::dot(grad_shard_all_, grad_shard_all_).to(torch::kFloat64);
+  return torch::dot(grad_all_, grad_all_).to(torch::kFloat64) / static_cast<double>(c_.world);
 }
 
 void GradSync::finish_microbatch() {

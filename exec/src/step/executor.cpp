@@ -28,6 +28,8 @@ using pieces::GradSync;
 using pieces::OptimizerStep;
 using pieces::ParamResidency;
 using pieces::Precision;
+using pieces::ReplicaSync;
+using pieces::AdaScale;
 using pieces::UnitRT;
 
 // The step driver: for each microbatch, forward over the units then backward in reverse, asking the
@@ -35,7 +37,8 @@ using pieces::UnitRT;
 // the simulator's schedule (sim/src/lowering/step.cpp) and tests no plan field itself.
 class Executor::Impl {
  public:
-  Impl(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec) : dev_(dev) {
+  Impl(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec, const ExecOptions& opt)
+      : dev_(dev) {
     if (auto u = unsupported_features(plan); !u.empty()) {
       std::string list;
       for (const auto& s : u) list += (list.empty() ? "" : ", ") + s;
@@ -50,13 +53,20 @@ class Executor::Impl {
       throw ExecError(detail::format("plan world_size {} != {} ranks running it", plan.world_size, comm.world_size()));
     }
     if (model.units.empty()) throw ExecError("model " + model.name + " has no units");
+    if (plan.adascale && plan.localsgd()) {
+      throw ExecError(detail::format("plan: adascale with localsgd_frequency {}: AdaScale's gain needs every step's "
+                                     "gradients from every rank",
+                                     plan.localsgd_frequency));
+    }
     guarded([&] {
-      c_ = std::make_unique<Ctx>(model, plan, comm, dev, rec);
+      c_ = std::make_unique<Ctx>(model, plan, comm, dev, rec, opt.ranks_per_node);
       params_ = std::make_unique<ParamResidency>(*c_);
       grads_ = std::make_unique<GradSync>(*c_);
       acts_ = std::make_unique<Activations>(*c_);
       precision_ = std::make_unique<Precision>(*c_);
       optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_, *precision_);
+      replicas_ = std::make_unique<ReplicaSync>(*c_, *params_, *grads_);
+      if (plan.adascale) adascale_ = std::make_unique<AdaScale>(*c_);
     });
   }
 
@@ -142,11 +152,15 @@ class Executor::Impl {
       torch::Tensor own = U.numel() > 0 ? grads_->region(u) : torch::Tensor();
       for (const auto& s : U.flat.slots()) {
         const torch::Tensor& g = grads[i++];
-        if (g.defined()) own.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
+        if (!g.defined()) continue;
+        own.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
+        if (adascale_) adascale_->own(u, s.offset, g);
       }
       for (const auto& b : U.borrows) {
         const torch::Tensor& g = grads[i++];
-        if (g.defined()) grads_->region(b.owner).narrow(0, b.offset, b.numel).add_(g.reshape({-1}));
+        if (!g.defined()) continue;
+        grads_->region(b.owner).narrow(0, b.offset, b.numel).add_(g.reshape({-1}));
+        if (adascale_) adascale_->borrowed(b.owner, b.offset, g);
       }
     }
     torch::Tensor grad_in;
@@ -175,10 +189,12 @@ class Executor::Impl {
     const int m = c.plan.microbatches;
     const std::int64_t mb = c.plan.micro_batch;
     grads_->zero();
+    replicas_->begin_step(step);
+    if (adascale_) adascale_->begin_step();
     double loss_sum = 0;
-    // The mean over the global batch, times the loss scale (16-bit gradients).
+    // The mean over the batch of the ranks that reduce gradients, times the loss scale (16-bit gradients).
     const double loss_scale = precision_->loss_scale();
-    const double scale = loss_scale / (static_cast<double>(c.world) * m);
+    const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
     for (int k = 0; k < m; ++k) {
       c.at("all", "data");
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
@@ -199,12 +215,13 @@ class Executor::Impl {
       grads_->finish_microbatch();
     }
     grads_->finish_step();
-    const bool skipped = !optimizer_->step();
-    precision_->after_step(skipped);
-    dev_.synchronize();
     StepStats stats;
+    if (adascale_) stats.lr_gain = adascale_->finish(*grads_);
     stats.loss_scale = loss_scale;
-    stats.skipped = skipped;
+    stats.skipped = !optimizer_->step(stats.lr_gain);
+    precision_->after_step(stats.skipped);
+    replicas_->after_step(step);
+    dev_.synchronize();
     stats.time_s = c.rec.now_s() - t_step;
     stats.loss = loss_sum / m;
     stats.phase_s = c.rec.end_step();
@@ -218,10 +235,13 @@ class Executor::Impl {
   std::unique_ptr<Activations> acts_;
   std::unique_ptr<Precision> precision_;
   std::unique_ptr<OptimizerStep> optimizer_;
+  std::unique_ptr<ReplicaSync> replicas_;
+  std::unique_ptr<AdaScale> adascale_;  // when plan.adascale
 };
 
-Executor::Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder)
-    : impl_(std::make_unique<Impl>(model, plan, comm, device, recorder)) {}
+Executor::Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder,
+                   const ExecOptions& options)
+    : impl_(std::make_unique<Impl>(model, plan, comm, device, recorder, options)) {}
 Executor::~Executor() = default;
 StepStats Executor::step(std::int64_t step) { return impl_->step(step); }
 std::vector<std::pair<std::string, torch::Tensor>> Executor::full_parameters() { return impl_->full_parameters(); }

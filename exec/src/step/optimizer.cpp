@@ -1,5 +1,6 @@
 #include "zeroplan/exec/optimizer.h"
 
+#include <algorithm>
 #include <string>
 
 #include "zeroplan/exec/exec_errors.h"
@@ -41,7 +42,8 @@ std::int64_t FlatOptimizer::state_numel() const {
   return n;
 }
 
-void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads) {
+void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                         double lr_scale) {
   TORCH_INTERNAL_ASSERT(params.size() == exp_avg_.size() && grads.size() == params.size());
   torch::NoGradGuard no_grad;
   ++step_;
@@ -61,21 +63,39 @@ void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::ve
     }
   }
   if (p.empty()) return;
+  const double lr = config_.lr * lr_scale;
   if (kind == Kind::sgd) {
     // torch::optim::SGD: buf = grad (+ wd p) on the first step, buf = momentum buf + grad after.
-    at::_fused_sgd_(p, g, m, config_.weight_decay, config_.momentum, config_.lr, /*dampening=*/0.0,
+    at::_fused_sgd_(p, g, m, config_.weight_decay, config_.momentum, lr, /*dampening=*/0.0,
                     /*nesterov=*/false, /*maximize=*/false, /*is_first_step=*/step_ == 1);
     return;
   }
   for (auto& s : t) s.fill_(static_cast<double>(step_));
   const double b1 = config_.betas[0], b2 = config_.betas[1];
   if (kind == Kind::adamw) {
-    at::_fused_adamw_(p, g, m, v, {}, t, config_.lr, b1, b2, config_.weight_decay, config_.eps,
+    at::_fused_adamw_(p, g, m, v, {}, t, lr, b1, b2, config_.weight_decay, config_.eps,
                       /*amsgrad=*/false, /*maximize=*/false);
   } else {
-    at::_fused_adam_(p, g, m, v, {}, t, config_.lr, b1, b2, config_.weight_decay, config_.eps,
+    at::_fused_adam_(p, g, m, v, {}, t, lr, b1, b2, config_.weight_decay, config_.eps,
                      /*amsgrad=*/false, /*maximize=*/false);
   }
+}
+
+AdaScaleGain::AdaScaleGain(double samples) : samples_(samples), smoothing_(std::max(1.0 - samples / 1000.0, 0.0)) {}
+
+double AdaScaleGain::update(double sum_sample_sqr, double mean_sqr) {
+  const double S = samples_;
+  if (S <= 1) return 1.0;
+  double var = sum_sample_sqr / (S - 1) - mean_sqr * S / (S - 1);
+  double sqr = mean_sqr - var / S;
+  var = std::max(var, 1e-6);
+  sqr = std::max(sqr, 0.0);
+  const double f = smoothing_;
+  sqr_biased_ = f * sqr_biased_ + (1 - f) * sqr;
+  var_biased_ = f * var_biased_ + (1 - f) * var;
+  unbias_ = f * unbias_ + (1 - f);
+  const double sqr_avg = sqr_biased_ / unbias_, var_avg = var_biased_ / unbias_;
+  return (var_avg + sqr_avg) / (var_avg / S + sqr_avg);
 }
 
 }  // namespace zeroplan::exec

@@ -49,7 +49,7 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
   stepped_ = stage_ == 0 ? c.padded_total : c.shard_total;
 }
 
-bool OptimizerStep::step() {
+bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
   const bool offloaded_params = stage_ == 3 && c_.plan.offload.params;
@@ -103,7 +103,7 @@ bool OptimizerStep::step() {
   if (precision_.unscale_and_check(grads)) return false;
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
-  optimizer_->step(params, grads);
+  optimizer_->step(params, grads, lr_scale);
   c_.dev.synchronize();
   c_.rec.span(c_.host_optimizer() ? Lane::optimizer : Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
   grads.clear();

@@ -13,12 +13,16 @@
 //                   parameters back where ParamResidency keeps them                    (optimizer_step.cpp)
 //   Precision       the dtype of every copy (Dtypes, in Ctx), the loss scale, and whether the ranks
 //                   agree to skip a step with non-finite gradients                          (precision.cpp)
+//   ReplicaSync     LocalSGD and SlowMo: which ranks reduce gradients each step, the periodic parameter
+//                   average and the slow momentum update                                  (localsgd.cpp)
+//   AdaScale        fairscale's AdaScale gain from the gradient variance across ranks       (adascale.cpp)
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -91,7 +95,7 @@ class ComputeScope {
 class Ctx {
  public:
   // Flattens each unit's parameters and lays out shards over `world` ranks when the plan shards anything.
-  Ctx(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec);
+  Ctx(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec, int ranks_per_node);
 
   zoo::Model& model;
   const Plan plan;
@@ -100,6 +104,7 @@ class Ctx {
   Recorder& rec;
   CommTracker tracker;
   int rank = 0, world = 1;
+  int ranks_per_node = 1;         // consecutive ranks that share a node (divides world)
   std::vector<UnitRT> units;
   std::int64_t padded_total = 0;  // sum of the units' padded sizes
   std::int64_t shard_total = 0;   // sum of the units' shard sizes (this rank's share)
@@ -163,6 +168,12 @@ class GradSync {
   // Final gradients: stage 0 all of them (full()), else this rank's chunk of unit u; shard(): stages 2-3,
   // the gradient shard (host with offload.grads).
   torch::Tensor& full() { return grad_all_; }
+  // Stages 0-1: the communicator that all-reduces gradients this step (nullptr: none, each rank keeps
+  // its own; ReplicaSync decides for LocalSGD). Stages 2-3 always reduce-scatter over every rank.
+  void set_all_reduce_comm(Communicator* comm) { all_reduce_comm_ = comm; }
+  // Sum of the squares of the final gradients on this rank's share: summed over ranks, the squared norm
+  // of the whole gradient (stages 0-1 hold all of it on every rank: their share is 1/world of it).
+  torch::Tensor sqr_norm_share();
   torch::Tensor chunk(int u);
   torch::Tensor& shard() { return grad_shard_all_; }
   int buckets() const { return static_cast<int>(buckets_.size()); }
@@ -187,6 +198,7 @@ class GradSync {
   Ctx& c_;
   bool reduce_scatter_ = false;  // stages 2-3
   int stage_ = 0;
+  Communicator* all_reduce_comm_ = nullptr;
   torch::Tensor grad_all_;       // stages 0-1: full gradients
   torch::Tensor grad_shard_all_; // stages 2-3: this rank's gradient shard
   torch::Tensor host_scratch_;   // offload.grads: one unit's reduced shard on its way to the host
@@ -235,9 +247,10 @@ class Precision {
 class OptimizerStep {
  public:
   OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Precision& precision);
-  // Steps this rank's shard and brings the updated parameters to where the units compute; false when
-  // the step was skipped (non-finite gradients): parameters and optimizer state untouched.
-  bool step();
+  // Steps this rank's shard with the learning rate x lr_scale and brings the updated parameters to where
+  // the units compute; false when the step was skipped (non-finite gradients): parameters and optimizer
+  // state untouched.
+  bool step(double lr_scale = 1.0);
   std::int64_t stepped_numel() const { return stepped_; }
 
  private:
@@ -254,6 +267,44 @@ class OptimizerStep {
   torch::Tensor master_;          // the master shard, on the host with offload.optimizer
   torch::Tensor host_grad_;       // offload.optimizer: host copy of the gradient shard for the step
   std::unique_ptr<FlatOptimizer> optimizer_;
+};
+
+class ReplicaSync {
+ public:
+  ReplicaSync(Ctx& c, ParamResidency& params, GradSync& grads);
+  // Before step `step`'s first microbatch: tells GradSync which ranks all-reduce gradients.
+  void begin_step(std::int64_t step);
+  int grad_ranks() const { return grad_ranks_; }  // ranks whose gradients are summed this step
+  void after_step(std::int64_t step);             // parameters averaged, slow update, when due
+
+ private:
+  Ctx& c_;
+  ParamResidency& params_;
+  GradSync& grads_;
+  std::unique_ptr<Communicator> node_;  // this node's ranks, when 1 < ranks_per_node < world
+  int grad_ranks_ = 1;
+  torch::Tensor slow_momentum_, old_params_;  // SlowMo, full size on every rank
+};
+
+// fairscale AdaScale (SGD): per rank the squared norms of each microbatch's gradient, one small
+// all-reduce with the final gradient's squared norm; the gain from AdaScaleGain (optimizer.h).
+class AdaScale {
+ public:
+  explicit AdaScale(Ctx& c);
+  void begin_step();
+  // A unit's gradient of parameter slot `offset` from this microbatch's backward (`g` as autograd
+  // returned it); tied weights: a borrower's part waits for the owner's (the norm is of their sum).
+  void own(int u, std::int64_t offset, const torch::Tensor& g);
+  void borrowed(int owner, std::int64_t offset, const torch::Tensor& g);
+  // After the gradients are final: updates the averages, returns the gain for this step (1 when there is
+  // a single gradient sample: one rank, one microbatch).
+  double finish(GradSync& grads);
+
+ private:
+  Ctx& c_;
+  AdaScaleGain gain_;
+  torch::Tensor local_sqr_;  // this step, fp64
+  std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
 };
 
 }  // namespace zeroplan::exec::pieces

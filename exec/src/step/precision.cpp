@@ -41,6 +41,16 @@ Dtypes dtypes_of(const Plan& plan) {
                                    "the parameters' 16-bit dtype or, from fp32 parameters, in any dtype",
                                    p.compute_dtype, p.param_dtype));
   }
+  if (half_params && plan.localsgd()) {
+    // ReplicaSync averages the compute copy; a separate master would not follow it.
+    throw ExecError(detail::format("precision.param_dtype {} with localsgd_frequency {}: the executor runs "
+                                   "LocalSGD and SlowMo with fp32 parameters only",
+                                   p.param_dtype, plan.localsgd_frequency));
+  }
+  if (plan.adascale && p.loss_scale.mode != LossScale::Mode::none) {
+    // AdaScale reads the gradients before the loss scaler unscales and checks them.
+    throw ExecError("adascale with precision.loss_scale: the executor runs AdaScale without loss scaling only");
+  }
   return d;
 }
 

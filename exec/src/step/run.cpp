@@ -55,7 +55,9 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   if (options.device_memory_limit_bytes > 0) device->set_limit(options.device_memory_limit_bytes);
 
   Recorder recorder(comm.rank(), !options.trace_path.empty());
-  Executor executor(model, options.plan, comm, *device, recorder);
+  ExecOptions exec_options;
+  exec_options.ranks_per_node = options.ranks_per_node;
+  Executor executor(model, options.plan, comm, *device, recorder, exec_options);
   device->reset_peak();
   device->host_pool().reset_peak();
   recorder.set_peak_probe([&device] { return device->peak_bytes(); });
@@ -73,6 +75,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     local_losses.push_back(st.loss);
     if (options.plan.precision.loss_scale.mode != LossScale::Mode::none) result.loss_scales.push_back(st.loss_scale);
     if (st.skipped) result.skipped_steps.push_back(s);
+    if (options.plan.adascale) result.lr_gains.push_back(st.lr_gain);
     if (!warmup) {
       for (const auto& [u, t] : recorder.unit_times()) {
         if (u >= static_cast<int>(n_units) || t.microbatches < 1) continue;
@@ -180,6 +183,7 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
   rec.losses = ranks[0]->losses;
   rec.loss_scales = ranks[0]->loss_scales;
   rec.skipped_steps = ranks[0]->skipped_steps;
+  rec.lr_gains = ranks[0]->lr_gains;
   std::set<std::string> fb;
   for (const RunResult* r : ranks) fb.insert(r->fallbacks.begin(), r->fallbacks.end());
   rec.fallbacks.assign(fb.begin(), fb.end());
@@ -210,6 +214,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"losses", r.losses},
                      {"loss_scales", r.loss_scales},
                      {"skipped_steps", r.skipped_steps},
+                     {"lr_gains", r.lr_gains},
                      {"device_peak_bytes", r.device_peak_bytes},
                      {"host_peak_bytes", r.host_peak_bytes},
                      {"device_peak_at", r.device_peak_at},
@@ -233,6 +238,7 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   for (const auto& v : j.at("losses")) r.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());
   if (j.contains("loss_scales")) j.at("loss_scales").get_to(r.loss_scales);
   if (j.contains("skipped_steps")) j.at("skipped_steps").get_to(r.skipped_steps);
+  if (j.contains("lr_gains")) j.at("lr_gains").get_to(r.lr_gains);
   j.at("device_peak_bytes").get_to(r.device_peak_bytes);
   j.at("host_peak_bytes").get_to(r.host_peak_bytes);
   if (j.contains("device_peak_at")) j.at("device_peak_at").get_to(r.device_peak_at);

@@ -105,20 +105,29 @@ std::vector<Knob> build() {
             "activation checkpointing: keep each unit's input, recompute its forward in backward",
             ZP_ASSIGN(checkpointing))
           .tune_knob("checkpointing"),
+      Entry("checkpoint_offload", T::boolean, "needs checkpointing, no offload_model", "false",
+            "checkpointed units' kept inputs on the host, back for the recompute (checkpoint_wrapper offload_to_cpu)",
+            ZP_ASSIGN(checkpoint_offload))
+          .tune_knob("checkpoint_offload").alias("checkpointing.offload").run(no),
       Entry("localsgd_frequency", T::integer, ">= 0; > 1 needs zero_stage 0", "0",
             "LocalSGD: average parameters every N steps instead of gradients every step (0, 1: off)",
             ZP_ASSIGN(localsgd_frequency))
-          .tune_knob("localsgd").alias("localsgd").run(no)
+          .tune_knob("localsgd").alias("localsgd")
           .in_use([](const Plan& p) { return p.localsgd(); }),
-      Entry("slowmo_momentum", T::number, "[0, 1); needs localsgd", "0", "SlowMo: slow momentum beta",
+      Entry("localsgd_warmup_steps", T::integer, ">= 0; > 0 needs localsgd", "0",
+            "LocalSGD: fully synchronous steps before the first local one (PostLocalSGDOptimizer warm-up)",
+            ZP_ASSIGN(localsgd_warmup_steps)),
+      Entry("slowmo_momentum", T::number, "[0, 1); needs localsgd, slowmo_frequency", "0", "SlowMo: slow momentum beta",
             ZP_ASSIGN(slowmo_momentum))
-          .tune_knob("localsgd").run(no),
+          .tune_knob("localsgd"),
       Entry("slowmo_frequency", T::integer, ">= 0; needs localsgd", "0", "SlowMo: slow update every N steps (0: off)",
             ZP_ASSIGN(slowmo_frequency))
-          .tune_knob("localsgd").run(no),
+          .tune_knob("localsgd"),
+      Entry("slowmo_lr", T::number, "> 0; != 1 needs localsgd, slowmo_frequency", "1",
+            "SlowMo: slow learning rate alpha (fairscale slowmo_lr)", ZP_ASSIGN(slowmo_lr)),
       Entry("adascale", T::boolean, "optimizer.name sgd", "false",
             "AdaScale learning-rate gain (one extra small all-reduce)", ZP_ASSIGN(adascale))
-          .tune_knob("adascale").run(no),
+          .tune_knob("adascale"),
       Entry("precision.param_dtype", T::choice, "fp32 | fp16 | bf16", "fp32", "dtype of the parameters' compute copy",
             ZP_ASSIGN(precision.param_dtype))
           .choices(kDtypes).tune_knob("precision").alias("param_dtype"),
@@ -207,6 +216,7 @@ const std::vector<TuneKnob>& tune_knobs() {
       {"offload_params", "parameters on the host, copied in before use (stage 3)"},
       {"offload_model", "fairscale OffloadModel: slices, checkpoint_activation, microbatches"},
       {"checkpointing", "activation checkpointing: none, all, or the cheapest set of units that fits"},
+      {"checkpoint_offload", "checkpointed units' inputs on the host (where checkpointing is on)"},
       {"offload_activations", "share of saved activations sent to the host: the smallest that fits"},
       {"micro_batch", "micro batch x microbatches (gradient accumulation) dividing the global batch"},
       {"localsgd", "LocalSGD / SlowMo across nodes (needs allow_approximate_averaging)"},

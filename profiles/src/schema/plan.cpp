@@ -189,9 +189,12 @@ void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
   r.opt("offload", p.offload);
   r.opt("offload_model", p.offload_model);
   r.opt("checkpointing", p.checkpointing);
+  r.opt("checkpoint_offload", p.checkpoint_offload);
   r.opt("localsgd_frequency", p.localsgd_frequency);
+  r.opt("localsgd_warmup_steps", p.localsgd_warmup_steps);
   r.opt("slowmo_momentum", p.slowmo_momentum);
   r.opt("slowmo_frequency", p.slowmo_frequency);
+  r.opt("slowmo_lr", p.slowmo_lr);
   r.opt("adascale", p.adascale);
   r.opt("precision", p.precision);
   r.opt("buckets", p.buckets);
@@ -216,9 +219,12 @@ ojson to_ordered_json(const Plan& p) {
   j["offload"] = write_offload(p.offload);
   j["offload_model"] = write_offload_model(p.offload_model);
   j["checkpointing"] = write_checkpointing(p.checkpointing);
+  j["checkpoint_offload"] = p.checkpoint_offload;
   j["localsgd_frequency"] = p.localsgd_frequency;
+  j["localsgd_warmup_steps"] = p.localsgd_warmup_steps;
   j["slowmo_momentum"] = p.slowmo_momentum;
   j["slowmo_frequency"] = p.slowmo_frequency;
+  j["slowmo_lr"] = p.slowmo_lr;
   j["adascale"] = p.adascale;
   j["precision"] = write_precision(p.precision);
   j["buckets"] = write_buckets(p.buckets);
@@ -320,6 +326,11 @@ void validate(const Plan& p) {
   } else if (!p.checkpointing.units.empty()) {
     plan_error("checkpointing: unit list given with mode none or all");
   }
+  if (p.checkpoint_offload && p.checkpointing.mode == Checkpointing::Mode::none)
+    plan_error("checkpoint_offload requires checkpointing (got \"none\"): it offloads the checkpointed units' inputs");
+  if (p.checkpoint_offload && p.offload_model.enabled)
+    plan_error("checkpoint_offload requires offload_model off (OffloadModel keeps its own activations: "
+               "offload_model.checkpoint_activation)");
 
   // LocalSGD and SlowMo.
   if (p.localsgd_frequency < 0)
@@ -330,14 +341,24 @@ void validate(const Plan& p) {
   if (p.localsgd() && p.pipeline_stages != 1)
     plan_error("localsgd_frequency " + num(p.localsgd_frequency) + " requires pipeline_stages 1 (got " +
                num(p.pipeline_stages) + ")");
+  if (p.localsgd_warmup_steps < 0)
+    plan_error("localsgd_warmup_steps must be >= 0 (got " + num(p.localsgd_warmup_steps) + ")");
+  if (p.localsgd_warmup_steps > 0 && !p.localsgd())
+    plan_error("localsgd_warmup_steps " + num(p.localsgd_warmup_steps) + " requires localsgd_frequency > 1 (got " +
+               num(p.localsgd_frequency) + ")");
   if (p.slowmo_frequency < 0)
     plan_error("slowmo_frequency must be >= 0 (got " + num(p.slowmo_frequency) + ")");
   if (!(p.slowmo_momentum >= 0 && p.slowmo_momentum < 1))
     plan_error("slowmo_momentum must be in [0, 1) (got " + num(p.slowmo_momentum) + ")");
-  if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0) && !p.localsgd())
+  if (!(p.slowmo_lr > 0)) plan_error("slowmo_lr must be > 0 (got " + num(p.slowmo_lr) + ")");
+  const std::string slow_lr = p.slowmo_lr != 1 ? ", slowmo_lr " + num(p.slowmo_lr) : "";
+  if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0 || p.slowmo_lr != 1) && !p.localsgd())
     plan_error("slowmo (slowmo_frequency " + num(p.slowmo_frequency) + ", slowmo_momentum " +
-               num(p.slowmo_momentum) + ") requires localsgd_frequency > 1 (got " + num(p.localsgd_frequency) +
-               ")");
+               num(p.slowmo_momentum) + slow_lr + ") requires localsgd_frequency > 1 (got " +
+               num(p.localsgd_frequency) + ")");
+  if ((p.slowmo_momentum != 0 || p.slowmo_lr != 1) && p.slowmo_frequency == 0)
+    plan_error("slowmo (slowmo_momentum " + num(p.slowmo_momentum) + slow_lr +
+               ") requires slowmo_frequency > 0 (got 0): the slow update never runs");
 
   // Optimizer.
   const Optimizer& o = p.optimizer;

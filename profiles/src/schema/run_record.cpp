@@ -136,8 +136,8 @@ bool RunRecord::operator==(const RunRecord& o) const {
          step_time_p10_s == o.step_time_p10_s && step_time_p90_s == o.step_time_p90_s &&
          phase_times_s == o.phase_times_s && peaks == o.peaks &&
          std::equal(losses.begin(), losses.end(), o.losses.begin(), o.losses.end(), same_double) && units == o.units &&
-         fallbacks == o.fallbacks && trace_paths == o.trace_paths && loss_scales == o.loss_scales &&
-         skipped_steps == o.skipped_steps;
+         lr_gains == o.lr_gains && fallbacks == o.fallbacks && trace_paths == o.trace_paths &&
+         loss_scales == o.loss_scales && skipped_steps == o.skipped_steps;
 }
 
 ojson to_ordered_json(const RunRecord& r) {
@@ -156,6 +156,7 @@ ojson to_ordered_json(const RunRecord& r) {
   if (!r.loss_scales.empty()) j["loss_scales"] = r.loss_scales;
   if (!r.loss_scales.empty() || !r.skipped_steps.empty()) j["skipped_steps"] = r.skipped_steps;
   j["units"] = write_array(r.units, write_unit);
+  if (!r.lr_gains.empty()) j["lr_gains"] = r.lr_gains;
   j["fallbacks"] = r.fallbacks;
   j["trace_paths"] = r.trace_paths;
   j["plan"] = to_ordered_json(r.plan);
@@ -194,6 +195,9 @@ void validate(const RunRecord& r) {
       record_error("peaks[" + std::to_string(i) + "]: negative bytes (device " + num(p.device_peak_bytes) +
                    ", host " + num(p.host_peak_bytes) + ")");
   }
+  if (static_cast<int>(r.lr_gains.size()) > steps)
+    record_error("lr_gains has " + num(static_cast<std::int64_t>(r.lr_gains.size())) + " entries for " + num(steps) +
+                 " steps");
   if (static_cast<int>(r.losses.size()) > steps)
     record_error("losses has " + num(static_cast<std::int64_t>(r.losses.size())) + " entries for " + num(steps) +
                  " steps");
@@ -234,6 +238,7 @@ void from_json(const nlohmann::json& j, RunRecord& rec) {
   r.opt("loss_scales", rec.loss_scales);
   r.opt("skipped_steps", rec.skipped_steps);
   r.opt("units", rec.units);
+  r.opt("lr_gains", rec.lr_gains);
   r.opt("fallbacks", rec.fallbacks);
   r.opt("trace_paths", rec.trace_paths);
   r.req("plan", rec.plan);

@@ -1,9 +1,12 @@
 // Activation policy per unit: keep the saved activations until the unit's backward; or offload a ratio
 // of them (hfai CPUOffload: D2H on its own stream after the forward, H2D prefetched before the backward,
 // the device keeps 1 - ratio); or checkpoint (keep only the unit's input, recompute the forward before
-// the backward). Forward and backward workspaces are transient allocations of their task. The forward of
-// unit u waits for the D2H of unit u-2, so at most two units' copies are pending when the copy stream
-// is slower than compute (else a higher ratio could hold more on the device, waiting to be copied).
+// the backward), with checkpoint_offload the kept input on the host (fairscale checkpoint_wrapper
+// offload_to_cpu: D2H on the copy stream after the forward, which frees the device copy; H2D when the
+// backward reaches the unit, after the next unit's backward, with no prefetch: the recompute waits).
+// Forward and backward workspaces are transient allocations of their task. The forward of unit u waits
+// for the D2H of unit u-2, so at most two units' copies are pending when the copy stream is slower than
+// compute (else a higher ratio could hold more on the device, waiting to be copied).
 #include <algorithm>
 #include <cmath>
 
@@ -50,7 +53,15 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
     loss_ = c_.g.alloc(fwd, c_.dev, x.output, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (x.checkpoint) {
     const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
-    pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+    if (!c_.plan.checkpoint_offload || input <= 0) {
+      pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+      return;
+    }
+    const TaskId d2h = c_.g.add_task(c_.d2h, copy_time(c_.cluster, CopyDir::d2h, static_cast<double>(input)),
+                                     c_.label(c_.n_d2h, u, mb), {fwd}, c_.n_cat_copy);
+    c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), d2h);
+    host_part_[i] = c_.g.alloc(d2h, c_.host, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+    d2h_[i] = d2h;
     return;
   }
   const double ratio = c_.plan.offload.activations_ratio;
@@ -69,8 +80,18 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
   if (x.checkpoint) {
+    TaskId input_back = kNone;
+    if (d2h_[i] != kNone) {  // checkpoint_offload: the input comes back when the backward reaches the unit
+      const std::int64_t bytes = c_.g.allocs()[host_part_[i]].bytes;
+      const TaskId after = i + 1 < c_.units.size() ? c_.bwd[i + 1] : kNone;
+      input_back = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(bytes)),
+                                 c_.label(c_.n_h2d, u, mb), {d2h_[i], after}, c_.n_cat_copy);
+      pending_[i] = c_.g.alloc(input_back, c_.dev, bytes, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+      c_.g.set_free_at(host_part_[i], input_back);
+    }
     const TaskId re = c_.compute_task(x.fwd_s, c_.n_recompute, u, mb);
     c_.g.add_dep(re, params_ready);
+    c_.g.add_dep(re, input_back);
     // The recompute runs on the kept input (already allocated, so not again in the saved bytes): a
     // forward's workspace, plus the output's gradient, already waiting.
     const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;

@@ -113,6 +113,7 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   n_grads = g.intern("grads");
   n_master = g.intern("fp32 master params");
   n_states = g.intern("optimizer states");
+  n_slowmo = g.intern("slowmo momentum and previous params");
   n_reduce_buffers = g.intern("reduce buffers");
   n_loss_scale = g.intern("loss scale check");
   n_param_sync = g.intern("param sync");

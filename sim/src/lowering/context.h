@@ -53,6 +53,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
 // Model states resident for the whole step, per pool (what memory_bound and the lowering share).
 struct Residency {
   std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
+  std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
 };
 // Sums over units of the shard sizes; `units` already expanded.
@@ -80,7 +81,7 @@ struct Ctx {
   // Names, interned once.
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_bucket, n_temp,
-      n_params, n_grads, n_master, n_states, n_reduce_buffers, n_loss_scale, n_param_sync,
+      n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
   // Per-unit results of the current microbatch, filled by the step schedule.
@@ -112,7 +113,7 @@ struct ParamResidency {
   std::vector<AllocId> gathered_alloc_;
 };
 
-// Activation policy (keep, offload a ratio, checkpoint): activations.cpp
+// Activation policy (keep, offload a ratio, checkpoint, checkpoint with the input offloaded): activations.cpp
 // The bytes a unit's forward allocates beyond its saved activations (activations.cpp).
 std::int64_t forward_workspace(const std::vector<Unit>& units, std::size_t i);
 
@@ -128,8 +129,8 @@ struct Activations {
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
   AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward
   std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward
-  std::vector<AllocId> host_part_;   // per unit: the host copy of the offloaded part
-  std::vector<TaskId> d2h_;          // per unit: the D2H of its offloaded part
+  std::vector<AllocId> host_part_;   // per unit: the host copy of the offloaded part (or checkpointed input)
+  std::vector<TaskId> d2h_;          // per unit: the D2H of its offloaded part (or checkpointed input)
 };
 
 // Data-parallel gradient synchronisation per zero stage, buckets, microbatch semantics: dp_sync.cpp

@@ -39,8 +39,9 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
     if (plan.offload.grads) r.host_grads = shard12 * b.grad;  // stage 1: device keeps full grads for the all-reduce
   }
   (plan.offload.params && stage == 3 ? r.host_params : r.dev_params) = param_elems * b.param;
-  // SlowMo: slow momentum and the previous parameters, fp32, next to the optimizer.
-  if (plan.localsgd() && (plan.slowmo_frequency > 0 || plan.slowmo_momentum != 0)) r.dev_optimizer += 8 * p;
+  // SlowMo: the slow momentum buffer and the previous parameters, fp32, full size on every rank
+  // (fairscale SlowMoDistributedDataParallel with slowmo_memory_efficient=False, as the export writes it).
+  if (plan.slowmo()) r.dev_slowmo = 2 * 4 * p;
   return r;
 }
 
@@ -52,6 +53,7 @@ void place_model_states(Ctx& c) {
   put(c.dev, r.dev_params, MemCategory::params, c.n_params);
   put(c.dev, r.dev_grads, MemCategory::grads, c.n_grads);
   put(c.dev, r.dev_optimizer, MemCategory::optimizer, c.n_states);
+  put(c.dev, r.dev_slowmo, MemCategory::optimizer, c.n_slowmo);
   put(c.dev, r.dev_buffers, MemCategory::buffers, c.n_reduce_buffers);
   put(c.host, r.host_params, MemCategory::params, c.n_params);
   put(c.host, r.host_grads, MemCategory::grads, c.n_grads);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 
 #include "step_test_util.h"
@@ -27,14 +28,22 @@ struct Case {
   int delay_us = 0;
   std::int64_t limit_bytes = 0;
   bool trace = false;
+  std::function<void(Plan&)> edit = nullptr;  // changes to make_plan's plan (LocalSGD, AdaScale, ...)
+  int ranks_per_node = 0;
 };
+
+Plan case_plan(const Case& c) {
+  Plan p = make_plan(c.model, 2, c.plan);
+  if (c.edit) c.edit(p);
+  return p;
+}
 
 nlohmann::json to_json(const Case& c) {
   nlohmann::json plan;
-  zeroplan::to_json(plan, make_plan(c.model, 2, c.plan));
+  zeroplan::to_json(plan, case_plan(c));
   return {{"model", c.model.name}, {"preset", c.model.preset}, {"options", c.model.options},
           {"plan", plan},          {"steps", c.steps},          {"delay_us", c.delay_us},
-          {"limit_bytes", c.limit_bytes}, {"trace", c.trace}};
+          {"limit_bytes", c.limit_bytes}, {"trace", c.trace}, {"ranks_per_node", c.ranks_per_node}};
 }
 
 // ---- the rank side: runs every case of the job, writes <dir>/rank<r>.case<i>.json and .pt ----
@@ -55,15 +64,18 @@ int rank_main(const std::string& job_path) {
     opt.model_options = c.at("options").get<zoo::Options>();
     zeroplan::from_json(c.at("plan"), opt.plan);
     opt.steps = c.at("steps");
-    opt.warmup_steps = 1;
+    opt.warmup_steps = opt.steps > 1 ? 1 : 0;
     opt.device_memory_limit_bytes = c.at("limit_bytes");
     opt.keep_parameters = true;
+    opt.ranks_per_node = c.at("ranks_per_node");
     if (c.at("trace").get<bool>()) opt.trace_path = ctx.output_dir + "/trace" + std::to_string(i) + ".json";
     CountingCommunicator comm(session->comm(), std::chrono::microseconds(c.at("delay_us").get<int>()));
     nlohmann::json out;
     try {
       RunResult r = run_rank(opt, comm);
       exec::to_json(out, r);
+      // The collectives this rank issued, in order: [kind, bytes].
+      for (const CollectiveCall& call : comm.calls()) out["calls"].push_back({to_string(call.kind), call.bytes});
       std::vector<torch::Tensor> tensors;
       for (auto& [n, t] : r.parameters) tensors.push_back(t);
       torch::save(tensors, rank_file(ctx.output_dir, ctx.rank, ".case" + std::to_string(i) + ".pt"));
@@ -342,6 +354,152 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
   RunRecord back;
   zeroplan::from_json(j, back);
   EXPECT_EQ(back.units, rec.units);
+}
+
+// ---- LocalSGD, SlowMo, AdaScale (exec/src/step/localsgd.cpp, adascale.cpp) ----
+
+std::vector<std::pair<std::string, std::int64_t>> calls_of(const CaseResult& cr) {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  if (cr.json.contains("calls")) {
+    for (const auto& c : cr.json.at("calls")) out.emplace_back(c[0].get<std::string>(), c[1].get<std::int64_t>());
+  }
+  return out;
+}
+
+void expect_ok(const CaseResult& cr, const std::string& what) {
+  ASSERT_FALSE(cr.json.is_null()) << what << ": no result";
+  ASSERT_FALSE(cr.json.contains("error")) << what << ": " << cr.json["error"];
+}
+
+bool params_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+ModelSpec sgd_gpt() {
+  ModelSpec m = gpt_tiny();
+  m.optimizer.name = "sgd";
+  m.optimizer.lr = 0.05;
+  return m;
+}
+
+// One rank per node, LocalSGD every 3 steps after 2 synchronous ones: gradients are all-reduced in the
+// warm-up steps only (in DDP's buckets), parameters (one all-reduce of the flat buffer) after steps 2
+// and 5; the replicas differ between averages and are equal right after one. With the warm-up covering
+// the run, LocalSGD is DDP bit for bit.
+TEST(ExecutorLocalSgd, AveragesEveryHStepsAndNoGradientReductionBetween) {
+  const ModelSpec m = sgd_gpt();
+  auto small_buckets = [](Plan& p) { p.buckets.all_reduce_bucket_bytes = 64 << 10; };
+  auto local = [&](int steps_warmup) {
+    return [=](Plan& p) {
+      small_buckets(p);
+      p.localsgd_frequency = 3;
+      p.localsgd_warmup_steps = steps_warmup;
+    };
+  };
+  std::vector<Case> cases = {
+      {m, {0, 1}, 6, 0, 0, false, small_buckets, 1},  // DDP
+      {m, {0, 1}, 6, 0, 0, false, local(2), 1},       // averaged after step 5
+      {m, {0, 1}, 7, 0, 0, false, local(2), 1},       // ends between averages
+      {m, {0, 1}, 6, 0, 0, false, local(6), 1},       // warm-up covers the run
+  };
+  auto res = launch(cases);
+  for (int r = 0; r < 2; ++r)
+    for (std::size_t i = 0; i < cases.size(); ++i) expect_ok(res[static_cast<std::size_t>(r)][i], "case " + std::to_string(i));
+  const auto ddp = calls_of(res[0][0]);
+  ASSERT_EQ((ddp.size() - 1) % 6, 0u);
+  const std::size_t buckets = (ddp.size() - 1) / 6;  // per step, then the losses' all-reduce
+  ASSERT_GE(buckets, 2u) << "the test needs several gradient buckets";
+  std::int64_t param_bytes = 0;
+  for (std::size_t k = 0; k < buckets; ++k) param_bytes += ddp[k].second;
+  for (int r = 0; r < 2; ++r) {
+    const auto calls = calls_of(res[static_cast<std::size_t>(r)][1]);
+    ASSERT_EQ(calls.size(), 2 * buckets + 3) << "rank " << r << ": 2 warm-up steps of buckets, 2 averages, losses";
+    for (std::size_t k = 0; k < 2 * buckets; ++k) {
+      EXPECT_EQ(calls[k], ddp[k]) << "warm-up collective " << k;
+    }
+    EXPECT_EQ(calls[2 * buckets], (std::pair<std::string, std::int64_t>{"all_reduce", param_bytes}));
+    EXPECT_EQ(calls[2 * buckets + 1], (std::pair<std::string, std::int64_t>{"all_reduce", param_bytes}));
+  }
+  EXPECT_TRUE(params_equal(res[0][1].params, res[1][1].params)) << "replicas differ right after an average";
+  EXPECT_FALSE(params_equal(res[0][2].params, res[1][2].params)) << "replicas equal between averages";
+  EXPECT_FALSE(params_equal(res[0][1].params, res[0][0].params)) << "LocalSGD after warm-up equals DDP";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(params_equal(res[static_cast<std::size_t>(r)][3].params, res[static_cast<std::size_t>(r)][0].params));
+    EXPECT_EQ(res[static_cast<std::size_t>(r)][3].json.at("losses"), res[static_cast<std::size_t>(r)][0].json.at("losses"));
+  }
+}
+
+// SlowMo's first slow update (u = 0 before it) on the averaged x_L of LocalSGD, from the initial x0:
+// u = (x0 - x_L) / lr, x = x0 - lr alpha u = x0 + alpha (x_L - x0). Its two full-size fp32 buffers (slow
+// momentum, previous parameters) show in the measured device peak.
+TEST(ExecutorLocalSgd, SlowMoFirstUpdateClosedFormAndBuffers) {
+  const ModelSpec m = sgd_gpt();
+  const double alpha = 0.7;
+  auto local = [](Plan& p) { p.localsgd_frequency = 2; };
+  auto slowmo = [=](Plan& p) {
+    p.localsgd_frequency = 2;
+    p.slowmo_frequency = 2;
+    p.slowmo_momentum = 0.5;
+    p.slowmo_lr = alpha;
+  };
+  auto res = launch({{m, {0, 1}, 2, 0, 0, false, local, 1}, {m, {0, 1}, 2, 0, 0, false, slowmo, 1}});
+  const NamedTensors x0 = named_params(build(m, 7));
+  for (int r = 0; r < 2; ++r) {
+    const auto& rr = res[static_cast<std::size_t>(r)];
+    expect_ok(rr[0], "localsgd");
+    expect_ok(rr[1], "slowmo");
+    ASSERT_EQ(rr[0].params.size(), x0.size());
+    NamedTensors got, want;
+    for (std::size_t k = 0; k < x0.size(); ++k) {
+      got.emplace_back(x0[k].first, rr[1].params[k]);
+      want.emplace_back(x0[k].first, x0[k].second + alpha * (rr[0].params[k] - x0[k].second));
+    }
+    expect_params_close(got, want, "slowmo rank " + std::to_string(r), 1e-4, 1e-6);
+    std::int64_t elems = 0;
+    for (const auto& t : rr[0].params) elems += t.numel();
+    const double extra = static_cast<double>(rr[1].json.at("device_peak_bytes").get<std::int64_t>() -
+                                             rr[0].json.at("device_peak_bytes").get<std::int64_t>());
+    EXPECT_NEAR(extra, 8.0 * static_cast<double>(elems), 0.02 * 8.0 * static_cast<double>(elems)) << "rank " << r;
+  }
+}
+
+// AdaScale on 2 ranks: the gain of every step lies in [1, S = 2]; the first step equals plain SGD at
+// lr x that step's gain.
+TEST(ExecutorAdaScale, GainScalesTheStepLikePlainSgd) {
+  const ModelSpec m = sgd_gpt();
+  auto res = launch({{m, {0, 1}, 3, 0, 0, false, [](Plan& p) { p.adascale = true; }}});
+  std::vector<double> gains;
+  for (int r = 0; r < 2; ++r) {
+    expect_ok(res[static_cast<std::size_t>(r)][0], "adascale");
+    const auto g = res[static_cast<std::size_t>(r)][0].json.at("lr_gains").get<std::vector<double>>();
+    ASSERT_EQ(g.size(), 3u);
+    for (double x : g) {
+      EXPECT_GE(x, 1.0 - 1e-9);
+      EXPECT_LE(x, 2.0 + 1e-9);
+    }
+    if (r == 1) {
+      EXPECT_EQ(g, gains) << "the ranks disagree on the gain";
+    }
+    gains = g;
+  }
+  const double g0 = gains[0];
+  auto first = launch({{m, {0, 1}, 1, 0, 0, false, [](Plan& p) { p.adascale = true; }},
+                       {m, {0, 1}, 1, 0, 0, false, [g0](Plan& p) { p.optimizer.lr *= g0; }}});
+  for (int r = 0; r < 2; ++r) {
+    const auto& rr = first[static_cast<std::size_t>(r)];
+    expect_ok(rr[0], "adascale");
+    expect_ok(rr[1], "sgd");
+    NamedTensors got, want;
+    for (std::size_t k = 0; k < rr[0].params.size(); ++k) {
+      got.emplace_back(std::to_string(k), rr[0].params[k]);
+      want.emplace_back(std::to_string(k), rr[1].params[k]);
+    }
+    expect_params_close(got, want, "adascale step 0 rank " + std::to_string(r), 1e-6, 1e-7);
+  }
 }
 
 }  // namespace

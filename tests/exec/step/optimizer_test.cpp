@@ -103,5 +103,33 @@ TEST(FlatOptimizer, UnknownOptimizerIsOneLine) {
   }
 }
 
+// AdaScale's estimator on constructed gradient samples (fairscale's closed forms).
+TEST(AdaScaleGain, IdenticalSamplesGiveOneIndependentOnesGiveTheScale) {
+  for (double S : {2.0, 4.0, 8.0}) {
+    const double a = 3.0;  // |g_i|^2
+    AdaScaleGain same(S);
+    // Identical samples: sum |g_i|^2 = S a, |mean|^2 = a: no variance.
+    for (int step = 0; step < 5; ++step) EXPECT_NEAR(same.update(S * a, a), 1.0, 1e-6) << "S " << S;
+    // Orthogonal samples of equal norm: |mean|^2 = a / S: all variance, gain S.
+    AdaScaleGain indep(S);
+    for (int step = 0; step < 5; ++step) EXPECT_NEAR(indep.update(S * a, a / S), S, 1e-6 * S) << "S " << S;
+  }
+}
+
+TEST(AdaScaleGain, OneSampleIsAlwaysOneAndTheAveragesAreDebiased) {
+  AdaScaleGain one(1);
+  EXPECT_EQ(one.update(5.0, 1.0), 1.0);
+  // S = 2: var = sum - 2 mean, sqr = mean - var / 2; the first step's gain uses its own estimate exactly
+  // (debiasing removes the zero start), the second a smoothing-weighted mix.
+  AdaScaleGain g(2);
+  const double var1 = 3.0 - 2 * 1.2, sqr1 = 1.2 - var1 / 2;  // 0.6, 0.9: no clamping
+  EXPECT_NEAR(g.update(3.0, 1.2), (var1 + sqr1) / (var1 / 2 + sqr1), 1e-12);
+  const double f = 1 - 2.0 / 1000;
+  const double var2 = 4.0 - 2 * 1.5, sqr2 = 1.5 - var2 / 2;
+  const double var_avg = (f * (1 - f) * var1 + (1 - f) * var2) / (f * (1 - f) + (1 - f));
+  const double sqr_avg = (f * (1 - f) * sqr1 + (1 - f) * sqr2) / (f * (1 - f) + (1 - f));
+  EXPECT_NEAR(g.update(4.0, 1.5), (var_avg + sqr_avg) / (var_avg / 2 + sqr_avg), 1e-12);
+}
+
 }  // namespace
 }  // namespace zeroplan::exec

@@ -37,9 +37,12 @@ const std::map<std::string, Case>& cases() {
       {"offload_model.checkpoint_activation", {{{"offload_model.enabled", "true"}}, "on", true}},
       {"offload_model.microbatches", {{{"offload_model.enabled", "true"}}, "2", 2}},
       {"checkpointing", {{}, "1,3", J::array({1, 3})}},
+      {"checkpoint_offload", {{{"checkpointing", "all"}}, "true", true}},
       {"localsgd_frequency", {{}, "4", 4}},
-      {"slowmo_momentum", {{{"localsgd_frequency", "4"}}, "0.5", 0.5}},
+      {"localsgd_warmup_steps", {{{"localsgd_frequency", "4"}}, "100", 100}},
+      {"slowmo_momentum", {{{"localsgd_frequency", "4"}, {"slowmo_frequency", "8"}}, "0.5", 0.5}},
       {"slowmo_frequency", {{{"localsgd_frequency", "4"}}, "8", 8}},
+      {"slowmo_lr", {{{"localsgd_frequency", "4"}, {"slowmo_frequency", "8"}}, "0.5", 0.5}},
       {"adascale", {{{"optimizer.name", "sgd"}}, "true", true}},
       {"precision.param_dtype", {{}, "bf16", "bf16"}},
       {"precision.compute_dtype", {{}, "fp16", "fp16"}},
@@ -188,8 +191,7 @@ TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
 TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
       "pipeline_stages",      "offload.activations_ratio", "offload_model.enabled", "offload_model.slices",
-      "offload_model.checkpoint_activation", "offload_model.microbatches", "localsgd_frequency", "slowmo_momentum",
-      "slowmo_frequency",     "adascale"};
+      "offload_model.checkpoint_activation", "offload_model.microbatches", "checkpoint_offload"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
@@ -208,7 +210,7 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
             "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
-            "checkpointing,micro_batch,broadcast_fp16,fp32_reduce_scatter");
+            "checkpointing,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
 }
 
 TEST(Knobs, TuneKnobsMoveRegistryKnobs) {

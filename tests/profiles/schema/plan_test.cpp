@@ -212,7 +212,44 @@ const Rule kRules[] = {
      "plan: checkpointing: unit indices must be strictly increasing (2 then 2)"},
     {"CheckpointUnitsWithAll", [](Plan& p) { p.checkpointing = Checkpointing{Checkpointing::Mode::all, {1}}; },
      "plan: checkpointing: unit list given with mode none or all", false},
+    {"CheckpointOffloadNeedsCheckpointing", [](Plan& p) { p.checkpoint_offload = true; },
+     "plan: checkpoint_offload requires checkpointing (got \"none\"): it offloads the checkpointed units' inputs"},
+    {"CheckpointOffloadWithOffloadModel",
+     [](Plan& p) {
+       p.checkpointing.mode = Checkpointing::Mode::all;
+       p.checkpoint_offload = true;
+       p.offload_model.enabled = true;
+     },
+     "plan: checkpoint_offload requires offload_model off (OffloadModel keeps its own activations: "
+     "offload_model.checkpoint_activation)"},
     {"LocalSgdNegative", [](Plan& p) { p.localsgd_frequency = -1; }, "plan: localsgd_frequency must be >= 0 (got -1)"},
+    {"LocalSgdWarmupNegative",
+     [](Plan& p) {
+       p.localsgd_frequency = 4;
+       p.localsgd_warmup_steps = -1;
+     },
+     "plan: localsgd_warmup_steps must be >= 0 (got -1)"},
+    {"LocalSgdWarmupNeedsLocalSgd", [](Plan& p) { p.localsgd_warmup_steps = 100; },
+     "plan: localsgd_warmup_steps 100 requires localsgd_frequency > 1 (got 0)"},
+    {"SlowMoLrPositive",
+     [](Plan& p) {
+       p.localsgd_frequency = 4;
+       p.slowmo_frequency = 8;
+       p.slowmo_lr = 0;
+     },
+     "plan: slowmo_lr must be > 0 (got 0.0)"},
+    {"SlowMoLrNeedsLocalSgd",
+     [](Plan& p) {
+       p.slowmo_frequency = 8;
+       p.slowmo_lr = 0.5;
+     },
+     "plan: slowmo (slowmo_frequency 8, slowmo_momentum 0.0, slowmo_lr 0.5) requires localsgd_frequency > 1 (got 0)"},
+    {"SlowMoMomentumNeedsFrequency",
+     [](Plan& p) {
+       p.localsgd_frequency = 4;
+       p.slowmo_momentum = 0.5;
+     },
+     "plan: slowmo (slowmo_momentum 0.5) requires slowmo_frequency > 0 (got 0): the slow update never runs"},
     {"LocalSgdStage",
      [](Plan& p) {
        p.localsgd_frequency = 4;
@@ -290,6 +327,18 @@ TEST(Plan, ValidCombinations) {
   p.slowmo_frequency = 48;
   p.slowmo_momentum = 0.5;
   validate(p);
+  p.slowmo_lr = 0.7;
+  p.localsgd_warmup_steps = 100;
+  validate(p);
+  EXPECT_TRUE(p.slowmo());
+  p.slowmo_momentum = 0;
+  p.slowmo_lr = 1;
+  validate(p);
+  EXPECT_FALSE(p.slowmo());  // fairscale: momentum 0 and slow lr 1 is plain LocalSGD
+  Plan ckpt = Plan::default_ddp(2, 8);
+  ckpt.checkpointing = Checkpointing{Checkpointing::Mode::units, {1}};
+  ckpt.checkpoint_offload = true;
+  validate(ckpt);
   Plan om = Plan::default_ddp(1, 8);
   om.offload_model = OffloadModel{true, 4, true, 2};
   validate(om);

@@ -47,6 +47,13 @@ class Communicator {
                                                ReduceOp op) = 0;
   virtual std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
+  // A communicator over this rank's block of `group_size` consecutive ranks (the ranks r with
+  // r / group_size == rank() / group_size): the ranks of one node, numbered node by node as torchrun
+  // numbers them. Collective: every rank calls it with the same group_size, which divides world_size().
+  // Throws CommError when this communicator cannot form groups.
+  virtual std::unique_ptr<Communicator> split(int group_size) {
+    throw CommError(backend() + " communicator cannot form groups of " + std::to_string(group_size) + " ranks");
+  }
 
   // What ran instead of a missing collective (e.g. "gloo reduce_scatter via all_reduce"), recorded in
   // the RunRecord so the simulator models what really ran.

@@ -55,6 +55,8 @@ class CountingCommunicator final : public Communicator {
                                        ReduceOp op) override;
   std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override;
   void barrier() override;
+  // Counts its own calls (the group's), with the same delay.
+  std::unique_ptr<Communicator> split(int group_size) override;
   std::vector<std::string> fallbacks() const override { return inner_->fallbacks(); }
 
  private:

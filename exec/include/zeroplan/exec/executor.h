@@ -11,6 +11,7 @@
 //            prefetched), freed after use when reshard_after_forward; unit 0 and owners of tied
 //            weights stay gathered through the microbatch (FSDP's root); reduce-scatter as stage 2.
 // Offload: master shard, gradient shard and optimizer state in the host pool; the step runs there.
+// LocalSGD / SlowMo (stage 0) and AdaScale (SGD): see exec/src/step/localsgd.cpp and adascale.cpp.
 #pragma once
 
 #include <torch/torch.h>
@@ -37,7 +38,14 @@ struct StepStats {
   double loss = 0;  // mean loss over this rank's samples of the step
   double loss_scale = 1;  // what the loss gradient was multiplied by (1 without loss scaling)
   bool skipped = false;   // non-finite gradients on some rank: parameters and optimizer state untouched
+  double lr_gain = 1;     // AdaScale's gain this step (1 without AdaScale)
   std::map<std::string, double> phase_s;
+};
+
+struct ExecOptions {
+  // Consecutive ranks sharing a node (LocalSGD reduces gradients within it every step and averages
+  // parameters across nodes); 0: every rank on one node. Must divide the world size.
+  int ranks_per_node = 0;
 };
 
 class Executor {
@@ -46,7 +54,8 @@ class Executor {
   // plan asks for something this executor does not run (names it) or disagrees with the
   // communicator's world size; OutOfDeviceMemory when setting up exceeds the device limit.
   // model, comm, device and recorder must outlive the executor.
-  Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder);
+  Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder,
+           const ExecOptions& options = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;

@@ -17,6 +17,7 @@ class LocalCommunicator final : public Communicator {
                                        ReduceOp op) override;
   std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override;
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int group_size) override;
   std::vector<std::string> fallbacks() const override { return {}; }
 };
 

@@ -23,9 +23,11 @@ class FlatOptimizer {
   FlatOptimizer(const Optimizer& config, const std::vector<std::int64_t>& segment_numels,
                 const std::function<torch::Tensor(std::int64_t)>& alloc);
 
-  // One step. params[i] and grads[i] are 1-D fp32 contiguous with segment_numels[i] elements; params
-  // are updated in place (their views stay valid).
-  void step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads);
+  // One step at the configured learning rate x lr_scale (AdaScale's gain). params[i] and grads[i] are
+  // 1-D fp32 contiguous with segment_numels[i] elements; params are updated in place (their views stay
+  // valid).
+  void step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+            double lr_scale = 1.0);
 
   std::int64_t state_numel() const;  // all states of all segments (the step counters not included)
   std::int64_t steps() const { return step_; }
@@ -36,6 +38,23 @@ class FlatOptimizer {
   std::vector<torch::Tensor> exp_avg_;     // adam: m; sgd: momentum buffer (undefined without momentum)
   std::vector<torch::Tensor> exp_avg_sq_;  // adam: v
   std::vector<torch::Tensor> state_step_;  // adam: the step count, one element per segment
+};
+
+// fairscale AdaScale's estimator with its defaults (scale S = samples, smoothing max(1 - S / 1000, 0),
+// debiased moving averages). From the sum over the S gradient samples g_i (one per rank and microbatch,
+// each the gradient of that microbatch's mean loss) of |g_i|^2 and the averaged gradient's |g|^2:
+//   var = sum |g_i|^2 / (S - 1) - |g|^2 S / (S - 1),  sqr = |g|^2 - var / S  (var >= 1e-6, sqr >= 0),
+// averaged over the steps; gain = (var + sqr) / (var / S + sqr) multiplies the step's learning rate.
+// Identical samples give 1, independent ones of equal norm about S. One sample: always 1.
+class AdaScaleGain {
+ public:
+  explicit AdaScaleGain(double samples);
+  double update(double sum_sample_sqr, double mean_sqr);  // this step's gain
+  double samples() const { return samples_; }
+
+ private:
+  double samples_, smoothing_;
+  double sqr_biased_ = 0, var_biased_ = 0, unbias_ = 0;
 };
 
 }  // namespace zeroplan::exec

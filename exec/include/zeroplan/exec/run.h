@@ -36,6 +36,7 @@ struct RunOptions {
   bool progress = false;            // one line per step on stderr (rank 0): step, loss, step time
   bool keep_parameters = false;     // RunResult::parameters (tests)
   int threads = 0;                  // intra-op threads of this rank (0: leave torch's setting)
+  int ranks_per_node = 0;           // consecutive ranks per node (LocalSGD's groups); 0: all on one node
 };
 
 struct RunResult {
@@ -52,6 +53,7 @@ struct RunResult {
   std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
   std::vector<double> loss_scales;     // per step, with loss scaling (same on every rank)
   std::vector<int> skipped_steps;      // steps skipped for non-finite gradients (every rank skips together)
+  std::vector<double> lr_gains;        // AdaScale's gain per step (same on every rank); empty without it
   std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
   std::int64_t host_peak_bytes = 0;
   std::string device_peak_at;          // Recorder::peak_at

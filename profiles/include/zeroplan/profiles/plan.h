@@ -98,9 +98,12 @@ struct Plan {
   Offload offload;
   OffloadModel offload_model;
   Checkpointing checkpointing;
+  bool checkpoint_offload = false;  // checkpointed units' kept inputs on the host (checkpoint_wrapper offload_to_cpu)
   int localsgd_frequency = 0;   // average parameters every N steps instead of gradients every step; 0/1 off
+  int localsgd_warmup_steps = 0;  // fully synchronous steps before LocalSGD starts (PostLocalSGDOptimizer)
   double slowmo_momentum = 0;   // SlowMo slow momentum beta, [0, 1)
   int slowmo_frequency = 0;     // SlowMo slow update every N steps; 0 off
+  double slowmo_lr = 1.0;       // SlowMo slow learning rate alpha, > 0
   bool adascale = false;        // AdaScale learning-rate gain (one extra small all-reduce)
   Precision precision;
   Buckets buckets;
@@ -110,6 +113,9 @@ struct Plan {
 
   int data_parallel_size() const { return world_size / pipeline_stages; }
   bool localsgd() const { return localsgd_frequency > 1; }
+  // fairscale SlowMo is on when its update is not the identity (slowmo_momentum != 0 or slowmo_lr != 1):
+  // then it keeps the slow momentum and the previous parameters, and updates every slowmo_frequency steps.
+  bool slowmo() const { return localsgd() && slowmo_frequency > 0 && (slowmo_momentum != 0 || slowmo_lr != 1); }
 
   // Plain data parallel: stage 0, micro_batch = global_batch / world_size, one microbatch, Adam fp32.
   // Throws SchemaError if global_batch is not a positive multiple of world_size.
@@ -133,10 +139,12 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 //  - offload_model (when enabled): slices >= 1, microbatches >= 1 dividing micro_batch, zero_stage 0
 //    (so no offload.params/grads/optimizer: it owns parameter placement), pipeline_stages 1
 //  - checkpointing units: >= 0, strictly increasing, non-empty in "units" mode
+//  - checkpoint_offload requires checkpointing (not "none") and no offload_model
 //  - localsgd_frequency >= 0; localsgd (> 1) requires zero_stage 0 (every rank keeps full replicas)
-//    and pipeline_stages 1
-//  - slowmo_frequency >= 0, slowmo_momentum in [0, 1); slowmo (frequency > 0 or momentum != 0)
-//    requires localsgd
+//    and pipeline_stages 1; localsgd_warmup_steps >= 0, > 0 requires localsgd
+//  - slowmo_frequency >= 0, slowmo_momentum in [0, 1), slowmo_lr > 0; slowmo (frequency > 0,
+//    momentum != 0 or slowmo_lr != 1) requires localsgd; momentum != 0 or slowmo_lr != 1 requires
+//    slowmo_frequency > 0
 //  - adascale requires optimizer sgd (AdaScale is validated for SGD only)
 //  - dtypes in {fp32, fp16, bf16}; loss_scale other than "none" requires compute_dtype fp16 or bf16;
 //    fixed loss_scale > 0

@@ -61,6 +61,7 @@ struct RunRecord {
   std::vector<double> loss_scales;   // per step, with loss scaling: the scale the step's gradients carried
   std::vector<int> skipped_steps;    // steps whose optimizer update was skipped (non-finite gradients)
   std::vector<UnitPhaseTime> units;  // optional
+  std::vector<double> lr_gains;      // AdaScale's learning-rate gain per step (optional: empty without it)
   std::vector<std::string> fallbacks;     // "gloo reduce_scatter via all_reduce"
   std::vector<std::string> trace_paths;   // one per rank, or empty
 

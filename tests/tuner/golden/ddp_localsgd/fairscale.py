@@ -1,6 +1,5 @@
-# fairscale wrapping written by zeroplan tune for: zero_stage 0, world 16, micro_batch 2 x 2 microbatches, fp32, localsgd every 4
+# fairscale wrapping written by zeroplan tune for: zero_stage 0, world 16, micro_batch 2 x 2 microbatches, fp32, localsgd every 4, slowmo every 48 (momentum 0.5, lr 1)
 # Launch 16 ranks (torchrun); each rank trains on micro batches of 2 samples, 2 per optimizer step.
-import contextlib
 import torch
 import torch.distributed as dist
 from fairscale.experimental.nn.data_parallel import SlowMoBaseAlgorithm, SlowMoDistributedDataParallel
@@ -11,7 +10,9 @@ model = SlowMoDistributedDataParallel(
     slowmo_base_algorithm=SlowMoBaseAlgorithm.LOCALSGD,
     localsgd_frequency=4,
     slowmo_momentum=0.5,
+    slowmo_lr=1,
     slowmo_frequency=48,
+    slowmo_memory_efficient=False,
     broadcast_buffers=False,
 )
 optimizer = torch.optim.Adam(model.parameters(), lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0)
@@ -21,9 +22,7 @@ def train_step(batches):
     # batches: 2 micro batches of 2 samples
     optimizer.zero_grad(set_to_none=False)
     for k, (x, y) in enumerate(batches):
-        ctx = model.no_sync() if k < 1 else contextlib.nullcontext()
-        with ctx:
-            loss = loss_fn(model(x), y)
-            loss.backward()
+        loss = loss_fn(model(x), y)
+        loss.backward()
     optimizer.step()
     model.perform_slowmo(optimizer)

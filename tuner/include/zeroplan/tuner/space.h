@@ -19,6 +19,8 @@ struct Candidate {
   Plan plan;                       // the continuous knobs at their least-saving values when free
   bool fit_activations = false;    // find the smallest activation offload ratio that fits
   bool fit_checkpointing = false;  // try no checkpointing, the cheapest unit sets, then all
+  bool fit_checkpoint_offload = false;  // with fit_checkpointing: each level with its kept inputs on the
+                                        // device, then on the host (checkpoint_offload)
 
   bool operator==(const Candidate&) const = default;
 };
