@@ -50,7 +50,8 @@ Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r,
     if (U.numel() == 0) continue;
     torch::Tensor full = torch::zeros({U.layout.padded_numel()});
     U.flat.copy_into(full);
-    master_init.narrow(0, U.shard_base, U.shard()).copy_(full.narrow(0, U.layout.shard_begin(rank), U.shard()));
+    const std::int64_t begin = U.layout.shard_begin(shards > 1 ? rank : 0);  // stage 0: the one shard
+    master_init.narrow(0, U.shard_base, U.shard()).copy_(full.narrow(0, begin, U.shard()));
   }
 }
 
