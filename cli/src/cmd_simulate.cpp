@@ -41,6 +41,14 @@ void print_summary(const Prediction& p) {
     fmt::print(stderr, "  busy {:<16} {:.6f} s\n", resource, busy);
   print_pool("device", p.device);
   print_pool("host", p.host);
+  if (!p.stages.empty()) {
+    fmt::print(stderr, "  pipeline      {} stages x {} microbatches, {}; bubble {:.1f}% of the stages' time\n", p.stages.size(),
+               p.plan.microbatches, p.plan.pipeline.schedule, 100 * p.bubble_fraction);
+    for (std::size_t i = 0; i < p.stages.size(); ++i)
+      fmt::print(stderr, "    stage {:<3} units {:>3}..{:<3} peak device {:>12}, compute busy {:.6f} s\n", i,
+                 p.stages[i].first_unit, p.stages[i].first_unit + p.stages[i].units - 1,
+                 gib(p.stages[i].device.total_bytes()), p.stages[i].compute_busy_s);
+  }
   for (const auto& note : p.notes) fmt::print(stderr, "  note: {}\n", note);
 }
 
@@ -74,7 +82,7 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--cluster", a->cluster, "Cluster: shipped NAME[:NODES] or FILE[:NODES]")->required();
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);
   app.add_option("--set", a->plan.sets, "Plan knob key=value, dotted (offload.params=true); repeatable; knobs: zeroplan plan --fields");
-  app.add_option("--world-size", a->plan.world_size, "Data-parallel ranks");
+  app.add_option("--world-size", a->plan.world_size, "Ranks (data-parallel size x pipeline stages)");
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
   app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)");
   app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");

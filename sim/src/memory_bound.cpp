@@ -3,11 +3,17 @@
 #include <algorithm>
 
 #include "lowering/context.h"
+#include "zeroplan/profiles/pipeline.h"
 
 namespace zeroplan::sim {
 
-MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan) {
-  const std::vector<lowering::Unit> units = lowering::expand_units(model, plan, nullptr);
+namespace {
+
+// One rank's bound over `units` [first, last) of the expanded model.
+MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std::vector<lowering::Unit>& all,
+                     std::size_t first, std::size_t last) {
+  const std::vector<lowering::Unit> units(all.begin() + static_cast<std::ptrdiff_t>(first),
+                                          all.begin() + static_cast<std::ptrdiff_t>(last));
   const lowering::Residency r = lowering::model_state_residency(plan, cluster, units);
   const lowering::Bytes b = lowering::bytes_of(plan);
   MemoryBound out;
@@ -17,15 +23,50 @@ MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& 
   // gathered parameters and unsharded gradients.
   std::int64_t largest = 0;
   const bool stage3 = plan.zero_stage == 3 && !plan.offload_model.enabled;
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    const lowering::Unit& u = units[i];
-    // A forward allocates at least its profiled peak (checkpointed) or its workspace and saved bytes.
-    largest = std::max(largest, std::min(u.peak_fwd, lowering::forward_workspace(units, i)));
+  for (std::size_t i = first; i < last; ++i) {
+    const lowering::Unit& u = all[i];
+    // A forward allocates at least its profiled peak (checkpointed) or its workspace and saved bytes
+    // (a pipeline stage's first unit: its received input is live instead of the previous unit's output).
+    largest = std::max(largest, std::min(u.peak_fwd, lowering::forward_workspace(all, i)));
     if (stage3) largest = std::max({largest, u.padded * b.param, u.padded * b.grad});
   }
   out.device_bytes = out.device_model_state_bytes + r.dev_buffers + largest;
   out.host_bytes = out.host_model_state_bytes;
   return out;
+}
+
+}  // namespace
+
+// Pipelined plans: every stage is a rank with its own units; the bound is the largest stage's.
+MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan) {
+  const std::vector<lowering::Unit> units = lowering::expand_units(model, plan, nullptr);
+  if (plan.pipeline_stages <= 1) return bound_of(plan, cluster, units, 0, units.size());
+  MemoryBound out;
+  std::size_t first = 0;
+  for (const int n : pipeline_balance(plan, model)) {
+    const MemoryBound b = bound_of(plan, cluster, units, first, first + static_cast<std::size_t>(n));
+    first += static_cast<std::size_t>(n);
+    out.device_bytes = std::max(out.device_bytes, b.device_bytes);
+    out.host_bytes = std::max(out.host_bytes, b.host_bytes);
+    out.device_model_state_bytes = std::max(out.device_model_state_bytes, b.device_model_state_bytes);
+    out.host_model_state_bytes = std::max(out.host_model_state_bytes, b.host_model_state_bytes);
+  }
+  return out;
+}
+
+double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan) {
+  if (plan.pipeline_stages <= 1) return 0;
+  const std::vector<lowering::Unit> units = lowering::expand_units(model, plan, &cluster);
+  double before = 0, best = 0;
+  std::size_t first = 0;
+  for (const int n : pipeline_balance(plan, model)) {
+    double stage = 0;
+    for (std::size_t i = first; i < first + static_cast<std::size_t>(n); ++i) stage += units[i].fwd_s + units[i].bwd_s;
+    first += static_cast<std::size_t>(n);
+    best = std::max(best, before + plan.microbatches * stage);
+    before += stage;
+  }
+  return best * cluster.calibration.compute_time_scale;
 }
 
 }  // namespace zeroplan::sim

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lowering/context.h"
 #include "zeroplan/sim/graph.h"
@@ -87,7 +88,9 @@ std::int64_t PoolExplain::model_state_bytes() const {
 
 namespace {
 
-void lower_into(lowering::Ctx& c) {
+// The whole step; a pipelined plan's stages each have their resources and pools (their list returned).
+std::vector<lowering::PipelineStage> lower_into(lowering::Ctx& c) {
+  if (c.plan.pipeline_stages > 1) return lowering::schedule_pipeline(c);
   lowering::build_resources(c);
   lowering::place_model_states(c);
   if (c.plan.offload_model.enabled) {
@@ -95,6 +98,41 @@ void lower_into(lowering::Ctx& c) {
   } else {
     lowering::schedule_step(c);
   }
+  return {};
+}
+
+// Per stage peaks and busy time; the device and host peaks are the largest stage's; the bubble.
+void pipeline_results(const std::vector<lowering::PipelineStage>& stages, const SimResult& r, const ClusterProfile& cluster,
+                      Simulation& s) {
+  Prediction& p = s.prediction;
+  double first = std::numeric_limits<double>::infinity(), last = 0, busy = 0;
+  std::size_t worst_device = 0, worst_host = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const lowering::PipelineStage& st = stages[i];
+    StagePrediction sp;
+    sp.first_unit = st.first_unit;
+    sp.units = st.units;
+    const PoolExplain dev = explain_pool(r.pools[st.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
+    sp.device = pool_peak(dev);
+    sp.host_peak_bytes = r.pools[st.host].peak_bytes;
+    for (const TaskId t : st.work) {
+      sp.compute_busy_s += r.end_s[t] - r.start_s[t];
+      first = std::min(first, r.start_s[t]);
+      last = std::max(last, r.end_s[t]);
+    }
+    busy += sp.compute_busy_s;
+    if (i == 0 || sp.device.total_bytes() > p.stages[worst_device].device.total_bytes()) worst_device = i;
+    if (i == 0 || sp.host_peak_bytes > p.stages[worst_host].host_peak_bytes) worst_host = i;
+    p.stages.push_back(std::move(sp));
+  }
+  const double span = last - first;
+  p.bubble_fraction = span > 0 ? std::clamp(1 - busy / (static_cast<double>(stages.size()) * span), 0.0, 1.0) : 0.0;
+  s.explain.device = explain_pool(r.pools[stages[worst_device].dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
+  s.explain.host = explain_pool(r.pools[stages[worst_host].host], cluster.host.mem_bytes, 1.0);
+  p.notes.push_back(fmt::format("pipeline: {} stages, schedule {}, checkpoint {}; bubble {:.1f}% of the stages' time; the "
+                                "device peak is stage {}'s",
+                                stages.size(), p.plan.pipeline.schedule, p.plan.pipeline.checkpoint, 100 * p.bubble_fraction,
+                                worst_device));
 }
 
 }  // namespace
@@ -112,7 +150,7 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   validate(plan);
   validate(plan, model);
   lowering::Ctx c(model, cluster, plan, options);
-  lower_into(c);
+  const std::vector<lowering::PipelineStage> stages = lower_into(c);
   Simulation s;
   s.result = run(c.g, options.check_cycles);
   const SimResult& r = s.result;
@@ -128,8 +166,12 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   p.samples_per_s = plan.global_batch / p.step_time_s;
   p.lower_bound_s = std::min(makespan_lower_bound(c.g), p.step_time_s);
 
-  s.explain.device = explain_pool(r.pools[c.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
-  s.explain.host = explain_pool(r.pools[c.host], cluster.host.mem_bytes, 1.0);
+  if (stages.empty()) {
+    s.explain.device = explain_pool(r.pools[c.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
+    s.explain.host = explain_pool(r.pools[c.host], cluster.host.mem_bytes, 1.0);
+  } else {
+    pipeline_results(stages, r, cluster, s);
+  }
   p.device = pool_peak(s.explain.device);
   p.host = pool_peak(s.explain.host);
 
@@ -149,7 +191,15 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const ResourceResult& rr = r.resources[i];
     if (rr.tasks == 0) continue;
-    p.resource_busy_s[rr.name] += rr.busy_s;
+    if (stages.empty()) {
+      p.resource_busy_s[rr.name] += rr.busy_s;
+    } else if (rr.name.rfind("p2p.", 0) != 0) {  // a stage's "s<k>.<resource>": the busiest stage's
+      double& b = p.resource_busy_s[rr.name.substr(rr.name.find('.') + 1)];
+      b = std::max(b, rr.busy_s);
+    } else {
+      double& b = p.resource_busy_s["p2p"];
+      b = std::max(b, rr.busy_s);
+    }
     const ResourceKind k = c.g.resources()[i].kind;
     const char* what = k == ResourceKind::compute          ? "compute"
                        : k == ResourceKind::comm           ? "communication"
@@ -201,7 +251,7 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
     c.notes.push_back(fmt::format("device allocator overhead factor {} reported separately from peak_bytes",
                                   cluster.allocator_overhead_factor));
   }
-  p.notes = std::move(c.notes);
+  p.notes.insert(p.notes.begin(), c.notes.begin(), c.notes.end());
   s.graph = std::move(c.g);
   return s;
 }

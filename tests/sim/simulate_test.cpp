@@ -207,6 +207,20 @@ TEST(Lowering, LocalSgdReportsAmortisedAndSyncSteps) {
   EXPECT_EQ(ddp.sync_step_time_s, ddp.step_time_s);
 }
 
+// On one node the step already reduced over every rank: LocalSGD averages nothing (fairscale's hierarchy,
+// the executor), so no step costs more than another; across two nodes the averaging step does.
+TEST(Lowering, LocalSgdOnOneNodeAveragesNothing) {
+  const ModelProfile m = gpt(4, 1024, 16, 512, 1000);
+  Plan p = mixed_plan(8, 0, 2);
+  p.localsgd_frequency = 4;
+  const Prediction one = simulate(m, a100(1), p);
+  EXPECT_EQ(one.sync_step_time_s, one.step_time_s);
+  p.world_size = 16;
+  p.global_batch = 32;
+  const Prediction two = simulate(m, a100(2), p);
+  EXPECT_GT(two.sync_step_time_s, two.step_time_s);
+}
+
 TEST(Lowering, OffloadModelRunsSlicesThroughTheDevice) {
   const ModelProfile m = gpt(8, 512, 8, 256, 1000);
   const ClusterProfile c = a100(1);

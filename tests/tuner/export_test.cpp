@@ -98,6 +98,23 @@ std::vector<std::pair<std::string, Plan>> cases() {
     p.checkpoint_offload = true;
     out.emplace_back("stage2_checkpoint_offload", p);
   }
+  {  // fairscale Pipe: 2 GPipe stages x 8 data-parallel, checkpoint except_last, OSS
+    Plan p = base(8, 1, 4);
+    p.world_size = 16;
+    p.pipeline_stages = 2;
+    p.pipeline.checkpoint = "except_last";
+    p.zero_stage = 1;
+    out.emplace_back("pipeline_gpipe", p);
+  }
+  {  // DeepSpeed's PipelineEngine: 2 1F1B stages (the uniform split) x 8 data-parallel, fp16
+    Plan p = base(8, 2, 4);
+    p.world_size = 16;
+    p.pipeline_stages = 2;
+    p.pipeline.schedule = "1f1b";
+    p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "fp16";
+    p.precision.loss_scale.mode = LossScale::Mode::dynamic;
+    out.emplace_back("pipeline_1f1b", p);
+  }
   return out;
 }
 
@@ -136,7 +153,7 @@ TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
     if (!e.expressible()) continue;
     const auto j = nlohmann::json::parse(e.text);
     EXPECT_EQ(j.at("train_batch_size").get<int>(), j.at("train_micro_batch_size_per_gpu").get<int>() *
-                                                       j.at("gradient_accumulation_steps").get<int>() * plan.world_size)
+                                                       j.at("gradient_accumulation_steps").get<int>() * plan.data_parallel_size())
         << name;
     EXPECT_EQ(j.at("train_batch_size").get<int>(), plan.global_batch);
     const auto& z = j.at("zero_optimization");
@@ -281,11 +298,50 @@ TEST(Export, FairscaleUsesTheWrapperOfEachStage) {
     std::string want = "DistributedDataParallel(model";
     if (plan.offload_model.enabled) want = "OffloadModel(";
     else if (plan.localsgd()) want = "SlowMoDistributedDataParallel(";
+    else if (plan.pipeline_stages > 1) want = "model = Pipe(";
     else if (plan.zero_stage == 3) want = "FullyShardedDataParallel as FSDP";
     else if (plan.zero_stage == 2) want = "ShardedDataParallel(model, optimizer";
     else if (plan.zero_stage == 1) want = "OSS(";
     EXPECT_NE(e.text.find(want), std::string::npos) << name;
   }
+}
+
+// Pipelines: DeepSpeed's PipelineEngine expresses 1F1B at ZeRO 0-1 on its uniform split; fairscale Pipe
+// expresses GPipe on one node's devices; otherwise one line says why.
+TEST(Export, PipelinesGoWhereTheirScheduleRuns) {
+  const ModelProfile m = small_gpt();
+  Plan p = base(8, 2, 4);
+  p.world_size = 16;
+  p.pipeline_stages = 2;
+  p.pipeline.schedule = "1f1b";
+  const Export ds = export_deepspeed(p, m);
+  ASSERT_TRUE(ds.expressible()) << ds.unsupported.front();
+  EXPECT_NE(notes_text(ds).find("PipelineModule(layers=units, num_stages=2, partition_method=\"uniform\""), std::string::npos);
+  const Export fs = export_fairscale(p, m, 8);
+  ASSERT_EQ(fs.unsupported.size(), 1u);
+  EXPECT_EQ(fs.unsupported[0], "fairscale Pipe runs the GPipe schedule only; the plan's schedule is 1f1b (DeepSpeed's "
+                               "PipelineEngine runs it)");
+  p.zero_stage = 2;
+  const Export ds2 = export_deepspeed(p, m);
+  ASSERT_FALSE(ds2.expressible());
+  EXPECT_EQ(ds2.unsupported[0].rfind("DeepSpeed's PipelineEngine runs ZeRO stages 0-1 only (plan: stage 2)", 0), 0u);
+  p.zero_stage = 0;
+  p.pipeline.schedule = "gpipe";
+  p.pipeline.balance = {PipelineBalance::Mode::units, {1, 5}};
+  const Export gp = export_deepspeed(p, m);
+  ASSERT_EQ(gp.unsupported.size(), 2u);
+  EXPECT_EQ(gp.unsupported[0], "DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only; the plan's schedule is gpipe");
+  EXPECT_EQ(gp.unsupported[1], "balance [1,5] is not DeepSpeed's partition_method \"uniform\" ([3,3]); its \"parameters\" and "
+                               "\"type:\" methods balance other weights");
+  const Export pipe = export_fairscale(p, m, 8);
+  ASSERT_TRUE(pipe.expressible());
+  EXPECT_NE(pipe.text.find("    balance=[1, 5],\n    devices="), std::string::npos) << pipe.text;
+  EXPECT_NE(pipe.text.find("    chunks=4,\n"), std::string::npos);
+  p.pipeline_stages = 16;
+  p.global_batch = 8;  // micro 2 x 4 microbatches x 1 pipeline
+  p.pipeline.balance = {};
+  EXPECT_EQ(export_fairscale(p, testing::small_gpt(14), 8).unsupported.at(0),
+            "fairscale Pipe puts a pipeline's stages on one process's devices: 16 stages > 8 devices per node");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "zeroplan/tuner/space.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,7 +27,11 @@ TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
   std::set<std::string> seen;
   for (const Candidate& c : s.candidates) {
     EXPECT_NO_THROW(validate(c.plan, m));
-    EXPECT_EQ(c.plan.micro_batch * c.plan.microbatches * c.plan.world_size, 64);
+    EXPECT_EQ(c.plan.micro_batch * c.plan.microbatches * c.plan.data_parallel_size(), 64);
+    if (c.plan.pipeline_stages > 1) {
+      EXPECT_LE(c.plan.zero_stage, 2);
+      EXPECT_GE(c.plan.microbatches, c.plan.pipeline_stages);  // at least one microbatch per stage
+    }
     EXPECT_TRUE(seen.insert(to_json_string(c.plan)).second) << "duplicate " << to_json_string(c.plan);
     if (c.plan.offload_model.enabled) {
       EXPECT_EQ(c.plan.zero_stage, 0);
@@ -34,7 +39,7 @@ TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
       EXPECT_FALSE(c.fit_activations);
     } else {
       EXPECT_TRUE(c.fit_activations);
-      EXPECT_TRUE(c.fit_checkpointing);
+      EXPECT_EQ(c.fit_checkpointing, c.plan.pipeline.checkpoint == "never");  // Pipe's checkpoint recomputes stages
     }
     if (c.plan.localsgd()) {
       EXPECT_EQ(c.plan.zero_stage, 0);
@@ -44,6 +49,14 @@ TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
   EXPECT_GT(s.invalid.at("offload_params requires zero_stage 3"), 0);
   EXPECT_GT(s.invalid.at("offload_grads requires offload_optimizer"), 0);
   EXPECT_GT(s.invalid_total(), 0);
+  EXPECT_GT(s.invalid.at("pipeline_stages > 1 requires zero_stage 0-2"), 0);
+  std::set<std::string> pipelines;
+  for (const Candidate& c : s.candidates)
+    if (c.plan.pipeline_stages > 1)
+      pipelines.insert(fmt::format("{} {} {}", c.plan.pipeline_stages, c.plan.pipeline.schedule, c.plan.pipeline.checkpoint));
+  EXPECT_TRUE(pipelines.contains("2 1f1b never"));
+  EXPECT_TRUE(pipelines.contains("4 gpipe except_last"));
+  EXPECT_TRUE(pipelines.contains("4 gpipe always"));
 }
 
 TEST(Space, OnlyListedKnobsVaryAndFixedValuesHold) {

@@ -16,6 +16,7 @@ class Simulator final : public Evaluator {
     const sim::MemoryBound b = sim::memory_lower_bound(model_, cluster_, plan);
     return {b.device_bytes, b.host_bytes};
   }
+  double step_time_lower_bound(const Plan& plan) const override { return sim::step_time_lower_bound(model_, cluster_, plan); }
 
  private:
   ModelProfile model_;

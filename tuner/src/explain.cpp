@@ -71,6 +71,11 @@ const std::vector<KnobField>& fields() {
        [](Plan& p, const Plan& w) { p.checkpoint_offload = w.checkpoint_offload; }},
       {"offload_activations", [](const Plan& p) { return text::num(p.offload.activations_ratio); },
        [](Plan& p, const Plan& w) { p.offload.activations_ratio = w.offload.activations_ratio; }},
+      {"pipeline", [](const Plan& p) { return exports::pipeline_text(p); },
+       [](Plan& p, const Plan& w) {
+         p.pipeline_stages = w.pipeline_stages;
+         p.pipeline = w.pipeline;
+       }},
       {"micro_batch", [](const Plan& p) { return fmt::format("{} x {}", p.micro_batch, p.microbatches); },
        [](Plan& p, const Plan& w) {
          p.micro_batch = w.micro_batch;

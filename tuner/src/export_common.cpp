@@ -38,6 +38,30 @@ std::string checkpointing_text(const Checkpointing& c) {
   return "?";
 }
 
+std::vector<int> deepspeed_uniform_partition(int items, int parts) {
+  std::vector<int> out(static_cast<std::size_t>(parts), 0);
+  if (items <= parts) {
+    for (int i = 0; i < items; ++i) out[static_cast<std::size_t>(i)] = 1;
+    return out;
+  }
+  for (int i = 0; i < parts; ++i) out[static_cast<std::size_t>(i)] = items / parts + (i < items % parts ? 1 : 0);
+  return out;
+}
+
+std::string pipeline_text(const Plan& p) {
+  if (p.pipeline_stages <= 1) return "off";
+  std::string s = fmt::format("{} stages, {}", p.pipeline_stages, p.pipeline.schedule);
+  if (p.pipeline.checkpoint != "never") s += ", checkpoint " + p.pipeline.checkpoint;
+  const PipelineBalance& b = p.pipeline.balance;
+  if (b.mode == PipelineBalance::Mode::memory) s += ", balance by memory";
+  if (b.mode == PipelineBalance::Mode::units) {
+    std::vector<std::string> u;
+    for (int n : b.units) u.push_back(std::to_string(n));
+    s += ", balance [" + text::join(u, ",") + "]";
+  }
+  return s;
+}
+
 std::string plan_summary(const Plan& p) {
   std::vector<std::string> parts;
   parts.push_back(fmt::format("zero_stage {}", p.zero_stage));
@@ -52,6 +76,7 @@ std::string plan_summary(const Plan& p) {
   if (p.offload.activations_ratio > 0) off.push_back(fmt::format("activations {}", p.offload.activations_ratio));
   if (!off.empty()) parts.push_back("offload " + text::join(off, "+"));
   if (p.offload_model.enabled) parts.push_back(fmt::format("OffloadModel {} slices", p.offload_model.slices));
+  if (p.pipeline_stages > 1) parts.push_back("pipeline " + pipeline_text(p));
   if (p.checkpointing.mode != Checkpointing::Mode::none)
     parts.push_back("checkpointing " + checkpointing_text(p.checkpointing) + (p.checkpoint_offload ? " (inputs on the host)" : ""));
   if (p.localsgd()) {

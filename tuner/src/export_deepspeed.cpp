@@ -1,11 +1,13 @@
 // DeepSpeed ds_config.json. Every value is written out (DeepSpeed's defaults differ between its docs and
 // its code); what DeepSpeed cannot express is listed instead of approximated.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "export_common.h"
+#include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/tuner/exports.h"
 
 namespace zeroplan::tuner {
@@ -49,17 +51,34 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
     no.emplace_back("loss scaling with bf16: DeepSpeed's bf16 mode does not scale the loss");
   if (p.precision.param_dtype == "fp16" && p.precision.loss_scale.mode == LossScale::Mode::none)
     no.emplace_back("fp16 without loss scaling: DeepSpeed's fp16 mode always scales the loss");
-  if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining is configured in DeepSpeed's PipelineModule, not here");
+  // Pipelines: DeepSpeed's PipelineEngine (1F1B, ZeRO 0-1), its layers split by PipelineModule.
+  std::string partition;
+  if (p.pipeline_stages > 1) {
+    if (p.zero_stage >= 2)
+      no.push_back(fmt::format("DeepSpeed's PipelineEngine runs ZeRO stages 0-1 only (plan: stage {}): it accumulates "
+                               "gradients over the microbatches, which ZeRO-2's partitioned reduction in every backward breaks",
+                               p.zero_stage));
+    if (p.pipeline.schedule != "1f1b")
+      no.emplace_back("DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only; the plan's schedule is gpipe");
+    const std::vector<int> balance = pipeline_balance(p, model);
+    const std::vector<int> uniform = exports::deepspeed_uniform_partition(model.expanded_unit_count(), p.pipeline_stages);
+    if (balance == uniform) partition = "uniform";
+    else
+      no.push_back(fmt::format("balance [{}] is not DeepSpeed's partition_method \"uniform\" ([{}]); its \"parameters\" "
+                               "and \"type:\" methods balance other weights",
+                               fmt::join(balance, ","), fmt::join(uniform, ",")));
+  }
   const double ratio = offload_ratio(p);
   if (p.offload.optimizer && ratio < 1 && p.zero_stage != 3)
     no.push_back(fmt::format("offload_optimizer ratio {} < 1 needs ZeRO stage 3 (plan: stage {})", ratio, p.zero_stage));
   if (!e.expressible()) return e;
 
   // Batch identity, as DeepSpeed asserts it.
-  const std::int64_t train_batch = static_cast<std::int64_t>(p.micro_batch) * p.microbatches * p.world_size;
+  const int dp = p.data_parallel_size();  // DeepSpeed: world / pipeline stages
+  const std::int64_t train_batch = static_cast<std::int64_t>(p.micro_batch) * p.microbatches * dp;
   if (train_batch != p.global_batch)  // validate(plan) guarantees it: a broken invariant
-    throw std::logic_error(fmt::format("ds_config: train_batch_size {} != micro {} x accumulation {} x world {}", p.global_batch,
-                                       p.micro_batch, p.microbatches, p.world_size));
+    throw std::logic_error(fmt::format("ds_config: train_batch_size {} != micro {} x accumulation {} x data-parallel {}",
+                                       p.global_batch, p.micro_batch, p.microbatches, dp));
 
   const int grad_bytes = exports::dtype_bytes(p.precision.reduce_dtype);
   const int param_bytes = exports::dtype_bytes(p.precision.param_dtype);
@@ -158,8 +177,20 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   if (!p.flat_params && p.zero_stage >= 1)
     e.notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
-  e.notes.push_back(fmt::format("launch with {} ranks: train_batch_size {} = micro {} x gradient_accumulation_steps {} x world {}",
-                                p.world_size, train_batch, p.micro_batch, p.microbatches, p.world_size));
+  if (p.pipeline_stages > 1) {
+    e.notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
+                                  "partition_method=\"{}\", loss_fn=loss_fn, activation_checkpoint_interval={}) over the "
+                                  "{} units, then engine.train_batch() runs gradient_accumulation_steps {} microbatches "
+                                  "through the stages (1F1B)",
+                                  p.pipeline_stages, partition, p.checkpointing.mode == Checkpointing::Mode::all ? 1 : 0,
+                                  model.expanded_unit_count(), p.microbatches));
+    e.notes.push_back(fmt::format("launch with {} ranks ({} stages x data-parallel {}): train_batch_size {} = micro {} x "
+                                  "gradient_accumulation_steps {} x data-parallel {}",
+                                  p.world_size, p.pipeline_stages, dp, train_batch, p.micro_batch, p.microbatches, dp));
+  } else {
+    e.notes.push_back(fmt::format("launch with {} ranks: train_batch_size {} = micro {} x gradient_accumulation_steps {} x world {}",
+                                  p.world_size, train_batch, p.micro_batch, p.microbatches, p.world_size));
+  }
   e.text = j.dump(2) + "\n";
   return e;
 }

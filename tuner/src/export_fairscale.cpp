@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "export_common.h"
+#include "zeroplan/profiles/pipeline.h"
 #include "text.h"
 #include "zeroplan/tuner/exports.h"
 
@@ -39,7 +40,18 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
       no.emplace_back("FullyShardedDataParallel's move_params_to_cpu moves parameters, gradients and the optimizer step together; "
                       "the plan offloads only some of them");
   }
-  if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining: use fairscale.nn.Pipe, not covered by this snippet");
+  // Pipelines: fairscale Pipe, one process per pipeline driving its stages on that node's devices.
+  const bool pipe = p.pipeline_stages > 1;
+  if (pipe) {
+    if (p.pipeline.schedule != "gpipe")
+      no.emplace_back("fairscale Pipe runs the GPipe schedule only; the plan's schedule is 1f1b (DeepSpeed's PipelineEngine runs it)");
+    if (p.pipeline_stages > devices_per_node)
+      no.push_back(fmt::format("fairscale Pipe puts a pipeline's stages on one process's devices: {} stages > {} devices per node",
+                               p.pipeline_stages, devices_per_node));
+    if (p.zero_stage == 2)
+      no.emplace_back("ShardedDataParallel wraps a module on one device; around a Pipe the snippet offers DDP (stage 0) and OSS "
+                      "(stage 1)");
+  }
   if (p.precision.param_dtype != "fp32" && !p.precision.master_fp32)
     no.emplace_back("16-bit parameters without an fp32 master copy: fairscale keeps fp32 parameters");
   if (p.slowmo() && p.precision.param_dtype != "fp32")
@@ -59,8 +71,13 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
   const bool fp16 = p.precision.compute_dtype == "fp16" || p.precision.loss_scale.mode != LossScale::Mode::none;
   std::string s;
   s += fmt::format("# fairscale wrapping written by zeroplan tune for: {}\n", exports::plan_summary(p));
-  s += fmt::format("# Launch {} ranks (torchrun); each rank trains on micro batches of {} samples, {} per optimizer step.\n",
-                   p.world_size, p.micro_batch, p.microbatches);
+  if (pipe)
+    s += fmt::format("# Launch {} processes (torchrun), each driving one pipeline of {} stages on {} samples per step, in {} "
+                     "chunks of {}.\n",
+                     p.data_parallel_size(), p.pipeline_stages, p.micro_batch * p.microbatches, p.microbatches, p.micro_batch);
+  else
+    s += fmt::format("# Launch {} ranks (torchrun); each rank trains on micro batches of {} samples, {} per optimizer step.\n",
+                     p.world_size, p.micro_batch, p.microbatches);
   s += "import torch\nimport torch.distributed as dist\n";
   std::string wrap;
   const std::string opt = optimizer_ctor(p);
@@ -103,6 +120,37 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
         devices_per_node, p.localsgd_frequency, text::num(p.slowmo() ? p.slowmo_momentum : 0.0),
         text::num(p.slowmo() ? p.slowmo_lr : 1.0), p.slowmo_frequency > 0 ? p.slowmo_frequency : p.localsgd_frequency);
     wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+  } else if (pipe) {
+    s += "from fairscale.nn import Pipe\n";
+    const std::vector<int> balance = pipeline_balance(p, model);
+    std::vector<std::string> b;
+    for (int n : balance) b.push_back(std::to_string(n));
+    const char* how = p.pipeline.balance.mode == PipelineBalance::Mode::time     ? "by time (fairscale.nn.pipe.balance.balance_by_time "
+                                                                                 "measures the same on your devices)"
+                      : p.pipeline.balance.mode == PipelineBalance::Mode::memory ? "by memory (fairscale.nn.pipe.balance.balance_by_size "
+                                                                                 "measures the same on your devices)"
+                                                                                 : "as the plan gives it";
+    wrap += fmt::format(
+        "# One process per pipeline: its {} stages on this node's devices; units per stage balanced {}.\n"
+        "first = (dist.get_rank() % (torch.cuda.device_count() // {})) * {}\n"
+        "model = Pipe(\n"
+        "    torch.nn.Sequential(*units),\n"
+        "    balance=[{}],\n"
+        "    devices=[torch.device(\"cuda\", first + i) for i in range({})],\n"
+        "    chunks={},\n"
+        "    checkpoint=\"{}\",\n"
+        ")\n",
+        p.pipeline_stages, how, p.pipeline_stages, p.pipeline_stages, text::join(b, ", "), p.pipeline_stages, p.microbatches,
+        p.pipeline.checkpoint);
+    if (p.zero_stage == 1) {
+      s += "from fairscale.optim.oss import OSS\n";
+      wrap += fmt::format("optimizer = OSS(model.parameters(), optim={}, broadcast_fp16={})\n", opt,
+                          py_bool(p.precision.broadcast_fp16));
+    } else {
+      wrap += fmt::format("optimizer = {}(model.parameters(), {})\n", opt.substr(0, opt.find(',')), opt.substr(opt.find(',') + 2));
+    }
+    wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
+                        text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
   } else if (p.zero_stage == 0) {
     wrap += fmt::format("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb={})\n",
                         text::num(static_cast<double>(p.buckets.all_reduce_bucket_bytes) / (1 << 20)));
@@ -169,27 +217,41 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
     }
   }
   // The step.
-  // SlowMoDistributedDataParallel has no no_sync: it reduces within the node after every backward.
-  const bool no_sync = p.microbatches > 1 && !p.localsgd() && (p.zero_stage <= 1 || p.offload_model.enabled);
-  s += "\n\ndef train_step(batches):\n";
-  s += fmt::format("    # batches: {} micro batches of {} samples\n", p.microbatches, p.micro_batch);
-  s += "    optimizer.zero_grad(set_to_none=False)\n";
-  s += "    for k, (x, y) in enumerate(batches):\n";
-  std::string indent = "        ";
-  if (no_sync) {
-    s += fmt::format("        ctx = model.no_sync() if k < {} else contextlib.nullcontext()\n", p.microbatches - 1);
-    s += "        with ctx:\n";
-    indent += "    ";
+  if (pipe) {
+    // Pipe splits the batch into its chunks itself: one forward and one backward per step.
+    s += "\n\ndef train_step(x, y):\n";
+    s += fmt::format("    # x, y: {} samples (micro batch {} x {} chunks)\n", p.micro_batch * p.microbatches, p.micro_batch,
+                     p.microbatches);
+    s += "    optimizer.zero_grad(set_to_none=False)\n";
+    const std::string fwd = "loss_fn(model(x.to(model.module.devices[0])), y.to(model.module.devices[-1]))";
+    if (mixed) s += fmt::format("    with torch.autocast(\"cuda\", dtype={}):\n        loss = {}\n", dtype, fwd);
+    else s += "    loss = " + fwd + "\n";
+    s += fp16 ? "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
+              : "    loss.backward()\n    optimizer.step()\n";
   }
-  if (mixed && p.zero_stage != 3)
-    s += indent + fmt::format("with torch.autocast(\"cuda\", dtype={}):\n", dtype) + indent + "    loss = loss_fn(model(x), y)\n";
-  else
-    s += indent + "loss = loss_fn(model(x), y)\n";
-  s += indent + (fp16 ? "scaler.scale(loss).backward()\n" : "loss.backward()\n");
-  if (p.adascale) s += "    gain = optimizer.gain()  # add it to the scale-invariant step count the lr schedule follows\n";
-  s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
-  if (p.localsgd()) s += "    model.perform_slowmo(optimizer)\n";
-  if (p.adascale) s += "    return gain\n";
+  // SlowMoDistributedDataParallel has no no_sync: it reduces within the node after every backward.
+  const bool no_sync = !pipe && p.microbatches > 1 && !p.localsgd() && (p.zero_stage <= 1 || p.offload_model.enabled);
+  if (!pipe) {
+    s += "\n\ndef train_step(batches):\n";
+    s += fmt::format("    # batches: {} micro batches of {} samples\n", p.microbatches, p.micro_batch);
+    s += "    optimizer.zero_grad(set_to_none=False)\n";
+    s += "    for k, (x, y) in enumerate(batches):\n";
+    std::string indent = "        ";
+    if (no_sync) {
+      s += fmt::format("        ctx = model.no_sync() if k < {} else contextlib.nullcontext()\n", p.microbatches - 1);
+      s += "        with ctx:\n";
+      indent += "    ";
+    }
+    if (mixed && p.zero_stage != 3)
+      s += indent + fmt::format("with torch.autocast(\"cuda\", dtype={}):\n", dtype) + indent + "    loss = loss_fn(model(x), y)\n";
+    else
+      s += indent + "loss = loss_fn(model(x), y)\n";
+    s += indent + (fp16 ? "scaler.scale(loss).backward()\n" : "loss.backward()\n");
+    if (p.adascale) s += "    gain = optimizer.gain()  # add it to the scale-invariant step count the lr schedule follows\n";
+    s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
+    if (p.localsgd()) s += "    model.perform_slowmo(optimizer)\n";
+    if (p.adascale) s += "    return gain\n";
+  }
   if (no_sync) {
     const std::size_t at = s.find("import torch\n");
     s.insert(at, "import contextlib\n");
@@ -211,6 +273,9 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
                                   "{} steps with DistributedDataParallel (or use torch's PostLocalSGDOptimizer, "
                                   "warmup_steps={}) before wrapping",
                                   p.localsgd_warmup_steps, p.localsgd_warmup_steps, p.localsgd_warmup_steps));
+  if (pipe)
+    e.notes.push_back(fmt::format("launch {} processes ({} pipelines of {} stages; each process drives {} devices)",
+                                  p.data_parallel_size(), p.data_parallel_size(), p.pipeline_stages, p.pipeline_stages));
   e.notes.emplace_back("`model`, `units` (the model's units in order), `loss_fn` are yours; the snippet shows the wrapping");
   return e;
 }

@@ -32,7 +32,7 @@ void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
   if (p.adascale)
     no.emplace_back("AdaScale: Accelerate has no learning-rate gain, and fairscale's AdaScale reads full gradients, which FSDP "
                     "shards");
-  if (p.pipeline_stages > 1) no.emplace_back("GPipe pipelining has no FSDP equivalent");
+  if (p.pipeline_stages > 1) no.emplace_back("pipeline parallelism (GPipe / 1F1B stages) has no FSDP equivalent");
   if (p.precision.param_dtype != p.precision.compute_dtype)
     no.push_back(fmt::format("parameters in {} with compute in {}: FSDP computes in its parameter dtype",
                              p.precision.param_dtype, p.precision.compute_dtype));

@@ -76,6 +76,14 @@ std::vector<Block> build_document(const TuneResult& r) {
         {"exposed / overlapped communication",
          fmt::format("{} / {}", text::seconds(q.exposed_comm_s), text::seconds(q.overlapped_comm_s))},
     };
+    if (!q.stages.empty()) {
+      std::vector<std::string> peaks;
+      for (const StagePrediction& st : q.stages) peaks.push_back(text::bytes(st.device.total_bytes()));
+      rows.push_back({"pipeline bubble", fmt::format("{:.1f}% of the stages' time ({} stages, {} microbatches, {})",
+                                                     100 * q.bubble_fraction, q.stages.size(), best->plan.microbatches,
+                                                     best->plan.pipeline.schedule)});
+      rows.push_back({"device peak per stage", text::join(peaks)});
+    }
     for (const auto& [res, t] : resource_times(q)) rows.push_back({"busy: " + res, text::seconds(t)});
     d.push_back(table({"metric", "value"}, rows));
     const auto diff = knobs_vs_default(best->plan, r);
@@ -156,6 +164,10 @@ std::vector<Block> build_document(const TuneResult& r) {
   rej.push_back(fmt::format("{} out of memory by the analytic bound, never simulated", r.rejections.out_of_memory_bound));
   rej.push_back(fmt::format("{} out of memory when simulated", r.rejections.out_of_memory));
   if (r.rejections.errors) rej.push_back(fmt::format("{} the simulator refused", r.rejections.errors));
+  if (r.rejections.dominated)
+    rej.push_back(fmt::format("{} pipelines bounded out of the ranking (their step-time lower bound is above the ranked "
+                              "plans' times), never simulated; the Pareto front holds the simulated plans",
+                              r.rejections.dominated));
   d.push_back(list(rej));
   if (!r.rejections.invalid.empty()) {
     std::vector<std::vector<std::string>> rows;

@@ -74,6 +74,7 @@ std::string tune_json(const TuneResult& r) {
   counts["out_of_memory_bound"] = r.rejections.out_of_memory_bound;
   counts["out_of_memory_simulated"] = r.rejections.out_of_memory;
   counts["simulator_errors"] = r.rejections.errors;
+  if (r.rejections.dominated > 0) counts["dominated"] = r.rejections.dominated;
   counts["fitting"] = r.fitting;
   counts["simulations"] = r.simulations;
   counts["bound_prunes"] = r.bound_prunes;

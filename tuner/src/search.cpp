@@ -165,6 +165,7 @@ std::string_view to_string(Status s) {
     case Status::out_of_memory_bound: return "out_of_memory_bound";
     case Status::out_of_memory: return "out_of_memory";
     case Status::error: return "error";
+    case Status::dominated: return "dominated";
   }
   return "?";
 }

@@ -151,9 +151,6 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
       for (const Knob* k : tune_knob_members(key)) given.insert(k->name);  // a preset (precision, buckets)
   }
   apply_dependent_defaults(unfixed, base, given);
-  if (base.pipeline_stages != 1)
-    throw SchemaError(fmt::format("tune: pipeline_stages {} cannot be tuned: the simulator does not model GPipe yet",
-                                  base.pipeline_stages));
   s.base = base;
 
   Expander e({base}, s.invalid);
@@ -209,18 +206,54 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                    return p.offload.params && p.zero_stage != 3 ? std::string("offload_params requires zero_stage 3")
                                                                 : std::string();
                  });
-  // micro batch x microbatches
+  // Pipeline: stages (powers of two dividing the world, up to the units), each with the 1f1b schedule and
+  // gpipe in fairscale Pipe's three checkpoint modes, the units balanced by time (the balance default).
+  // The batch split follows: each pipeline (data-parallel rank) gets global_batch / (world / stages).
+  {
+    struct Pipe {
+      int stages = 1;
+      std::string schedule, checkpoint;
+    };
+    std::vector<Pipe> values = {{base.pipeline_stages, base.pipeline.schedule, base.pipeline.checkpoint}};
+    if (c.varies("pipeline")) {
+      values = {{1, "gpipe", "never"}};
+      for (int k = 2; k <= units && w.world % k == 0; k *= 2)
+        for (const char* ck : {"never", "except_last", "always"}) values.push_back({k, "gpipe", ck});
+      for (int k = 2; k <= units && w.world % k == 0; k *= 2) values.push_back({k, "1f1b", "never"});
+    }
+    e.expand<Pipe>([&](const Plan&) { return values; },
+                   [&](Plan& p, const Pipe& v) {
+                     p.pipeline_stages = v.stages;
+                     p.pipeline.schedule = v.schedule;
+                     p.pipeline.checkpoint = v.checkpoint;
+                     const int batch = c.global_batch / (w.world / v.stages);  // per pipeline
+                     if (c.fixes("microbatches")) p.micro_batch = batch / std::max(1, p.microbatches);
+                     else p.microbatches = batch / std::max(1, p.micro_batch);
+                   },
+                   [](const Plan& p) {
+                     return p.pipeline_stages > 1 && p.zero_stage == 3 ? std::string("pipeline_stages > 1 requires zero_stage 0-2")
+                                                                       : std::string();
+                   });
+  }
+  // micro batch x microbatches; a pipeline of p stages runs at least p microbatches (fewer leave most of
+  // every stage idle).
+  auto pipeline_batch = [&](const Plan& p) { return c.global_batch / p.data_parallel_size(); };
   e.expand<int>(
-      [&](const Plan& p) { return c.varies("micro_batch") ? divisors(per_rank) : std::vector<int>{p.micro_batch}; },
+      [&](const Plan& p) {
+        if (!c.varies("micro_batch")) return std::vector<int>{p.micro_batch};
+        std::vector<int> d = divisors(pipeline_batch(p));
+        std::erase_if(d, [&](int m) { return pipeline_batch(p) / m < p.pipeline_stages; });
+        return d;
+      },
       [&](Plan& p, const int& m) {
         p.micro_batch = m;
-        if (c.varies("micro_batch")) p.microbatches = per_rank / m;
+        if (c.varies("micro_batch")) p.microbatches = pipeline_batch(p) / m;
       },
       [&](const Plan& p) {
         if (p.micro_batch < 1 || p.microbatches < 1 ||
-            static_cast<std::int64_t>(p.micro_batch) * p.microbatches * p.world_size != p.global_batch)
-          return fmt::format("global_batch {} != micro_batch {} x microbatches {} x world_size {}", p.global_batch,
-                             p.micro_batch, p.microbatches, p.world_size);
+            static_cast<std::int64_t>(p.micro_batch) * p.microbatches * p.data_parallel_size() != p.global_batch)
+          return fmt::format("global_batch {} != micro_batch {} x microbatches {} x data-parallel size {}", p.global_batch,
+                             p.micro_batch, p.microbatches, p.data_parallel_size());
         return std::string();
       });
   // OffloadModel: slices, checkpoint_activation, microbatches inside the micro batch
@@ -237,6 +270,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                    Set([](Plan& p, const bool& v) { p.offload_model.enabled = v; }), [](const Plan& p) {
                      if (!p.offload_model.enabled) return std::string();
                      if (p.zero_stage != 0) return std::string("offload_model requires zero_stage 0");
+                     if (p.pipeline_stages != 1) return std::string("offload_model requires pipeline_stages 1");
                      if (p.offload.params || p.offload.grads || p.offload.optimizer)
                        return std::string("offload_model owns parameter placement: no offload of params, grads or optimizer");
                      return std::string();
@@ -310,6 +344,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                   },
                   [](const Plan& p) {
                     if (p.localsgd() && p.zero_stage != 0) return std::string("localsgd requires zero_stage 0 (full replicas)");
+                    if (p.localsgd() && p.pipeline_stages != 1) return std::string("localsgd requires pipeline_stages 1");
                     if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0 || p.slowmo_lr != 1) && !p.localsgd())
                       return std::string("slowmo requires localsgd");
                     if (p.localsgd_warmup_steps > 0 && !p.localsgd())
@@ -368,7 +403,8 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
     Candidate cand;
     // OffloadModel keeps its own activation policy (checkpoint_activation); the others do not apply.
     cand.fit_activations = fit_act && !p.offload_model.enabled;
-    cand.fit_checkpointing = fit_ckpt && !p.offload_model.enabled;
+    // A pipeline that recomputes its stages (fairscale Pipe's checkpoint) checkpoints no single units.
+    cand.fit_checkpointing = fit_ckpt && !p.offload_model.enabled && p.pipeline.checkpoint == "never";
     cand.fit_checkpoint_offload = cand.fit_checkpointing && c.varies("checkpoint_offload");
     if (cand.fit_activations) p.offload.activations_ratio = 0;
     if (cand.fit_checkpointing) p.checkpointing = Checkpointing{};

@@ -7,8 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/sim/errors.h"
@@ -18,6 +21,60 @@
 namespace zeroplan::tuner {
 namespace {
 
+// Pipelined candidates are evaluated after the others, one stage count at a time, fewest first. With
+// pruning on, one is not simulated (Status::dominated) when the earlier phases' outcomes already hold
+// top_k fitting plans faster than its step-time lower bound: it cannot enter the ranking (the Pareto front
+// and the cloud of fitting points then hold the simulated plans only). Only earlier phases count, so the
+// result does not depend on the threads.
+std::vector<std::vector<std::size_t>> phases(const std::vector<Candidate>& cands) {
+  std::map<int, std::vector<std::size_t>> by_stages;
+  for (std::size_t i = 0; i < cands.size(); ++i) by_stages[cands[i].plan.pipeline_stages].push_back(i);
+  std::vector<std::vector<std::size_t>> out;
+  for (auto& [stages, idx] : by_stages) out.push_back(std::move(idx));
+  return out;
+}
+
+// The step-time bounds of pipelined plans depend on few fields: computed once per distinct set.
+class TimeBounds {
+ public:
+  explicit TimeBounds(const Evaluator& ev) : ev_(ev) {}
+  double operator()(const Plan& p) {
+    const Key key{p.pipeline_stages, p.micro_batch, p.microbatches, p.precision.compute_dtype, p.pipeline.balance};
+    const auto it = cache_.find(key);
+    return it != cache_.end() ? it->second : cache_[key] = ev_.step_time_lower_bound(p);
+  }
+
+ private:
+  struct Key {
+    int stages, micro_batch, microbatches;
+    std::string dtype;
+    PipelineBalance balance;
+    bool operator<(const Key& o) const {
+      return std::tie(stages, micro_batch, microbatches, dtype, balance.mode, balance.units) <
+             std::tie(o.stages, o.micro_batch, o.microbatches, o.dtype, o.balance.mode, o.balance.units);
+    }
+  };
+  const Evaluator& ev_;
+  std::map<Key, double> cache_;
+};
+
+// The top_k-th fastest fitting step time so far (infinity when fewer fit): a candidate whose bound is above
+// it cannot be ranked.
+double kth_fastest(const std::vector<Outcome>& done, int top_k) {
+  std::vector<double> times;
+  for (const Outcome& o : done)
+    if (o.status == Status::fits) times.push_back(o.prediction.step_time_s);
+  const auto k = static_cast<std::size_t>(std::max(1, top_k));
+  if (times.size() < k) return std::numeric_limits<double>::infinity();
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(k - 1), times.end());
+  return times[k - 1];
+}
+
+bool dominated(const Candidate& cand, double kth, TimeBounds& bounds) {
+  if (cand.plan.pipeline_stages <= 1 || kth == std::numeric_limits<double>::infinity()) return false;
+  return kth < bounds(cand.plan);
+}
+
 // Evaluates every candidate; outcomes land at their candidate's index, so the result does not depend on
 // the number of threads or the order they finish in.
 std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const ModelProfile& model, const Evaluator& ev,
@@ -25,6 +82,7 @@ std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const Mod
   std::vector<Outcome> out(cands.size());
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::clamp(opt.threads > 0 ? opt.threads : hw, 1, std::max(1, static_cast<int>(cands.size())));
+  std::vector<std::size_t> order;  // this phase's candidates to simulate
   std::atomic<std::size_t> next{0};
   std::mutex progress_mutex;
   Progress progress;
@@ -37,14 +95,15 @@ std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const Mod
 
   auto worker = [&] {
     for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= cands.size()) return;
+      const std::size_t k = next.fetch_add(1);
+      if (k >= order.size()) return;
+      const std::size_t i = order[k];
       try {
         out[i] = evaluate_candidate(cands[i], model, ev, limits, sopt);
       } catch (...) {
         std::lock_guard lock(failure_mutex);
         if (!failure) failure = std::current_exception();
-        next = cands.size();
+        next = order.size();
         return;
       }
       if (opt.progress) {
@@ -56,14 +115,33 @@ std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const Mod
       }
     }
   };
-  if (threads == 1) {
-    worker();
-  } else {
-    std::vector<std::jthread> pool;
-    pool.reserve(static_cast<std::size_t>(threads));
-    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  TimeBounds bounds(ev);
+  for (const std::vector<std::size_t>& phase : phases(cands)) {
+    order.clear();
+    const double kth = opt.prune ? kth_fastest(out, opt.top_k) : std::numeric_limits<double>::infinity();
+    for (const std::size_t i : phase) {
+      if (dominated(cands[i], kth, bounds)) {
+        out[i].status = Status::dominated;
+        out[i].plan = cands[i].plan;
+        if (opt.progress) {
+          std::lock_guard lock(progress_mutex);
+          ++progress.done;
+          if (progress.done % report_every == 0 || progress.done == progress.total) opt.progress(progress);
+        }
+      } else {
+        order.push_back(i);
+      }
+    }
+    next = 0;
+    if (threads == 1 || order.size() <= 1) {
+      worker();
+    } else {
+      std::vector<std::jthread> pool;
+      pool.reserve(static_cast<std::size_t>(threads));
+      for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+    }
+    if (failure) std::rethrow_exception(failure);
   }
-  if (failure) std::rethrow_exception(failure);
   return out;
 }
 
@@ -139,6 +217,7 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
         ++r.rejections.errors;
         ++r.rejections.error_messages[o.error];
         break;
+      case Status::dominated: ++r.rejections.dominated; break;
     }
   }
   r.fitting = static_cast<std::int64_t>(fitting.size());

@@ -297,17 +297,20 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
         std::chrono::duration<double>(Clock::now() - r.heartbeat_changed).count(), nproc);
     return result;
   }
-  // The root cause is the first rank that failed by itself; a rank that exits with the dead-rank
-  // code (3) is usually reporting a peer, so one that died otherwise wins among equals in time.
+  // The root cause is the first rank that failed by itself. A rank that wrote its own failure (the
+  // store's failed key) says why; one that exits with the dead-rank code (3) is usually reporting a
+  // peer, and one killed by a signal right after a peer left (SIGPIPE on the peer's closed socket) is
+  // too: the rank with a message wins, then one that died otherwise than with code 3, then the earliest.
+  auto rank_of = [](const Rank& r) {
+    if (!r.exit.error.empty() && r.exit.exit_code != kRankFailedExitCode) return 2;
+    return (r.exit.signal != 0 || r.exit.exit_code != kRankFailedExitCode) ? 1 : 0;
+  };
   const Rank* primary = nullptr;
   for (const auto& r : ranks) {
     bool failed = r.exit.signal != 0 || r.exit.exit_code != 0;
     if (!failed || r.exit.stopped_by_launcher) continue;
-    bool root = r.exit.signal != 0 || r.exit.exit_code != kRankFailedExitCode;
-    bool primary_root = primary != nullptr &&
-                        (primary->exit.signal != 0 || primary->exit.exit_code != kRankFailedExitCode);
-    if (primary == nullptr || (root && !primary_root) ||
-        (root == primary_root && r.ended < primary->ended)) {
+    if (primary == nullptr || rank_of(r) > rank_of(*primary) ||
+        (rank_of(r) == rank_of(*primary) && r.ended < primary->ended)) {
       primary = &r;
     }
   }

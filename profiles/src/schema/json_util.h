@@ -141,5 +141,7 @@ struct Checkpointing;
 struct LossScale;
 void read_value(const nlohmann::json& j, Checkpointing& c, const std::string& path);
 void read_value(const nlohmann::json& j, LossScale& s, const std::string& path);
+struct PipelineBalance;
+void read_value(const nlohmann::json& j, PipelineBalance& b, const std::string& path);
 
 }  // namespace zeroplan

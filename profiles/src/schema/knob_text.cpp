@@ -102,6 +102,13 @@ std::optional<nlohmann::json> to_json_value(const Knob& knob, std::string_view t
       if (t == "none" || t == "dynamic") return t;
       if (auto v = parse_number(t)) return *v;
       return std::nullopt;
+    case KnobType::balance: {
+      expected = "time, memory or units per stage (3,5)";
+      if (t == "time" || t == "memory") return t;
+      auto units = parse_list<int>(t, parse_integer);
+      if (!units || units->empty()) return std::nullopt;
+      return *units;
+    }
     case KnobType::number_pair: {
       expected = "two numbers (0.9,0.95)";
       auto v = parse_list<double>(t, parse_number);
@@ -121,6 +128,7 @@ std::string_view type_name(KnobType t) {
     case KnobType::checkpointing: return "checkpointing";
     case KnobType::loss_scale: return "loss_scale";
     case KnobType::number_pair: return "number[2]";
+    case KnobType::balance: return "balance";
   }
   return "";
 }

@@ -59,9 +59,30 @@ std::vector<Knob> build() {
             "gradient accumulation steps (and GPipe microbatches)", ZP_ASSIGN(microbatches))
           .tune_knob("micro_batch")
           .depends([](const Plan& p) { return batch_split(p, p.micro_batch); }),
-      Entry("pipeline_stages", T::integer, ">= 1, divides world_size", "1", "GPipe pipeline stages",
-            ZP_ASSIGN(pipeline_stages))
-          .simulate(no).run(no),
+      // Pipeline parallelism: simulated and tuned, not run yet.
+      Entry("pipeline_stages", T::integer, ">= 1, divides world_size; > 1 needs zero_stage 0-2", "1",
+            "pipeline stages (GPipe / 1F1B); data-parallel size = world_size / pipeline_stages", ZP_ASSIGN(pipeline_stages))
+          .tune_knob("pipeline").run(no),
+      Entry("pipeline.balance", T::balance, "time | memory | [units per stage, each >= 1, sum = units]", "time",
+            "pipeline: units per stage, or balanced by profiled time or by memory (fairscale balance_by_time / _size)",
+            ZP_ASSIGN(pipeline.balance))
+          .tune_knob("pipeline").run(no)
+          .in_use([](const Plan& p) { return p.pipeline_stages > 1 && p.pipeline.balance != PipelineBalance{}; }),
+      Entry("pipeline.schedule", T::choice, "gpipe | 1f1b", "gpipe",
+            "pipeline: gpipe (all forwards, then all backwards) or 1f1b (PipeDream-flush)", ZP_ASSIGN(pipeline.schedule))
+          .choices({"gpipe", "1f1b"}).tune_knob("pipeline").run(no)
+          .in_use([](const Plan& p) { return p.pipeline_stages > 1 && p.pipeline.schedule != "gpipe"; }),
+      Entry("pipeline.checkpoint", T::choice, "always | except_last | never; gpipe, checkpointing none",
+            "except_last if pipeline_stages > 1, gpipe and checkpointing none; else never",
+            "pipeline (fairscale Pipe): recompute each stage's forward in backward for all microbatches, all but the last, "
+            "or none", ZP_ASSIGN(pipeline.checkpoint))
+          .choices({"always", "except_last", "never"}).tune_knob("pipeline").run(no)
+          .depends([](const Plan& p) {
+            const bool on = p.pipeline_stages > 1 && p.pipeline.schedule == "gpipe" &&
+                            p.checkpointing.mode == Checkpointing::Mode::none;
+            return std::optional<nlohmann::json>(on ? "except_last" : "never");
+          })
+          .in_use([](const Plan& p) { return p.pipeline.checkpoint != "never"; }),
       Entry("zero_stage", T::integer, "0..3", "0",
             "ZeRO stage: 0 DDP, 1 OSS (optimizer state), 2 SDP (+ gradients), 3 FSDP (+ parameters)",
             ZP_ASSIGN(zero_stage))
@@ -218,6 +239,7 @@ const std::vector<TuneKnob>& tune_knobs() {
       {"checkpointing", "activation checkpointing: none, all, or the cheapest set of units that fits"},
       {"checkpoint_offload", "checkpointed units' inputs on the host (where checkpointing is on)"},
       {"offload_activations", "share of saved activations sent to the host: the smallest that fits"},
+      {"pipeline", "pipeline stages (balanced by time), schedule gpipe or 1f1b, and gpipe's checkpoint mode"},
       {"micro_batch", "micro batch x microbatches (gradient accumulation) dividing the global batch"},
       {"localsgd", "LocalSGD / SlowMo across nodes (needs allow_approximate_averaging)"},
       {"buckets", "bucket sizes: default (25 MiB, 2^23 elements) or large (4x)"},

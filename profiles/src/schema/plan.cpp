@@ -34,6 +34,24 @@ ojson write_offload_model(const OffloadModel& o) {
   return j;
 }
 
+// Pipeline parallelism.
+ojson write_balance(const PipelineBalance& b) {
+  switch (b.mode) {
+    case PipelineBalance::Mode::time: return "time";
+    case PipelineBalance::Mode::memory: return "memory";
+    case PipelineBalance::Mode::units: return b.units;
+  }
+  return "time";
+}
+
+ojson write_pipeline(const Pipeline& p) {
+  ojson j;
+  j["balance"] = write_balance(p.balance);
+  j["schedule"] = p.schedule;
+  j["checkpoint"] = p.checkpoint;
+  return j;
+}
+
 ojson write_checkpointing(const Checkpointing& c) {
   switch (c.mode) {
     case Checkpointing::Mode::none: return "none";
@@ -102,6 +120,27 @@ void read_value(const nlohmann::json& j, OffloadModel& o, const std::string& pat
   r.opt("slices", o.slices);
   r.opt("checkpoint_activation", o.checkpoint_activation);
   r.opt("microbatches", o.microbatches);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, PipelineBalance& b, const std::string& path) {
+  if (j.is_string() && (j.get<std::string>() == "time" || j.get<std::string>() == "memory")) {
+    b = PipelineBalance{j.get<std::string>() == "time" ? PipelineBalance::Mode::time : PipelineBalance::Mode::memory, {}};
+    return;
+  }
+  if (j.is_array()) {
+    b.mode = PipelineBalance::Mode::units;
+    read_value(j, b.units, path);
+    return;
+  }
+  fail(path, "expected \"time\", \"memory\" or an array of units per stage, got " + describe(j));
+}
+
+void read_value(const nlohmann::json& j, Pipeline& p, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("balance", p.balance);
+  r.opt("schedule", p.schedule);
+  r.opt("checkpoint", p.checkpoint);
   r.finish();
 }
 
@@ -184,6 +223,7 @@ void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
   r.req("micro_batch", p.micro_batch);
   r.req("microbatches", p.microbatches);
   r.opt("pipeline_stages", p.pipeline_stages);
+  r.opt("pipeline", p.pipeline);
   r.req("zero_stage", p.zero_stage);
   r.opt("reshard_after_forward", p.reshard_after_forward);
   r.opt("offload", p.offload);
@@ -202,7 +242,7 @@ void read_value(const nlohmann::json& j, Plan& p, const std::string& path) {
   r.opt("optimizer", p.optimizer);
   r.opt("seed", p.seed);
   r.finish();
-  fill_dependent_defaults(p, j);  // reshard_after_forward: zero_stage == 3 when left out
+  fill_dependent_defaults(p, j);  // reshard_after_forward, pipeline.checkpoint: when left out
   validate(p);
 }
 
@@ -214,6 +254,7 @@ ojson to_ordered_json(const Plan& p) {
   j["micro_batch"] = p.micro_batch;
   j["microbatches"] = p.microbatches;
   j["pipeline_stages"] = p.pipeline_stages;
+  j["pipeline"] = write_pipeline(p.pipeline);
   j["zero_stage"] = p.zero_stage;
   j["reshard_after_forward"] = p.reshard_after_forward;
   j["offload"] = write_offload(p.offload);
@@ -286,6 +327,30 @@ void validate(const Plan& p) {
   if (p.zero_stage < 0 || p.zero_stage > 3) plan_error("zero_stage must be 0, 1, 2 or 3 (got " + num(p.zero_stage) + ")");
   if (p.reshard_after_forward && p.zero_stage != 3)
     plan_error("reshard_after_forward requires zero_stage 3 (got " + num(p.zero_stage) + ")");
+
+  // Pipeline parallelism.
+  const Pipeline& pl = p.pipeline;
+  if (pl.schedule != "gpipe" && pl.schedule != "1f1b")
+    plan_error("pipeline.schedule must be \"gpipe\" or \"1f1b\" (got " + quote_json(pl.schedule) + ")");
+  if (pl.checkpoint != "always" && pl.checkpoint != "except_last" && pl.checkpoint != "never")
+    plan_error("pipeline.checkpoint must be \"always\", \"except_last\" or \"never\" (got " + quote_json(pl.checkpoint) + ")");
+  if (pl.checkpoint != "never" && p.pipeline_stages == 1)
+    plan_error("pipeline.checkpoint " + quote_json(pl.checkpoint) + " requires pipeline_stages > 1 (got 1)");
+  if (pl.checkpoint != "never" && pl.schedule != "gpipe")
+    plan_error("pipeline.checkpoint " + quote_json(pl.checkpoint) + " requires pipeline.schedule \"gpipe\" (got " +
+               quote_json(pl.schedule) + "; checkpoint units with checkpointing instead)");
+  if (pl.checkpoint != "never" && p.checkpointing.mode != Checkpointing::Mode::none)
+    plan_error("pipeline.checkpoint " + quote_json(pl.checkpoint) + " and checkpointing " +
+               write_checkpointing(p.checkpointing).dump() + " both recompute: set one of them to never / none");
+  if (pl.balance.mode == PipelineBalance::Mode::units) {
+    const std::vector<int>& b = pl.balance.units;
+    if (static_cast<int>(b.size()) != p.pipeline_stages)
+      plan_error("pipeline.balance has " + num(static_cast<std::int64_t>(b.size())) + " entries but pipeline_stages is " + num(p.pipeline_stages));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      if (b[i] < 1) plan_error("pipeline.balance[" + num(static_cast<std::int64_t>(i)) + "] must be >= 1 (got " + num(b[i]) + ")");
+  }
+  if (p.pipeline_stages > 1 && p.zero_stage == 3)
+    plan_error("pipeline_stages " + num(p.pipeline_stages) + " requires zero_stage 0, 1 or 2 (got 3)");
 
   // Offload of model states.
   if (p.offload.params && p.zero_stage != 3)
@@ -418,6 +483,13 @@ void validate(const Plan& p, const ModelProfile& model) {
   if (p.pipeline_stages > expanded)
     plan_error("pipeline_stages " + num(p.pipeline_stages) + " > " + num(expanded) + " units of model " +
                quote_json(model.name));
+  if (p.pipeline.balance.mode == PipelineBalance::Mode::units) {
+    std::int64_t sum = 0;
+    for (const int n : p.pipeline.balance.units) sum += n;
+    if (sum != expanded)
+      plan_error("pipeline.balance sums to " + num(sum) + " units but model " + quote_json(model.name) + " has " +
+                 num(expanded));
+  }
 }
 
 void to_json(nlohmann::json& j, const Plan& p) { j = to_plain(to_ordered_json(p)); }

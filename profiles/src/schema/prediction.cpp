@@ -40,6 +40,16 @@ ojson write_unit(const UnitTiming& u) {
   return j;
 }
 
+ojson write_stage(const StagePrediction& s) {
+  ojson j;
+  j["first_unit"] = s.first_unit;
+  j["units"] = s.units;
+  j["device"] = write_pool(s.device);
+  j["host_peak_bytes"] = s.host_peak_bytes;
+  j["compute_busy_s"] = s.compute_busy_s;
+  return j;
+}
+
 void check_non_negative(const std::string& field, double v) {
   if (!(v >= 0)) prediction_error(field + " must be >= 0 (got " + num(v) + ")");
 }
@@ -98,6 +108,16 @@ void read_value(const nlohmann::json& j, UnitTiming& u, const std::string& path)
   r.finish();
 }
 
+void read_value(const nlohmann::json& j, StagePrediction& s, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("first_unit", s.first_unit);
+  r.req("units", s.units);
+  r.req("device", s.device);
+  r.req("host_peak_bytes", s.host_peak_bytes);
+  r.req("compute_busy_s", s.compute_busy_s);
+  r.finish();
+}
+
 ojson to_ordered_json(const Prediction& p) {
   ojson j;
   j["schema"] = kPredictionSchema;
@@ -114,6 +134,10 @@ ojson to_ordered_json(const Prediction& p) {
   j["host"] = write_pool(p.host);
   j["resource_busy_s"] = p.resource_busy_s;
   j["units"] = write_array(p.units, write_unit);
+  if (!p.stages.empty()) {  // pipelined plans only
+    j["stages"] = write_array(p.stages, write_stage);
+    j["bubble_fraction"] = p.bubble_fraction;
+  }
   j["trace_path"] = p.trace_path;
   j["notes"] = p.notes;
   j["plan"] = to_ordered_json(p.plan);
@@ -141,6 +165,16 @@ void validate(const Prediction& p) {
   check_pool("device", p.device);
   check_pool("host", p.host);
   for (const auto& [resource, busy] : p.resource_busy_s) check_non_negative("resource_busy_s." + resource, busy);
+  if (!(p.bubble_fraction >= 0 && p.bubble_fraction <= 1))
+    prediction_error("bubble_fraction must be in [0, 1] (got " + num(p.bubble_fraction) + ")");
+  for (std::size_t i = 0; i < p.stages.size(); ++i) {
+    const StagePrediction& s = p.stages[i];
+    const std::string at = "stages[" + std::to_string(i) + "]";
+    if (s.units < 1) prediction_error(at + ".units must be >= 1 (got " + num(s.units) + ")");
+    check_pool(at + ".device", s.device);
+    check_non_negative(at + ".host_peak_bytes", s.host_peak_bytes);
+    check_non_negative(at + ".compute_busy_s", s.compute_busy_s);
+  }
   for (std::size_t i = 0; i < p.units.size(); ++i) {
     const UnitTiming& u = p.units[i];
     const std::string at = "units[" + std::to_string(i) + "]";
@@ -171,6 +205,8 @@ void from_json(const nlohmann::json& j, Prediction& p) {
   r.req("host", p.host);
   r.opt("resource_busy_s", p.resource_busy_s);
   r.opt("units", p.units);
+  r.opt("stages", p.stages);
+  r.opt("bubble_fraction", p.bubble_fraction);
   r.opt("trace_path", p.trace_path);
   r.opt("notes", p.notes);
   r.req("plan", p.plan);

@@ -68,10 +68,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
 }
 
 Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const SimOptions& o)
-    : model(mp), cluster(cp), plan(p), opt(o) {
-  if (plan.pipeline_stages > 1) {
-    throw SimError(fmt::format("simulate: pipeline_stages {} > 1 is not simulated yet (GPipe)", plan.pipeline_stages));
-  }
+    : model(mp), cluster(cp), plan(p), opt(o), own_graph_(std::make_unique<TaskGraph>()), g(*own_graph_) {
   if (plan.world_size > cluster.world_size()) {
     throw SimError(fmt::format("simulate: plan world_size {} > cluster {} nodes x {} devices (= {})", plan.world_size,
                                cluster.nodes, cluster.devices_per_node, cluster.world_size()));
@@ -91,7 +88,39 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   fwd0.assign(units.size(), kNone);
   bwd0.assign(units.size(), kNone);
   bwd.assign(units.size(), kNone);
+  intern_names();
+}
 
+Ctx::Ctx(Ctx& whole, int stage_index, int first, int count)
+    : model(whole.model), cluster(whole.cluster), plan(whole.plan), opt(whole.opt), g(whole.g), stage(stage_index),
+      unit_offset(first), prefix(fmt::format("s{}.", stage_index)), n(whole.n), m(whole.m), b(whole.b) {
+  const auto begin = whole.units.begin() + first;
+  units.assign(begin, begin + count);
+  for (Unit& u : units) {
+    // Shared parameters whose owner runs on another stage: this stage holds a replica (as Megatron keeps
+    // the tied word embeddings on the first and the last stage), so they count as its own.
+    std::vector<int> local;
+    for (const int o : u.owners_due) {
+      if (o >= first && o < first + count) {
+        local.push_back(o - first);
+      } else {
+        u.params += whole.units[static_cast<std::size_t>(o)].params;
+        u.shard = (u.params + n - 1) / n;
+        u.padded = u.shard * n;
+      }
+    }
+    u.owners_due = std::move(local);
+  }
+  for (const Unit& u : units) total_params += u.params;
+  fwd.assign(units.size(), kNone);
+  fwd0.assign(units.size(), kNone);
+  bwd0.assign(units.size(), kNone);
+  bwd.assign(units.size(), kNone);
+  intern_names();
+}
+
+// Interned names are shared: a stage's view gets the same ids as the whole model's.
+void Ctx::intern_names() {
   n_fwd = g.intern("fwd");
   n_bwd = g.intern("bwd");
   n_recompute = g.intern("recompute");
@@ -130,7 +159,7 @@ std::string Ctx::unit_name(int u) const {
 }
 
 TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
-  last_compute = g.add_task(compute, s * cluster.calibration.compute_time_scale, {name, u, mb}, {}, n_cat_compute);
+  last_compute = g.add_task(compute, s * cluster.calibration.compute_time_scale, label(name, u, mb), {}, n_cat_compute);
   return last_compute;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,12 +62,22 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
 
 struct Ctx {
   Ctx(const ModelProfile& m, const ClusterProfile& c, const Plan& p, const SimOptions& o);
+  // Pipeline stage `stage` (pipeline.cpp): a view of `whole`'s units [first, first + count) that builds
+  // into `whole`'s graph with resources and pools of its own, named "s<stage>.<name>". Unit indices are
+  // the stage's; labels and unit_name give the whole model's.
+  Ctx(Ctx& whole, int stage, int first, int count);
 
   const ModelProfile& model;
   const ClusterProfile& cluster;
   const Plan& plan;
   const SimOptions& opt;
-  TaskGraph g;
+ private:
+  std::unique_ptr<TaskGraph> own_graph_;  // null in a stage's view
+ public:
+  TaskGraph& g;
+  int stage = -1;          // pipeline stage of this view, -1: the whole model on one rank
+  int unit_offset = 0;     // the whole model's index of this view's unit 0
+  std::string prefix;      // resource and pool names: "" or "s<stage>."
 
   int n = 1;           // data-parallel ranks
   int m = 1;           // microbatches
@@ -90,8 +101,11 @@ struct Ctx {
   TaskId last_compute = kNone;  // last task queued on the compute stream
 
   std::string unit_name(int u) const;
-  Label label(NameId name, int u = -1, int mb = -1) const { return {name, u, mb}; }
+  Label label(NameId name, int u = -1, int mb = -1) const { return {name, u >= 0 ? u + unit_offset : u, mb}; }
   TaskId compute_task(double s, NameId name, int u, int mb);
+
+ private:
+  void intern_names();
 };
 
 // The pieces, each in its own file.
@@ -167,6 +181,15 @@ TaskId loss_scale_check(Ctx& c, const GradSync& grads);
 // The step's schedule: microbatches x forward and backward over units.
 void schedule_step(Ctx& c);                   // step.cpp
 void schedule_offload_model(Ctx& c);          // offload_model.cpp
+
+// Pipeline parallelism: stages as ranks of their own, GPipe or 1F1B over the microbatches: pipeline.cpp
+struct PipelineStage {
+  int first_unit = 0, units = 0;            // the whole model's expanded units
+  ResourceId compute = 0;
+  PoolId dev = 0, host = 0;
+  std::vector<TaskId> work;                 // forward, backward and recompute tasks (the bubble's complement)
+};
+std::vector<PipelineStage> schedule_pipeline(Ctx& c);
 // LocalSGD / SlowMo: extra seconds of a synchronising step, and how often one happens: localsgd.cpp
 struct SyncAmortisation {
   double sync_extra_s = 0;       // what the step that averages (and does the slow update) adds

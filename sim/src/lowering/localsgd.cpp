@@ -15,7 +15,10 @@ SyncAmortisation localsgd_amortisation(const Ctx& c) {
   SyncAmortisation a;
   if (!c.plan.localsgd()) return a;
   const double params = static_cast<double>(c.total_params);
-  const double average = collective_time(c.cluster, CollOp::all_reduce, params * c.b.param, c.n);
+  // On one node every step already reduced gradients over every rank: the replicas are equal and, as in
+  // fairscale's hierarchy (and the executor), there is nothing to average.
+  const bool several_nodes = c.n > c.cluster.devices_per_node;
+  const double average = several_nodes ? collective_time(c.cluster, CollOp::all_reduce, params * c.b.param, c.n) : 0.0;
   a.sync_extra_s = average;
   a.amortised_extra_s = average / c.plan.localsgd_frequency;
   if (c.plan.slowmo()) {

@@ -12,21 +12,21 @@ void build_resources(Ctx& c) {
   GroupId cores = kNone;
   GroupId pcie = kNone;
   if (cl.shares_cores) {
-    cores = c.g.add_group("cores", c.opt.cpu_core_capacity);
+    cores = c.g.add_group(c.prefix + "cores", c.opt.cpu_core_capacity);
   } else if (cl.device.kind != "cpu" &&
              (c.n > cl.devices_per_node || cl.links.intra_node.name.find("PCIe") != std::string::npos)) {
-    pcie = c.g.add_group("pcie", c.opt.pcie_capacity);
+    pcie = c.g.add_group(c.prefix + "pcie", c.opt.pcie_capacity);
   }
   const GroupId copy_group = cores != kNone ? cores : pcie;
-  c.compute = c.g.add_resource("compute", ResourceKind::compute, cores);
-  c.h2d = c.g.add_resource("h2d", ResourceKind::copy_h2d, copy_group);
-  c.d2h = c.g.add_resource("d2h", ResourceKind::copy_d2h, copy_group);
-  c.comm = c.g.add_resource("comm", ResourceKind::comm, copy_group);
+  c.compute = c.g.add_resource(c.prefix + "compute", ResourceKind::compute, cores);
+  c.h2d = c.g.add_resource(c.prefix + "h2d", ResourceKind::copy_h2d, copy_group);
+  c.d2h = c.g.add_resource(c.prefix + "d2h", ResourceKind::copy_d2h, copy_group);
+  c.comm = c.g.add_resource(c.prefix + "comm", ResourceKind::comm, copy_group);
   // FSDP reduce-scatters on its own stream, so gathers for the next unit are not queued behind them.
-  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource("comm.rs", ResourceKind::comm, copy_group) : c.comm;
-  c.host_opt = c.g.add_resource("host_optimizer", ResourceKind::host_optimizer, cores);
-  c.dev = c.g.add_pool("device", cl.device.mem_bytes);
-  c.host = c.g.add_pool("host", cl.host.mem_bytes);
+  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, copy_group) : c.comm;
+  c.host_opt = c.g.add_resource(c.prefix + "host_optimizer", ResourceKind::host_optimizer, cores);
+  c.dev = c.g.add_pool(c.prefix + "device", cl.device.mem_bytes);
+  c.host = c.g.add_pool(c.prefix + "host", cl.host.mem_bytes);
 }
 
 }  // namespace zeroplan::sim::lowering

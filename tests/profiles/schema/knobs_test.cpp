@@ -26,6 +26,9 @@ const std::map<std::string, Case>& cases() {
       {"micro_batch", {{}, "2", 2}},
       {"microbatches", {{}, "4", 4}},
       {"pipeline_stages", {{}, "2", 2}},
+      {"pipeline.balance", {{{"pipeline_stages", "2"}}, "1,3", J::array({1, 3})}},
+      {"pipeline.schedule", {{{"pipeline_stages", "2"}}, "1f1b", "1f1b"}},
+      {"pipeline.checkpoint", {{{"pipeline_stages", "2"}}, "always", "always"}},
       {"zero_stage", {{}, "2", 2}},
       {"reshard_after_forward", {{{"zero_stage", "3"}}, "false", false}},
       {"offload.params", {{{"zero_stage", "3"}}, "true", true}},
@@ -124,6 +127,8 @@ TEST(Knobs, BadTextNamesTheKnobAndWhatWasExpected) {
                "--set offload.params=maybe: expected true or false");
   expect_error([&] { set_knob_text(p, knob("precision.param_dtype"), "fp8", "--set"); },
                "--set precision.param_dtype=fp8: expected fp32, fp16 or bf16");
+  expect_error([&] { set_knob_text(p, knob("pipeline.balance"), "even", "--set"); },
+               "--set pipeline.balance=even: expected time, memory or units per stage (3,5)");
   expect_error([&] { set_knob_text(p, knob("checkpointing"), "3,1", "--set"); },
                "--set checkpointing=3,1: expected unit indices strictly increasing (3 then 1)");
 }
@@ -174,6 +179,20 @@ TEST(Knobs, DependentDefaultsAgreeBetweenJsonAndSet) {
   EXPECT_FALSE(apply_sets(no_reshard, {{"offload.params", "true"}}).reshard_after_forward);
 }
 
+// pipeline.checkpoint follows fairscale Pipe's default (except_last) for GPipe stages, else never.
+TEST(Knobs, PipelineCheckpointFollowsStagesScheduleAndCheckpointing) {
+  const Plan two = apply_sets(base(), {{"pipeline_stages", "2"}});
+  EXPECT_EQ(two.pipeline.checkpoint, "except_last");
+  nlohmann::json j = two;
+  j["pipeline"].erase("checkpoint");
+  EXPECT_EQ(j.get<Plan>(), two);
+  EXPECT_EQ(apply_sets(two, {{"pipeline.schedule", "1f1b"}}).pipeline.checkpoint, "never");
+  EXPECT_EQ(apply_sets(two, {{"checkpointing", "all"}}).pipeline.checkpoint, "never");
+  EXPECT_EQ(apply_sets(two, {{"pipeline_stages", "1"}}).pipeline.checkpoint, "never");
+  const Plan always = apply_sets(two, {{"pipeline.checkpoint", "always"}});
+  EXPECT_EQ(apply_sets(always, {{"micro_batch", "2"}}).pipeline.checkpoint, "always");  // a user's value is kept
+}
+
 TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
   const Plan mb = apply_sets(base(), {{"micro_batch", "1"}});
   EXPECT_EQ(mb.microbatches, 4);
@@ -190,7 +209,8 @@ TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
 // each knob marked run: no is named when a plan uses it, and only those.
 TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
-      "pipeline_stages",      "offload.activations_ratio", "offload_model.enabled", "offload_model.slices",
+      "pipeline_stages",      "pipeline.balance", "pipeline.schedule", "pipeline.checkpoint", "offload.activations_ratio",
+      "offload_model.enabled", "offload_model.slices",
       "offload_model.checkpoint_activation", "offload_model.microbatches", "checkpoint_offload"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
@@ -205,7 +225,9 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
     EXPECT_EQ(named, k.run == Support::no);
   }
   EXPECT_EQ(unsupported_knobs(apply_sets(base(), {{"pipeline_stages", "2"}}), Component::run),
-            std::vector<std::string>{"pipeline_stages 2"});
+            (std::vector<std::string>{"pipeline_stages 2", "pipeline.checkpoint except_last"}));
+  // A pipeline's settings matter only with more than one stage.
+  EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"pipeline.schedule", "1f1b"}}), Component::run).empty());
   // OffloadModel's settings matter only when it is on.
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),

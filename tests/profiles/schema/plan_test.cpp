@@ -150,6 +150,51 @@ const Rule kRules[] = {
     {"Microbatches", [](Plan& p) { p.microbatches = -1; }, "plan: microbatches must be >= 1 (got -1)"},
     {"PipelineStages", [](Plan& p) { p.pipeline_stages = 0; }, "plan: pipeline_stages must be >= 1 (got 0)"},
     {"PipelineDivides", [](Plan& p) { p.pipeline_stages = 3; }, "plan: world_size 2 is not a multiple of pipeline_stages 3"},
+    {"PipelineSchedule", [](Plan& p) { p.pipeline.schedule = "zb"; },
+     "plan: pipeline.schedule must be \"gpipe\" or \"1f1b\" (got \"zb\")"},
+    {"PipelineCheckpointName", [](Plan& p) { p.pipeline.checkpoint = "some"; },
+     "plan: pipeline.checkpoint must be \"always\", \"except_last\" or \"never\" (got \"some\")"},
+    {"PipelineCheckpointNeedsStages", [](Plan& p) { p.pipeline.checkpoint = "always"; },
+     "plan: pipeline.checkpoint \"always\" requires pipeline_stages > 1 (got 1)"},
+    {"PipelineCheckpointGpipeOnly",
+     [](Plan& p) {
+       p.pipeline_stages = 2;
+       p.micro_batch = 8;
+       p.pipeline.schedule = "1f1b";
+       p.pipeline.checkpoint = "except_last";
+     },
+     "plan: pipeline.checkpoint \"except_last\" requires pipeline.schedule \"gpipe\" (got \"1f1b\"; checkpoint units "
+     "with checkpointing instead)"},
+    {"PipelineCheckpointTwice",
+     [](Plan& p) {
+       p.pipeline_stages = 2;
+       p.micro_batch = 8;
+       p.pipeline.checkpoint = "always";
+       p.checkpointing.mode = Checkpointing::Mode::all;
+     },
+     "plan: pipeline.checkpoint \"always\" and checkpointing \"all\" both recompute: set one of them to never / none"},
+    {"PipelineBalanceLength",
+     [](Plan& p) {
+       p.pipeline_stages = 2;
+       p.micro_batch = 8;
+       p.pipeline.balance = {PipelineBalance::Mode::units, {1, 2, 3}};
+     },
+     "plan: pipeline.balance has 3 entries but pipeline_stages is 2"},
+    {"PipelineBalanceEntry",
+     [](Plan& p) {
+       p.pipeline_stages = 2;
+       p.micro_batch = 8;
+       p.pipeline.balance = {PipelineBalance::Mode::units, {4, 0}};
+     },
+     "plan: pipeline.balance[1] must be >= 1 (got 0)"},
+    {"PipelineZero3",
+     [](Plan& p) {
+       p.pipeline_stages = 2;
+       p.micro_batch = 8;
+       p.zero_stage = 3;
+       p.reshard_after_forward = true;
+     },
+     "plan: pipeline_stages 2 requires zero_stage 0, 1 or 2 (got 3)"},
     {"ZeroStage", [](Plan& p) { p.zero_stage = 4; }, "plan: zero_stage must be 0, 1, 2 or 3 (got 4)"},
     {"Reshard",
      [](Plan& p) {
@@ -371,6 +416,40 @@ TEST(Plan, AgainstModel) {
   pp.global_batch = 1;
   pp.micro_batch = 1;
   expect_error([&] { validate(pp, m); }, "plan: pipeline_stages 8 > 6 units of model \"gpt2-tiny\"");
+  Plan pb = Plan::default_ddp(2, 8);
+  pb.pipeline_stages = 2;
+  pb.micro_batch = 8;
+  pb.pipeline.balance = {PipelineBalance::Mode::units, {2, 4}};
+  validate(pb, m);
+  pb.pipeline.balance.units = {2, 5};
+  expect_error([&] { validate(pb, m); }, "plan: pipeline.balance sums to 7 units but model \"gpt2-tiny\" has 6");
+}
+
+TEST(Plan, PipelineRoundTripsAndFollowsFairscaleDefaults) {
+  // fairscale Pipe's default checkpoint mode is except_last; it applies to GPipe stages only.
+  const Plan p = parse_document<Plan>(
+      R"({"schema": "zeroplan.plan/1", "world_size": 4, "global_batch": 16, "micro_batch": 2, "microbatches": 4,
+          "zero_stage": 1, "pipeline_stages": 2})");
+  EXPECT_EQ(p.pipeline.checkpoint, "except_last");
+  EXPECT_EQ(p.pipeline.schedule, "gpipe");
+  EXPECT_EQ(p.pipeline.balance.mode, PipelineBalance::Mode::time);
+  testing::expect_round_trip(p);
+  const Plan q = parse_document<Plan>(
+      R"({"schema": "zeroplan.plan/1", "world_size": 4, "global_batch": 16, "micro_batch": 2, "microbatches": 4,
+          "zero_stage": 0, "pipeline_stages": 2, "pipeline": {"schedule": "1f1b", "balance": [1, 5]}})");
+  EXPECT_EQ(q.pipeline.checkpoint, "never");
+  EXPECT_EQ(q.pipeline.balance.units, (std::vector<int>{1, 5}));
+  testing::expect_round_trip(q);
+  EXPECT_EQ(parse_document<Plan>(R"({"schema": "zeroplan.plan/1", "world_size": 1, "global_batch": 1, "micro_batch": 1,
+                                     "microbatches": 1, "zero_stage": 0})")
+                .pipeline.checkpoint,
+            "never");
+  expect_error(
+      [] {
+        parse_document<Plan>(R"({"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 2, "micro_batch": 1,
+                                 "microbatches": 1, "zero_stage": 0, "pipeline_stages": 2, "pipeline": {"balance": "size"}})");
+      },
+      "<string>: plan.pipeline.balance: expected \"time\", \"memory\" or an array of units per stage, got string \"size\"");
 }
 
 }  // namespace

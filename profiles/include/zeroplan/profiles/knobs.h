@@ -20,7 +20,7 @@
 
 namespace zeroplan {
 
-enum class KnobType { integer, boolean, number, choice, checkpointing, loss_scale, number_pair };
+enum class KnobType { integer, boolean, number, choice, checkpointing, loss_scale, number_pair, balance };
 
 // What a component does with a knob: honours it, rejects a plan that uses it, or accepts it with no effect.
 enum class Support { yes, no, ignored };
@@ -71,7 +71,8 @@ std::vector<std::string> close_knob_names(std::string_view word);
 // The knob's value in `plan`, as Plan JSON writes it.
 nlohmann::json knob_value(const Plan& plan, const Knob& knob);
 // Parses command-line text for the knob (true/false/yes/no/on/off/1/0, numbers, names, checkpointing
-// "none" | "all" | "1,3" | "[1,3]", loss scale "none" | "dynamic" | a number, betas "0.9,0.95") and sets it.
+// "none" | "all" | "1,3" | "[1,3]", loss scale "none" | "dynamic" | a number, betas "0.9,0.95", pipeline
+// balance "time" | "memory" | "3,5") and sets it.
 // Throws SchemaError "<where> <knob>=<text>: expected ..."; ranges are left to validate(plan).
 void set_knob_text(Plan& plan, const Knob& knob, std::string_view text, std::string_view where);
 

@@ -87,12 +87,36 @@ struct Optimizer {
   bool operator==(const Optimizer&) const = default;
 };
 
+// Pipeline parallelism (fairscale Pipe / GPipe, and 1F1B), used when Plan::pipeline_stages > 1.
+// JSON: {"balance": "time" | "memory" | [units per stage], "schedule": "gpipe" | "1f1b",
+//        "checkpoint": "always" | "except_last" | "never"}.
+struct PipelineBalance {
+  // time: by profiled forward + backward time (FLOPs where the profile has no times), fairscale
+  // balance_by_time; memory: by parameter and saved-activation bytes, fairscale balance_by_size;
+  // units: the expanded units per stage, as given.
+  enum class Mode { time, memory, units };
+  Mode mode = Mode::time;
+  std::vector<int> units;  // Mode::units only: one entry per stage, each >= 1
+
+  bool operator==(const PipelineBalance&) const = default;
+};
+
+struct Pipeline {
+  PipelineBalance balance;
+  std::string schedule = "gpipe";   // "gpipe": all forwards, then all backwards; "1f1b": PipeDream-flush
+  std::string checkpoint = "never"; // fairscale Pipe (gpipe): "always" | "except_last" | "never"; JSON
+                                    // default: except_last with pipeline_stages > 1, gpipe, no checkpointing
+
+  bool operator==(const Pipeline&) const = default;
+};
+
 struct Plan {
   int world_size = 1;
   int global_batch = 1;
   int micro_batch = 1;
   int microbatches = 1;         // gradient accumulation steps (and GPipe microbatches)
-  int pipeline_stages = 1;      // GPipe stages; data-parallel size = world_size / pipeline_stages; optional
+  int pipeline_stages = 1;      // pipeline stages; data-parallel size = world_size / pipeline_stages; optional
+  Pipeline pipeline;            // balance, schedule and checkpoint mode of the stages; optional
   int zero_stage = 0;           // 0 DDP, 1 OSS (optimizer state), 2 SDP (+ grads), 3 FSDP (+ params)
   bool reshard_after_forward = false;  // stage 3 only; JSON default: true at stage 3, false below
   Offload offload;
@@ -131,6 +155,9 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 //  - global_batch == micro_batch x microbatches x world_size (x data-parallel size with pipelining):
 //    "plan: global_batch 33 != micro_batch 17 x microbatches 2 x world_size 2 (= 68)"
 //  - zero_stage in 0..3
+//  - pipeline: schedule gpipe | 1f1b; checkpoint always | except_last | never, other than never only
+//    with pipeline_stages > 1, schedule gpipe and checkpointing none; a balance list has
+//    pipeline_stages entries, each >= 1; pipeline_stages > 1 requires zero_stage 0-2
 //  - reshard_after_forward requires zero_stage 3 (FSDP FULL_SHARD; SHARD_GRAD_OP never reshards)
 //  - offload.params requires zero_stage 3 (DeepSpeed offload_param, FSDP CPUOffload)
 //  - offload.optimizer requires zero_stage >= 1 (DeepSpeed offload_optimizer: stages 1-3)
@@ -156,7 +183,8 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 void validate(const Plan& plan);
 
 // Checks that need the model: checkpointing unit indices < units.size(), offload_model.slices <=
-// expanded unit count, pipeline_stages <= expanded unit count.
+// expanded unit count, pipeline_stages <= expanded unit count, a pipeline.balance list sums to the
+// expanded unit count.
 void validate(const Plan& plan, const ModelProfile& model);
 
 void to_json(nlohmann::json& j, const Plan& plan);

@@ -46,6 +46,17 @@ struct UnitTiming {
   bool operator==(const UnitTiming&) const = default;
 };
 
+// One stage of a pipelined plan (a rank of it): its units, its peaks and how busy its compute was.
+struct StagePrediction {
+  int first_unit = 0;          // expanded unit index of its first unit
+  int units = 0;               // expanded units it runs
+  PoolPeak device;
+  std::int64_t host_peak_bytes = 0;
+  double compute_busy_s = 0;   // forward, backward and recompute of the step
+
+  bool operator==(const StagePrediction&) const = default;
+};
+
 struct Prediction {
   std::string model;         // ModelProfile::name
   std::string cluster;       // ClusterProfile::name
@@ -61,6 +72,11 @@ struct Prediction {
   double overlapped_comm_s = 0;  // communication hidden under compute
   std::string bound;             // "compute" | "communication" | "copies" | "host_optimizer"
   std::vector<UnitTiming> units;
+  // Pipelined plans (pipeline_stages > 1): per stage, and the share of the stages' time between the first
+  // forward and the last backward that their compute streams idle (GPipe: (p-1)/(m+p-1) for equal
+  // stages and free sends). device and host above are the largest of the stages'. Optional.
+  std::vector<StagePrediction> stages;
+  double bubble_fraction = 0;
   std::string trace_path;        // Chrome trace of the simulated step; optional, "" when none
   std::vector<std::string> notes;  // assumptions the simulator made; optional
 

@@ -87,6 +87,12 @@ enum class CopyDir { h2d, d2h };
 // bytes / bandwidth (pinned or pageable, per direction) + the PCIe link latency.
 double copy_time(const ClusterProfile& cluster, CopyDir dir, double bytes, bool pinned = true);
 
+// ---- point to point ---------------------------------------------------------------------------------
+// One send of `bytes` between two ranks: latency + bytes / bandwidth on the intra-node link, or on the
+// node's inter-node link shared by its devices_per_node devices (every device of a node sends at once);
+// x calibration.comm_time_scale. 0 for 0 bytes.
+double p2p_time(const ClusterProfile& cluster, double bytes, bool same_node);
+
 // ---- optimizer -------------------------------------------------------------------------------------
 
 // Host optimizer step over `params` parameters: params / rate, the rate for Adam (adam, adamw) or SGD,

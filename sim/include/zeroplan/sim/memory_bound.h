@@ -21,4 +21,11 @@ struct MemoryBound {
 // REQUIRES: validate(plan) and validate(plan, model) pass.
 MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan);
 
+// A lower bound of simulate(plan).step_time_s from the units' compute times alone, O(units), for the
+// tuner's pruning. Pipelined plans: stage b cannot start before the first microbatch's forward crossed
+// the stages before it, must run its m forwards and backwards, and the last backward must cross them
+// back: max over b of sum_{s<b} (F_s + B_s) + m (F_b + B_b), exact for equal stages and free sends.
+// Other plans: 0 (no bound claimed). REQUIRES: as memory_lower_bound.
+double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan);
+
 }  // namespace zeroplan::sim

@@ -25,6 +25,8 @@ class Evaluator {
   // Lower bounds of simulate(plan).device.total_bytes() and .host.total_bytes(), cheap (no
   // simulation). Thread-safe. {0, 0} is always correct (no pruning).
   virtual MemoryBytes memory_lower_bound(const Plan& plan) const = 0;
+  // A lower bound of simulate(plan).step_time_s, cheap. Thread-safe. 0 is always correct (no pruning).
+  virtual double step_time_lower_bound(const Plan& plan) const { (void)plan; return 0; }
 };
 
 // The real simulator (zeroplan_sim) and its analytic memory bound on `model` x `cluster`. Both are

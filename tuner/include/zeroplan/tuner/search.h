@@ -31,6 +31,7 @@ enum class Status {
   out_of_memory_bound,  // pruned: the analytic bound already exceeds the limit (never simulated)
   out_of_memory,      // simulated, does not fit in any variant tried
   error,              // the simulator refused the plan
+  dominated,          // pruned (pipelines): top_k plans are faster than its step-time bound (never simulated)
 };
 std::string_view to_string(Status s);
 

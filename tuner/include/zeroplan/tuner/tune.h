@@ -73,6 +73,7 @@ struct Rejections {
   std::int64_t out_of_memory_bound = 0;   // pruned by the analytic bound, never simulated
   std::int64_t out_of_memory = 0;         // simulated, no variant fits
   std::int64_t errors = 0;                // the simulator refused them
+  std::int64_t dominated = 0;             // pipelines bounded out of the ranking (top_k faster plans), never simulated
   std::map<std::string, std::int64_t> error_messages;
   std::vector<Rejection> closest;         // the out-of-memory candidates nearest to fitting, nearest first (<= 5)
   std::int64_t invalid_total() const;
@@ -105,7 +106,7 @@ struct TuneResult {
   std::int64_t bound_prunes = 0;   // variants the analytic bound ruled out
   std::int64_t fitting = 0;        // candidates with a plan that fits
   std::vector<RankedPlan> ranking;   // best first, at most top_k
-  std::vector<RankedPlan> pareto;    // every fitting plan that no other beats on both device memory
+  std::vector<RankedPlan> pareto;    // every simulated fitting plan that no other beats on both device memory
                                      // and samples/s, least memory first
   struct Point {
     int candidate = -1;

@@ -1,0 +1,29 @@
+// Pipeline stage balance: which consecutive units each stage of a pipelined plan runs. One function, so
+// the simulator, its memory bound and the exports split a model the same way.
+//
+//   std::vector<int> b = pipeline_balance(plan, model);   // units per stage, e.g. {25, 24, 24, 25}
+#pragma once
+
+#include <vector>
+
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+
+namespace zeroplan {
+
+// Units per stage (expanded units, in order; pipeline_stages entries, each >= 1, summing to the expanded
+// unit count): the plan's list when it gives one, else the contiguous split that minimises the heaviest
+// stage (fairscale's blockpartition), weighing each unit by
+//  - time: its profiled forward + backward time at the plan's micro batch (fairscale balance_by_time),
+//    or its forward + backward FLOPs when the profile has no times (analytic profiles), or 1;
+//  - memory: 2 x its parameter bytes + its saved activations at the micro batch (fairscale
+//    balance_by_size with its default param_scale 2).
+// Ties go to the earlier stages (the split fills stages front to back up to the least heaviest stage).
+// REQUIRES: validate(plan, model) passes.
+std::vector<int> pipeline_balance(const Plan& plan, const ModelProfile& model);
+
+// The contiguous split of `weights` into `parts` blocks (each >= 1 item) minimising the largest block sum.
+// REQUIRES: 1 <= parts <= weights.size(), weights >= 0.
+std::vector<int> balanced_blocks(const std::vector<double>& weights, int parts);
+
+}  // namespace zeroplan

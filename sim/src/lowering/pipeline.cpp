@@ -1,0 +1,210 @@
+// Pipeline parallelism (fairscale Pipe / GPipe, and 1F1B): each stage is a rank with its own compute
+// stream, copy engines, channels and pools (a Ctx view over its units, pipeline_balance's split), and
+// the pieces of step.cpp run on it once per microbatch. Activations go to the next stage and their
+// gradients come back as point-to-point sends on the link between the two stages' devices. Ranks are
+// stage-major (rank = stage x dp + replica, DeepSpeed's and Megatron's layout): a stage's data-parallel
+// group is consecutive ranks, synchronised by dp_sync at its zero stage (0-2), and two stages share a
+// node when every replica's pair of ranks does. The order on each stage's compute stream:
+//   gpipe: F0 .. F(m-1), then B0 .. B(m-1). A checkpointed microbatch (checkpoint always: all;
+//          except_last: all but the last) keeps only the stage's input in forward and recomputes the
+//          stage's forward just before its backward;
+//   1f1b:  (PipeDream-flush) min(p - s - 1, m) forwards, then a forward and a backward in turn, then
+//          the backwards left: at most p - s microbatches in flight on stage s.
+// The backward of a microbatch starts at the stage's last unit when its output's gradient has arrived.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "context.h"
+#include "zeroplan/profiles/pipeline.h"
+#include "zeroplan/sim/cost_models.h"
+
+namespace zeroplan::sim::lowering {
+
+namespace {
+
+struct Op {
+  bool forward;
+  int mb;
+};
+
+std::vector<Op> stage_order(const std::string& schedule, int p, int s, int m) {
+  std::vector<Op> ops;
+  if (schedule == "gpipe") {
+    for (int j = 0; j < m; ++j) ops.push_back({true, j});
+    for (int j = 0; j < m; ++j) ops.push_back({false, j});
+    return ops;
+  }
+  const int warmup = std::min(p - s - 1, m);
+  for (int j = 0; j < warmup; ++j) ops.push_back({true, j});
+  for (int i = 0; i < m - warmup; ++i) {
+    ops.push_back({true, warmup + i});
+    ops.push_back({false, i});
+  }
+  for (int j = m - warmup; j < m; ++j) ops.push_back({false, j});
+  return ops;
+}
+
+// Whether every replica's ranks of stages s and s + 1 are on one node (stage-major ranks).
+bool same_node(int s, int dp, int devices_per_node) {
+  for (int d = 0; d < dp; ++d)
+    if ((s * dp + d) / devices_per_node != ((s + 1) * dp + d) / devices_per_node) return false;
+  return true;
+}
+
+// One stage: its view of the model and the pieces that act on it.
+struct Stage {
+  std::unique_ptr<Ctx> v;
+  std::unique_ptr<ParamResidency> params;
+  std::unique_ptr<GradSync> grads;
+  std::vector<Activations> acts;            // one per microbatch: their activations live at once
+  std::vector<TaskId> fwd_first, fwd_last;  // per microbatch: forward (or, checkpointed, its stage input) ends
+  std::vector<TaskId> bwd_first, bwd_last;  // per microbatch: the first unit's and the last unit's backward
+  std::vector<AllocId> kept_output;         // per microbatch: a checkpointed forward's output, until sent
+  PipelineStage out;
+};
+
+class Pipeline {
+ public:
+  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m) {}
+
+  std::vector<PipelineStage> run() {
+    const std::vector<int> balance = pipeline_balance(c_.plan, c_.model);
+    stages_.reserve(static_cast<std::size_t>(p_));
+    int first = 0;
+    for (int s = 0; s < p_; ++s) {
+      Stage st;
+      st.v = std::make_unique<Ctx>(c_, s, first, balance[static_cast<std::size_t>(s)]);
+      Ctx& v = *st.v;
+      build_resources(v);
+      place_model_states(v);
+      st.params = std::make_unique<ParamResidency>(v);
+      st.grads = std::make_unique<GradSync>(v);
+      st.acts.reserve(static_cast<std::size_t>(m_));
+      for (int j = 0; j < m_; ++j) st.acts.emplace_back(v);
+      for (auto* vec : {&st.fwd_first, &st.fwd_last, &st.bwd_first, &st.bwd_last}) vec->assign(static_cast<std::size_t>(m_), kNone);
+      st.kept_output.assign(static_cast<std::size_t>(m_), kNone);
+      st.out = {first, balance[static_cast<std::size_t>(s)], v.compute, v.dev, v.host, {}};
+      first += balance[static_cast<std::size_t>(s)];
+      stages_.push_back(std::move(st));
+    }
+    for (int s = 0; s < p_; ++s) {
+      Stage& st = stages_[static_cast<std::size_t>(s)];
+      for (const Op& op : stage_order(c_.plan.pipeline.schedule, p_, s, m_)) (op.forward ? forward(st, op.mb) : backward(st, op.mb));
+      optimizer_step(*st.v, *st.grads);
+      // The Prediction's unit timings (first microbatch), in the whole model's indices.
+      for (std::size_t u = 0; u < st.v->units.size(); ++u) {
+        c_.fwd0[st.out.first_unit + u] = st.v->fwd0[u];
+        c_.bwd0[st.out.first_unit + u] = st.v->bwd0[u];
+      }
+    }
+    for (int s = 0; s + 1 < p_; ++s) link(s);
+    std::vector<PipelineStage> out;
+    for (Stage& st : stages_) out.push_back(std::move(st.out));
+    return out;
+  }
+
+ private:
+  bool checkpointed(int mb) const {
+    const std::string& mode = c_.plan.pipeline.checkpoint;
+    return mode == "always" || (mode == "except_last" && mb + 1 < m_);
+  }
+
+  void forward(Stage& st, int mb) {
+    Ctx& v = *st.v;
+    const int units = static_cast<int>(v.units.size());
+    const bool ckpt = checkpointed(mb);
+    for (int u = 0; u < units; ++u) {
+      const Unit& x = v.units[static_cast<std::size_t>(u)];
+      const TaskId fwd = v.compute_task(x.fwd_s, v.n_fwd, u, mb);
+      v.g.add_dep(fwd, st.params->before_fwd(u, mb));
+      v.fwd[static_cast<std::size_t>(u)] = fwd;
+      if (mb == 0) v.fwd0[static_cast<std::size_t>(u)] = fwd;
+      st.out.work.push_back(fwd);
+      if (u == 0) st.fwd_first[static_cast<std::size_t>(mb)] = fwd;
+      if (u + 1 == units) st.fwd_last[static_cast<std::size_t>(mb)] = fwd;
+      if (!ckpt) {
+        st.acts[static_cast<std::size_t>(mb)].on_fwd(u, mb, fwd);
+      } else {
+        // Nothing saved: the forward's profiled peak is transient; the stage's output is kept until it
+        // has been sent (the last stage's loss reads it in its forward).
+        const std::int64_t own_output = u + 1 == units ? x.output : 0;
+        v.g.alloc(fwd, v.dev, std::max<std::int64_t>(0, x.peak_fwd - own_output), MemCategory::activations,
+                  v.label(v.n_workspace, u, mb));
+        if (u + 1 == units)
+          st.kept_output[static_cast<std::size_t>(mb)] =
+              v.g.alloc(fwd, v.dev, x.output, MemCategory::activations, v.label(v.n_saved, u, mb), fwd);
+      }
+      st.params->after_fwd(u, mb, fwd);
+    }
+  }
+
+  void backward(Stage& st, int mb) {
+    Ctx& v = *st.v;
+    const int units = static_cast<int>(v.units.size());
+    Activations& acts = st.acts[static_cast<std::size_t>(mb)];
+    if (checkpointed(mb)) {
+      // Recompute the stage's forward from its kept input: the activations of a normal forward.
+      for (int u = 0; u < units; ++u) {
+        const TaskId re = v.compute_task(v.units[static_cast<std::size_t>(u)].fwd_s, v.n_recompute, u, mb);
+        v.fwd[static_cast<std::size_t>(u)] = re;
+        st.out.work.push_back(re);
+        acts.on_fwd(u, mb, re);
+      }
+    }
+    for (int u = units - 1; u >= 0; --u) {
+      const TaskId params_ready = st.params->before_bwd(u, mb);
+      const TaskId acts_ready = acts.before_bwd(u, mb, params_ready);
+      const TaskId bwd = v.compute_task(v.units[static_cast<std::size_t>(u)].bwd_s, v.n_bwd, u, mb);
+      v.g.add_dep(bwd, params_ready);
+      v.g.add_dep(bwd, acts_ready);
+      v.bwd[static_cast<std::size_t>(u)] = bwd;
+      if (mb == 0) v.bwd0[static_cast<std::size_t>(u)] = bwd;
+      st.out.work.push_back(bwd);
+      if (u + 1 == units) st.bwd_last[static_cast<std::size_t>(mb)] = bwd;
+      if (u == 0) st.bwd_first[static_cast<std::size_t>(mb)] = bwd;
+      st.grads->after_bwd(u, mb, bwd);
+      acts.after_bwd(u, mb, bwd);
+      st.params->after_bwd(u, mb, bwd);
+    }
+    st.grads->finish_microbatch(mb);
+  }
+
+  // The sends between stage s and s + 1, one resource per direction, in microbatch order.
+  void link(int s) {
+    Stage& a = stages_[static_cast<std::size_t>(s)];
+    Stage& b = stages_[static_cast<std::size_t>(s + 1)];
+    const bool near = same_node(s, c_.n, c_.cluster.devices_per_node);
+    const std::int64_t bytes = a.v->units.back().output;
+    const double t = p2p_time(c_.cluster, static_cast<double>(bytes), near);
+    const ResourceId fwd_link = c_.g.add_resource(fmt::format("p2p.s{}>s{}", s, s + 1), ResourceKind::comm);
+    const ResourceId bwd_link = c_.g.add_resource(fmt::format("p2p.s{}>s{}", s + 1, s), ResourceKind::comm);
+    const NameId act = c_.g.intern("send activations"), grad = c_.g.intern("send gradients");
+    const NameId received = c_.g.intern("received activations"), received_grad = c_.g.intern("received gradients");
+    const int last = static_cast<int>(a.v->units.size()) - 1;
+    for (int j = 0; j < m_; ++j) {
+      const auto mb = static_cast<std::size_t>(j);
+      const TaskId send = c_.g.add_task(fwd_link, t, a.v->label(act, last, j), {a.fwd_last[mb]}, c_.n_cat_comm);
+      if (a.kept_output[mb] != kNone) c_.g.set_free_at(a.kept_output[mb], send);
+      c_.g.add_dep(b.fwd_first[mb], send);
+      // The received input lives until the first unit's forward ends (it is in that unit's saved bytes
+      // from then on); a checkpointed microbatch keeps it until the stage's backward is done.
+      c_.g.alloc(send, b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
+                 checkpointed(j) ? b.bwd_first[mb] : b.fwd_first[mb]);
+      const TaskId back = c_.g.add_task(bwd_link, t, b.v->label(grad, 0, j), {b.bwd_first[mb]}, c_.n_cat_comm);
+      c_.g.add_dep(a.bwd_last[mb], back);
+      c_.g.alloc(back, a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j), a.bwd_last[mb]);
+    }
+  }
+
+  Ctx& c_;
+  const int p_, m_;
+  std::vector<Stage> stages_;
+};
+
+}  // namespace
+
+std::vector<PipelineStage> schedule_pipeline(Ctx& c) { return Pipeline(c).run(); }
+
+}  // namespace zeroplan::sim::lowering
