@@ -203,9 +203,12 @@ class Executor::Impl {
       torch::Tensor last = forward(input, k);
       c.at(c.units.back().name, "loss");
       const double t0 = c.rec.now_s();
-      torch::Tensor z = last.detach().to(torch::kFloat32).requires_grad_(true);  // the loss in fp32
+      // The loss in fp32 (autocast's rule for losses) from the logits in their compute dtype: the gradient
+      // comes back in that dtype, the fp32 copy and its gradient freed with the loss (as the profiler
+      // measures the last unit).
+      torch::Tensor z = last.detach().requires_grad_(true);
       last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
-      torch::Tensor loss = c.model.task->loss(z, target);
+      torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
       loss_sum += loss.item<double>();
       torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
       // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
