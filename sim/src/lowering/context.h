@@ -56,6 +56,7 @@ struct Residency {
   std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
   std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
+  std::int64_t host_buffers = 0;  // offloaded stage 2-3 gradients: the staging buffer of one unit's shard
 };
 // Sums over units of the shard sizes; `units` already expanded.
 Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units);

@@ -39,6 +39,14 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
     if (plan.offload.grads) r.host_grads = shard12 * b.grad;  // stage 1: device keeps full grads for the all-reduce
   }
   (plan.offload.params && stage == 3 ? r.host_params : r.dev_params) = param_elems * b.param;
+  // Offloaded stage 2-3 gradients: each unit's reduce-scattered share lands in a host staging buffer
+  // (the largest unit shard, in the reduce-scatter dtype) and is added to the host shard from there, so
+  // that microbatches accumulate (DeepSpeed's pinned buffers for cpu_offload).
+  if (plan.offload.grads && stage >= 2) {
+    std::int64_t largest = 0;
+    for (const Unit& u : units) largest = std::max(largest, u.shard);
+    r.host_buffers = largest * (plan.precision.fp32_reduce_scatter ? 4 : b.reduce);
+  }
   // SlowMo: the slow momentum buffer and the previous parameters, fp32, full size on every rank
   // (fairscale SlowMoDistributedDataParallel with slowmo_memory_efficient=False, as the export writes it).
   if (plan.slowmo()) r.dev_slowmo = 2 * 4 * p;
@@ -58,6 +66,7 @@ void place_model_states(Ctx& c) {
   put(c.host, r.host_params, MemCategory::params, c.n_params);
   put(c.host, r.host_grads, MemCategory::grads, c.n_grads);
   put(c.host, r.host_optimizer, MemCategory::optimizer, c.n_states);
+  put(c.host, r.host_buffers, MemCategory::buffers, c.n_reduce_buffers);
 }
 
 }  // namespace zeroplan::sim::lowering
