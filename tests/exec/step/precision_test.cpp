@@ -230,5 +230,42 @@ TEST(ExecutorPrecisionParity, TwoRanksMatchOneBf16Fp16EveryStage) {
   }
 }
 
+// What the executor does not run with 16-bit parameters or loss scaling is refused at construction with
+// one line naming the knobs (the CLI's tests/cli/errors.sh checks the exit code).
+TEST(ExecutorPrecisionRefusals, LocalSgdWith16BitParamsAndAdaScaleWithLossScale) {
+  auto refusal = [](const Plan& plan) -> std::string {
+    ThreadHub hub(1);
+    ThreadCommunicator comm(hub, 0);
+    zoo::Model model = build(mlp_odd(), plan.seed);
+    Recorder rec(0, false);
+    try {
+      Executor ex(model, plan, comm, precision_test_device(), rec);
+    } catch (const ExecError& e) {
+      return e.what();
+    }
+    return "(not refused)";
+  };
+  for (const std::string dtype : {"bf16", "fp16"}) {
+    Plan local = mixed(make_plan(mlp_odd(), 1, {0, 1}), dtype, dtype == "fp16");
+    local.localsgd_frequency = 2;
+    EXPECT_EQ(refusal(local), "precision.param_dtype " + dtype +
+                                  " with localsgd_frequency 2: the executor runs LocalSGD and SlowMo with fp32 "
+                                  "parameters only");
+  }
+  for (const auto mode : {LossScale::Mode::dynamic, LossScale::Mode::fixed}) {
+    Plan ada = make_plan(mlp_odd(), 1, {0, 1});
+    ada.precision.compute_dtype = "fp16";
+    ada.precision.loss_scale.mode = mode;
+    if (mode == LossScale::Mode::fixed) ada.precision.loss_scale.value = 1024;
+    ada.optimizer.name = "sgd";
+    ada.adascale = true;
+    EXPECT_EQ(refusal(ada), "adascale with precision.loss_scale: the executor runs AdaScale without loss scaling only");
+  }
+  // fp32 parameters with LocalSGD and AdaScale without loss scaling run.
+  Plan local32 = make_plan(mlp_odd(), 1, {0, 1});
+  local32.localsgd_frequency = 2;
+  EXPECT_EQ(refusal(local32), "(not refused)");
+}
+
 }  // namespace
 }  // namespace zeroplan::exec::testing
