@@ -2,7 +2,8 @@
 # Failing commands end with ONE line on stderr naming what is wrong, a fixed exit code, and never a C++
 # backtrace ("frame #"): a convolutional model fed the wrong shape, a file that is not TorchScript,
 # BatchNorm at a batch it cannot normalise (in one process and on 2 ranks), a model name where a
-# profile is wanted.
+# profile is wanted, what the executor does not run in 16 bits (LocalSGD with 16-bit parameters, AdaScale with
+# loss scaling; in one process and on 2 ranks).
 #   errors.sh ZEROPLAN PYTHON
 set -uo pipefail
 zp=$1; py=$2
@@ -53,4 +54,15 @@ for v in 0 -1 nan 1e308; do
   expect 1 "^zeroplan: --device-memory-gib: must be .*\(got $v\)" -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --device-memory-gib $v
 done
 expect 1 "^zeroplan: --output: is an empty path" -q simulate --model "$out/cnn.pt" --cluster a100-sxm-80gb -o ''
+# What the executor does not run in 16 bits: LocalSGD/SlowMo with 16-bit parameters (ReplicaSync averages
+# the compute copy, not the master), AdaScale with loss scaling (its gain would read scaled gradients).
+expect 1 '^zeroplan run: precision.param_dtype bf16 with localsgd_frequency 2: the executor runs LocalSGD and SlowMo with fp32 parameters only$' \
+  -q run --model gpt --preset gpt2-tiny --steps 2 --set precision.param_dtype=bf16 --set precision.compute_dtype=bf16 \
+  --set localsgd_frequency=2
+expect 1 '^zeroplan run: adascale with precision.loss_scale: the executor runs AdaScale without loss scaling only$' \
+  -q run --model gpt --preset gpt2-tiny --steps 2 --set precision.compute_dtype=fp16 --set precision.loss_scale=dynamic \
+  --set optimizer.name=sgd --set adascale=true
+expect 3 '^zeroplan run: rank [01] exited with code 1: adascale with precision.loss_scale: the executor runs AdaScale' \
+  -q run --nproc 2 --model gpt --preset gpt2-tiny --steps 2 --set precision.compute_dtype=fp16 \
+  --set precision.loss_scale=dynamic --set optimizer.name=sgd --set adascale=true
 exit $status

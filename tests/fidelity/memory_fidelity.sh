@@ -3,9 +3,11 @@
 # bytes (from a profile of this machine) must be within TOLERANCE of the peak the executor measures
 # (counting allocator), per rank. Memory is deterministic enough to test; time fidelity is a report
 # (`zeroplan autopilot --grid`), not a test.
-#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] (ctest runs it at 0.03)
+# 16-bit plans (bf16 and fp16, stages 0-3, with and without offload; profiled at their dtype) must
+# match within MIXED_TOLERANCE on the device and, where the host pool holds anything, on the host.
+#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] (ctest: 0.03 0.03)
 set -euo pipefail
-zp=$1; tolerance=${2:-0.05}
+zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 model=(--model gpt --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096)
 "$zp" -q probe --quick -o "$out/cluster.json"
@@ -22,24 +24,47 @@ plans=(
 # (reshard_after_forward follows zero_stage 3 unless set: false keeps this plan as it was measured; with
 # resharding it is the grid's g11.)
 status=0
-for i in "${!plans[@]}"; do
-  sets=()
-  for kv in ${plans[$i]}; do sets+=(--set "$kv"); done
-  "$zp" -q simulate --model "$out/profile.json" --cluster "$out/cluster.json" --world-size 2 --global-batch 8 \
+# check PLAN_SETS TOLERANCE PROFILE POOLS: simulate, run on 2 ranks, compare the peaks of POOLS.
+check() {
+  local i=$1 plan=$2 tol=$3 profile=$4 pools=$5
+  local sets=()
+  for kv in $plan; do sets+=(--set "$kv"); done
+  "$zp" -q simulate --model "$profile" --cluster "$out/cluster.json" --world-size 2 --global-batch 8 \
       "${sets[@]}" -o "$out/pred$i.json"
   "$zp" -q run --nproc 2 "${model[@]}" --global-batch 8 "${sets[@]}" --steps 2 --warmup 1 -o "$out/run$i.json"
   "$zp" -q compare --predicted "$out/pred$i.json" --measured "$out/run$i.json" -o "$out/cmp$i.json"
-  python3 - "$out/cmp$i.json" "$tolerance" "${plans[$i]}" <<'PY' || status=1
+  python3 - "$out/cmp$i.json" "$tol" "$plan" "$pools" <<'PY' || status=1
 import json, sys
-c = json.load(open(sys.argv[1])); tol = float(sys.argv[2])
+c = json.load(open(sys.argv[1])); tol = float(sys.argv[2]); pools = sys.argv[4].split(",")
 bad = False
 for m in c["metrics"]:
-    if m["name"].startswith("device_peak_bytes"):
-        ok = abs(m["rel_error"]) <= tol
-        bad |= not ok
-        print(f"{sys.argv[3]:<70} {m['name']:<26} predicted {m['predicted']:>12.0f} measured {m['measured']:>12.0f} "
-              f"error {100 * m['rel_error']:+6.2f}% {'ok' if ok else 'FAIL'}")
+    pool = m["name"].split("_peak_bytes")[0]
+    if "_peak_bytes" not in m["name"] or pool not in pools or (pool == "host" and m["measured"] == 0):
+        continue
+    ok = abs(m["rel_error"]) <= tol
+    bad |= not ok
+    print(f"{sys.argv[3]:<70} {m['name']:<26} predicted {m['predicted']:>12.0f} measured {m['measured']:>12.0f} "
+          f"error {100 * m['rel_error']:+6.2f}% {'ok' if ok else 'FAIL'}")
 sys.exit(1 if bad else 0)
 PY
+}
+for i in "${!plans[@]}"; do check "$i" "${plans[$i]}" "$tolerance" "$out/profile.json" device; done
+# 16-bit: parameters, gradients and activations in the dtype (profiled at it), fp32 master and state.
+mixed_plans=(
+  "zero_stage=0"
+  "zero_stage=1 micro_batch=2 microbatches=2"
+  "zero_stage=2"
+  "zero_stage=3"
+  "zero_stage=2 offload.grads=true offload.optimizer=true"
+  "zero_stage=3 offload.params=true offload.grads=true offload.optimizer=true"
+)
+for dtype in bf16 fp16; do
+  "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 --dtype "$dtype" \
+      -o "$out/profile_$dtype.json"
+  scale=none; [ "$dtype" = fp16 ] && scale=dynamic
+  for j in "${!mixed_plans[@]}"; do
+    plan="${mixed_plans[$j]} precision.param_dtype=$dtype precision.compute_dtype=$dtype precision.reduce_dtype=$dtype precision.loss_scale=$scale"
+    check "${dtype}_$j" "$plan" "$mixed_tolerance" "$out/profile_$dtype.json" device,host
+  done
 done
 exit $status

@@ -2,6 +2,7 @@
 // Kept: the unit's output with its graph lives until the unit's backward. Checkpointed: the forward runs
 // without a graph keeping only the input and the RNG state; the backward recomputes it under the same RNG
 // state, and BatchNorm-style buffers the recompute updated a second time are put back after the backward.
+// Both run in the compute dtype (ComputeScope, precision.cpp).
 #include "pieces.h"
 
 namespace zeroplan::exec::pieces {
@@ -14,6 +15,7 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   UnitRT& U = c_.unit(u);
   torch::Tensor in = (u > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
   torch::Tensor out;
+  ComputeScope compute(c_.dt, c_.dev.torch_device().type());
   if (U.checkpoint) {
     s.rng = c_.dev.rng_state();
     torch::NoGradGuard no_grad;
@@ -37,7 +39,11 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
   // The recompute must not update BatchNorm's running statistics a second time: they are put back once
   // the unit's backward has run (the recompute's graph holds them until then).
   for (const auto& b : U.module->buffers()) s.kept_buffers.push_back(b.clone());
-  torch::Tensor out = U.module->forward(s.in);
+  torch::Tensor out;
+  {
+    ComputeScope compute(c_.dt, c_.dev.torch_device().type());
+    out = U.module->forward(s.in);
+  }
   c_.dev.set_rng_state(now_state);
   c_.dev.synchronize();
   c_.rec.span(Lane::compute, "recompute " + U.name, t0, c_.rec.now_s(), "recompute", u, micro);

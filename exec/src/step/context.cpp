@@ -6,7 +6,8 @@
 namespace zeroplan::exec::pieces {
 
 Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks)
-    : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()) {
+    : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()),
+      dt(dtypes_of(p)) {
   ranks_per_node = node_ranks > 0 ? node_ranks : world;
   if (world % ranks_per_node != 0) {
     throw ExecError(detail::format("ranks per node {} does not divide the {} ranks", ranks_per_node, world));
@@ -42,14 +43,24 @@ Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r,
       units[static_cast<std::size_t>(b.owner_unit)].pinned = true;
     }
   }
+  if (!dt.master) return;
+  torch::NoGradGuard no_grad;
+  master_init = host_optimizer() ? hzeros(shard_total) : dzeros(shard_total);
+  for (const UnitRT& U : units) {
+    if (U.numel() == 0) continue;
+    torch::Tensor full = torch::zeros({U.layout.padded_numel()});
+    U.flat.copy_into(full);
+    const std::int64_t begin = U.layout.shard_begin(shards > 1 ? rank : 0);  // stage 0: the one shard
+    master_init.narrow(0, U.shard_base, U.shard()).copy_(full.narrow(0, begin, U.shard()));
+  }
 }
 
-torch::Tensor Ctx::dzeros(std::int64_t n) const {
-  return torch::zeros({n}, torch::TensorOptions().device(dev.torch_device()));
+torch::Tensor Ctx::dzeros(std::int64_t n, torch::ScalarType t) const {
+  return torch::zeros({n}, torch::TensorOptions().dtype(t).device(dev.torch_device()));
 }
-torch::Tensor Ctx::dempty(std::int64_t n) const {
-  return torch::empty({n}, torch::TensorOptions().device(dev.torch_device()));
+torch::Tensor Ctx::dempty(std::int64_t n, torch::ScalarType t) const {
+  return torch::empty({n}, torch::TensorOptions().dtype(t).device(dev.torch_device()));
 }
-torch::Tensor Ctx::hzeros(std::int64_t n) const { return dev.host_pool().zeros(n); }
+torch::Tensor Ctx::hzeros(std::int64_t n, torch::ScalarType t) const { return dev.host_pool().zeros(n, t); }
 
 }  // namespace zeroplan::exec::pieces

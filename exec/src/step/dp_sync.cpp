@@ -9,6 +9,8 @@
 //       its last unit (a bucket of one unit in place). This rank's share is added to its gradient shard
 //       (on the host with offload.grads) once the next reduce-scatter was issued, and every reduction of
 //       a microbatch lands before the next one starts (FSDP's end-of-backward callback).
+// Gradients are in the param dtype; a collective in another dtype (reduce_dtype, fp32_reduce_scatter)
+// runs on a cast copy (one bucket's at a time at stages 0-1), the result cast back (precision.cpp).
 #include <algorithm>
 
 #include "pieces.h"
@@ -20,7 +22,7 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
   c.at("all", "setup");
   grad_full_.resize(c.units.size());
   if (reduce_scatter_) {
-    grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total) : c.dzeros(c.shard_total);
+    grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total, c.dt.grad) : c.dzeros(c.shard_total, c.dt.grad);
     const std::int64_t cap = stage_ == 2 ? std::max<std::int64_t>(1, c.plan.buckets.reduce_buffer_elems) : 1;
     rs_bucket_of_.assign(c.units.size(), -1);
     RsBucket cur;
@@ -40,14 +42,15 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     if (c.plan.offload.grads) {
       std::int64_t max_shard = 0;
       for (const auto& b : rs_buckets_) max_shard = std::max(max_shard, b.shard);
-      host_scratch_ = c.hzeros(max_shard);
+      host_scratch_ = c.hzeros(max_shard, c.dt.reduce_scatter);
     }
     return;
   }
   all_reduce_comm_ = &c.comm;
-  grad_all_ = c.dzeros(c.padded_total);
+  grad_all_ = c.dzeros(c.padded_total, c.dt.grad);
   // Buckets in reverse unit order, closed once they reach the cap (DDP: bucket_cap_mb).
-  const std::int64_t cap = std::max<std::int64_t>(c.plan.buckets.all_reduce_bucket_bytes / 4, 1);
+  const auto elem = static_cast<std::int64_t>(c10::elementSize(c.dt.grad));
+  const std::int64_t cap = std::max<std::int64_t>(c.plan.buckets.all_reduce_bucket_bytes / elem, 1);
   Bucket cur;
   cur.hi = c.unit_count() - 1;
   for (int u = c.unit_count() - 1; u >= 0; --u) {
@@ -74,7 +77,7 @@ torch::Tensor GradSync::region(int owner) {
   const UnitRT& U = c_.unit(owner);
   if (!reduce_scatter_) return grad_all_.narrow(0, U.base, U.layout.padded_numel());
   torch::Tensor& g = grad_full_[static_cast<std::size_t>(owner)];
-  if (!g.defined()) g = c_.dzeros(U.layout.padded_numel());
+  if (!g.defined()) g = c_.dzeros(U.layout.padded_numel(), c_.dt.grad);
   return g;
 }
 
@@ -96,7 +99,7 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
       g = torch::Tensor();
     } else {
       torch::NoGradGuard no_grad;
-      if (u == b.units.front()) bucket_buffer_ = c_.dempty(b.padded);
+      if (u == b.units.front()) bucket_buffer_ = c_.dempty(b.padded, c_.dt.grad);
       std::int64_t offset = 0;
       for (const int v : b.units) {
         if (v == u) break;
@@ -118,9 +121,27 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
     if (b.lo != u) continue;
     c_.cur_phase = "all_reduce";
     torch::Tensor view = grad_all_.narrow(0, b.offset, b.numel);
+    const std::string name = detail::format("all_reduce units {}-{}", b.lo, b.hi);
+    if (c_.dt.all_reduce == c_.dt.grad) {
+      const double t = c_.rec.now_s();
+      reduces_.push_back(
+          c_.tracker.issue(all_reduce_comm_->all_reduce(view, ReduceOp::kSum), t, name, "all_reduce", u, micro));
+      continue;
+    }
+    finish_cast_bucket();
+    torch::Tensor wire = view.to(c_.dt.all_reduce);
     const double t = c_.rec.now_s();
-    reduces_.push_back(c_.tracker.issue(all_reduce_comm_->all_reduce(view, ReduceOp::kSum), t,
-                                        detail::format("all_reduce units {}-{}", b.lo, b.hi), "all_reduce", u, micro));
+    auto h = c_.tracker.issue(all_reduce_comm_->all_reduce(wire, ReduceOp::kSum), t, name, "all_reduce", u, micro);
+    cast_buckets_.push_back({h, view, wire});
+  }
+}
+
+void GradSync::finish_cast_bucket() {
+  while (!cast_buckets_.empty()) {
+    CastBucket& b = cast_buckets_.front();
+    c_.tracker.wait(b.handle);
+    b.view.copy_(b.wire);
+    cast_buckets_.pop_front();
   }
 }
 
@@ -128,13 +149,16 @@ void GradSync::launch_reduce_scatter(int bucket, torch::Tensor input, int micro)
   const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket)];
   const int last = b.units.back();
   c_.cur_phase = "reduce_scatter";
-  torch::Tensor output = c_.dempty(b.shard);
+  torch::Tensor source = std::move(input);
+  torch::Tensor wire = c_.dt.reduce_scatter == c_.dt.grad ? source : source.to(c_.dt.reduce_scatter);
+  if (wire.is_same(source)) source = torch::Tensor();
+  torch::Tensor output = c_.dempty(b.shard, c_.dt.reduce_scatter);
   const double t = c_.rec.now_s();
   const std::string name = b.units.size() == 1
                                ? "reduce_scatter " + c_.unit(last).name
                                : detail::format("reduce_scatter units {}-{}", last, b.units.front());
-  auto h = c_.tracker.issue(c_.comm.reduce_scatter(output, input, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
-  pending_.push_back({bucket, h, std::move(input), output});
+  auto h = c_.tracker.issue(c_.comm.reduce_scatter(output, wire, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
+  pending_.push_back({bucket, h, wire, output, source});
 }
 
 void GradSync::drain(std::size_t keep) {
@@ -181,6 +205,7 @@ void GradSync::finish_step() {
   c_.cur_phase = "all_reduce";
   for (auto& h : reduces_) c_.tracker.wait(h);
   reduces_.clear();
+  finish_cast_bucket();
 }
 
 }  // namespace zeroplan::exec::pieces

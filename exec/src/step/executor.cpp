@@ -27,6 +27,7 @@ using pieces::Ctx;
 using pieces::GradSync;
 using pieces::OptimizerStep;
 using pieces::ParamResidency;
+using pieces::Precision;
 using pieces::ReplicaSync;
 using pieces::AdaScale;
 using pieces::UnitRT;
@@ -62,7 +63,8 @@ class Executor::Impl {
       params_ = std::make_unique<ParamResidency>(*c_);
       grads_ = std::make_unique<GradSync>(*c_);
       acts_ = std::make_unique<Activations>(*c_);
-      optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_);
+      precision_ = std::make_unique<Precision>(*c_);
+      optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_, *precision_);
       replicas_ = std::make_unique<ReplicaSync>(*c_, *params_, *grads_);
       if (plan.adascale) adascale_ = std::make_unique<AdaScale>(*c_);
     });
@@ -86,6 +88,7 @@ class Executor::Impl {
     return static_cast<int>(std::count_if(c_->units.begin(), c_->units.end(), [](const UnitRT& u) { return u.numel() > 0; }));
   }
   bool views_valid() const { return params_->views_valid(); }
+  LossScaler& loss_scaler() { return precision_->scaler(); }
 
  private:
   // Runs f; a refused device allocation becomes OutOfDeviceMemory, any other torch error UnitFailure,
@@ -136,7 +139,9 @@ class Executor::Impl {
     for (const auto& b : U.borrows) inputs.push_back(b.param);
     std::vector<torch::Tensor> grads;
     if (!inputs.empty() && grad.defined() && out.requires_grad()) {
-      grads = torch::autograd::grad({out}, inputs, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
+      // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
+      const torch::Tensor g = grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
+      grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
     } else {
       grads.assign(inputs.size(), torch::Tensor());
@@ -187,7 +192,9 @@ class Executor::Impl {
     replicas_->begin_step(step);
     if (adascale_) adascale_->begin_step();
     double loss_sum = 0;
-    const double scale = 1.0 / (static_cast<double>(replicas_->grad_ranks()) * m);
+    // The mean over the batch of the ranks that reduce gradients, times the loss scale (16-bit gradients).
+    const double loss_scale = precision_->loss_scale();
+    const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
     for (int k = 0; k < m; ++k) {
       c.at("all", "data");
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
@@ -196,9 +203,12 @@ class Executor::Impl {
       torch::Tensor last = forward(input, k);
       c.at(c.units.back().name, "loss");
       const double t0 = c.rec.now_s();
+      // The loss in fp32 (autocast's rule for losses) from the logits in their compute dtype: the gradient
+      // comes back in that dtype, the fp32 copy and its gradient freed with the loss (as the profiler
+      // measures the last unit).
       torch::Tensor z = last.detach().requires_grad_(true);
       last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
-      torch::Tensor loss = c.model.task->loss(z, target);
+      torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
       loss_sum += loss.item<double>();
       torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
       // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
@@ -210,7 +220,9 @@ class Executor::Impl {
     grads_->finish_step();
     StepStats stats;
     if (adascale_) stats.lr_gain = adascale_->finish(*grads_);
-    optimizer_->step(stats.lr_gain);
+    stats.loss_scale = loss_scale;
+    stats.skipped = !optimizer_->step(stats.lr_gain);
+    precision_->after_step(stats.skipped);
     replicas_->after_step(step);
     dev_.synchronize();
     stats.time_s = c.rec.now_s() - t_step;
@@ -224,6 +236,7 @@ class Executor::Impl {
   std::unique_ptr<ParamResidency> params_;
   std::unique_ptr<GradSync> grads_;
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<Precision> precision_;
   std::unique_ptr<OptimizerStep> optimizer_;
   std::unique_ptr<ReplicaSync> replicas_;
   std::unique_ptr<AdaScale> adascale_;  // when plan.adascale
@@ -239,5 +252,6 @@ std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_s
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }
 bool Executor::views_valid() const { return impl_->views_valid(); }
+LossScaler& Executor::loss_scaler() { return impl_->loss_scaler(); }
 
 }  // namespace zeroplan::exec

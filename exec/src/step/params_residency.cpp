@@ -2,7 +2,7 @@
 // resident. Stage 3 (FSDP): this rank's shard of every unit lives in one shard buffer (on the host with
 // offload.params); a unit's full buffer is all-gathered before its forward and its backward (the unit that
 // runs next prefetched), and freed after use (after forward only with reshard_after_forward and unless
-// pinned: unit 0, FSDP's root, and owners of borrowed weights).
+// pinned: unit 0, FSDP's root, and owners of borrowed weights). All of them in the param dtype.
 #include "pieces.h"
 
 namespace zeroplan::exec::pieces {
@@ -14,7 +14,7 @@ ParamResidency::ParamResidency(Ctx& c) : c_(c), sharded_(c.plan.zero_stage == 3)
   gathers_.resize(n);
   gather_src_.resize(n);
   if (!sharded_) {
-    flat_all_ = c.dzeros(c.padded_total);
+    flat_all_ = c.dzeros(c.padded_total, c.dt.param);
     for (auto& U : c.units) {
       c.cur_unit = U.name;
       U.full = flat_all_.narrow(0, U.base, U.layout.padded_numel());
@@ -23,11 +23,11 @@ ParamResidency::ParamResidency(Ctx& c) : c_(c), sharded_(c.plan.zero_stage == 3)
     }
     return;
   }
-  shard_all_ = c.plan.offload.params ? c.hzeros(c.shard_total) : c.dzeros(c.shard_total);
+  shard_all_ = c.plan.offload.params ? c.hzeros(c.shard_total, c.dt.param) : c.dzeros(c.shard_total, c.dt.param);
   for (std::size_t u = 0; u < n; ++u) {
     UnitRT& U = c.units[u];
     c.cur_unit = U.name;
-    U.full = c.dzeros(U.layout.padded_numel());
+    U.full = c.dzeros(U.layout.padded_numel(), c.dt.param);
     U.flat.copy_into(U.full);
     U.flat.bind(U.full);
     shard_all_.narrow(0, U.shard_base, U.shard()).copy_(U.full.narrow(0, U.layout.shard_begin(c.rank), U.shard()));

@@ -11,6 +11,8 @@
 //                                                                                       (activations.cpp)
 //   OptimizerStep   the optimizer state and the step on the device or the host, and the updated
 //                   parameters back where ParamResidency keeps them                    (optimizer_step.cpp)
+//   Precision       the dtype of every copy (Dtypes, in Ctx), the loss scale, and whether the ranks
+//                   agree to skip a step with non-finite gradients                          (precision.cpp)
 //   ReplicaSync     LocalSGD and SlowMo: which ranks reduce gradients each step, the periodic parameter
 //                   average and the slow momentum update                                  (localsgd.cpp)
 //   AdaScale        fairscale's AdaScale gain from the gradient variance across ranks       (adascale.cpp)
@@ -30,6 +32,7 @@
 #include "zeroplan/exec/communicator.h"
 #include "zeroplan/exec/device.h"
 #include "zeroplan/exec/flat_params.h"
+#include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/optimizer.h"
 #include "zeroplan/exec/recorder.h"
 #include "zeroplan/profiles/plan.h"
@@ -61,6 +64,34 @@ struct UnitRT {
   std::int64_t shard() const { return layout.shard_numel; }
 };
 
+// The dtype of each copy of the model states and of each collective (the simulator's bytes_of).
+struct Dtypes {
+  torch::ScalarType param = torch::kFloat32;           // compute copy: flat buffers, shards, gathered units
+  torch::ScalarType grad = torch::kFloat32;            // gradients: the param dtype
+  torch::ScalarType all_reduce = torch::kFloat32;      // stages 0-1: reduce_dtype
+  torch::ScalarType reduce_scatter = torch::kFloat32;  // stages 2-3: fp32 with fp32_reduce_scatter, else reduce_dtype
+  torch::ScalarType param_sync = torch::kFloat32;      // stages 1-2 all-gather: fp16 with broadcast_fp16
+  torch::ScalarType compute = torch::kFloat32;         // activations
+  torch::ScalarType state = torch::kFloat32;           // optimizer state: fp32 unless 16-bit params without master
+  bool master = false;    // fp32 master shard beside 16-bit params (master_fp32, fairscale's _fp32_shard)
+  bool autocast = false;  // 16-bit compute: units run under autocast to it
+};
+Dtypes dtypes_of(const Plan& plan);  // precision.cpp; throws ExecError for combinations it cannot run
+
+// Unit forwards (and recomputes) in the compute dtype: autocast while alive when Dtypes::autocast.
+class ComputeScope {
+ public:
+  ComputeScope(const Dtypes& dt, at::DeviceType device);
+  ~ComputeScope();
+  ComputeScope(const ComputeScope&) = delete;
+  ComputeScope& operator=(const ComputeScope&) = delete;
+
+ private:
+  bool on_ = false, was_enabled_ = false;
+  at::DeviceType device_;
+  torch::ScalarType was_dtype_ = torch::kBFloat16;
+};
+
 class Ctx {
  public:
   // Flattens each unit's parameters and lays out shards over `world` ranks when the plan shards anything.
@@ -77,6 +108,10 @@ class Ctx {
   std::vector<UnitRT> units;
   std::int64_t padded_total = 0;  // sum of the units' padded sizes
   std::int64_t shard_total = 0;   // sum of the units' shard sizes (this rank's share)
+  Dtypes dt;
+  // dt.master: this rank's shard of the fp32 parameters as built (shard-size buffer, shard_base regions),
+  // taken by OptimizerStep as its master before ParamResidency rounds the parameters to 16 bits.
+  torch::Tensor master_init;
   std::string cur_unit = "all", cur_phase = "setup";  // what an error names
 
   UnitRT& unit(int u) { return units[static_cast<std::size_t>(u)]; }
@@ -88,9 +123,9 @@ class Ctx {
   }
   bool host_optimizer() const { return plan.offload.optimizer; }
 
-  torch::Tensor dzeros(std::int64_t n) const;
-  torch::Tensor dempty(std::int64_t n) const;
-  torch::Tensor hzeros(std::int64_t n) const;
+  torch::Tensor dzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
+  torch::Tensor dempty(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
+  torch::Tensor hzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
 };
 
 class ParamResidency {
@@ -157,8 +192,13 @@ class GradSync {
   struct PendingReduce {
     int bucket;
     CommTracker::Handle handle;
-    torch::Tensor input, output;
+    torch::Tensor input, output, source;  // source: the gradient input was cast from (held as long)
   };
+  struct CastBucket {  // reduce_dtype != grad dtype: the bucket's cast copy, copied back once reduced
+    CommTracker::Handle handle;
+    torch::Tensor view, wire;
+  };
+  void finish_cast_bucket();
   void launch_reduce_scatter(int bucket, torch::Tensor input, int micro);
   void drain(std::size_t keep);  // waits all but the newest `keep` reduce-scatters, adds them to the shard
   Ctx& c_;
@@ -175,6 +215,7 @@ class GradSync {
   torch::Tensor bucket_buffer_;    // the open bucket of several units, rank-major: [world, its shards]
   std::deque<PendingReduce> pending_;
   std::vector<CommTracker::Handle> reduces_;
+  std::deque<CastBucket> cast_buckets_;  // at most one in flight (one cast buffer at a time)
 };
 
 class Activations {
@@ -197,23 +238,42 @@ class Activations {
   std::vector<State> state_;
 };
 
+class Precision {
+ public:
+  explicit Precision(Ctx& c);
+  double loss_scale() const { return scaler_.scale(); }  // multiplies the loss gradient this step
+  // This rank's final gradients, as the optimizer reads them, unscaled in place; true when some rank saw
+  // an inf/NaN (dynamic scaling): every rank then skips the step.
+  bool unscale_and_check(const std::vector<torch::Tensor>& grads);
+  void after_step(bool skipped) { scaler_.update(skipped); }
+  LossScaler& scaler() { return scaler_; }
+
+ private:
+  Ctx& c_;
+  LossScaler scaler_;
+};
+
 class OptimizerStep {
  public:
-  OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads);
-  // Steps this rank's shard with the learning rate x lr_scale, brings the updated parameters to where
-  // the units compute.
-  void step(double lr_scale = 1.0);
+  OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Precision& precision);
+  // Steps this rank's shard with the learning rate x lr_scale and brings the updated parameters to where
+  // the units compute; false when the step was skipped (non-finite gradients): parameters and optimizer
+  // state untouched.
+  bool step(double lr_scale = 1.0);
   std::int64_t stepped_numel() const { return stepped_; }
 
  private:
   void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
+  void master_to_params();  // the updated master rounded into the compute copy (stages 0 and 3)
   Ctx& c_;
   ParamResidency& params_;
   GradSync& grads_;
+  Precision& precision_;
   int stage_ = 0;
-  bool separate_master_ = false;  // offload.optimizer with parameters on the device: a host master shard
+  bool separate_master_ = false;  // a master shard apart from the parameters: fp32 beside 16-bit
+                                  // params, or offload.optimizer with parameters on the device
   std::int64_t stepped_ = 0;
-  torch::Tensor master_host_;     // offload.optimizer: master shard on the host
+  torch::Tensor master_;          // the master shard, on the host with offload.optimizer
   torch::Tensor host_grad_;       // offload.optimizer: host copy of the gradient shard for the step
   std::unique_ptr<FlatOptimizer> optimizer_;
 };

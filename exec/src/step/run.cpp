@@ -73,6 +73,8 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
+    if (options.plan.precision.loss_scale.mode != LossScale::Mode::none) result.loss_scales.push_back(st.loss_scale);
+    if (st.skipped) result.skipped_steps.push_back(s);
     if (options.plan.adascale) result.lr_gains.push_back(st.lr_gain);
     if (!warmup) {
       for (const auto& [u, t] : recorder.unit_times()) {
@@ -179,6 +181,8 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
   }
   for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at});
   rec.losses = ranks[0]->losses;
+  rec.loss_scales = ranks[0]->loss_scales;
+  rec.skipped_steps = ranks[0]->skipped_steps;
   rec.lr_gains = ranks[0]->lr_gains;
   std::set<std::string> fb;
   for (const RunResult* r : ranks) fb.insert(r->fallbacks.begin(), r->fallbacks.end());
@@ -208,6 +212,8 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"phase_times_s", r.phase_times_s},
                      {"units", units_json(r.units)},
                      {"losses", r.losses},
+                     {"loss_scales", r.loss_scales},
+                     {"skipped_steps", r.skipped_steps},
                      {"lr_gains", r.lr_gains},
                      {"device_peak_bytes", r.device_peak_bytes},
                      {"host_peak_bytes", r.host_peak_bytes},
@@ -230,6 +236,8 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   }
   r.losses.clear();
   for (const auto& v : j.at("losses")) r.losses.push_back(v.is_null() ? std::nan("") : v.get<double>());
+  if (j.contains("loss_scales")) j.at("loss_scales").get_to(r.loss_scales);
+  if (j.contains("skipped_steps")) j.at("skipped_steps").get_to(r.skipped_steps);
   if (j.contains("lr_gains")) j.at("lr_gains").get_to(r.lr_gains);
   j.at("device_peak_bytes").get_to(r.device_peak_bytes);
   j.at("host_peak_bytes").get_to(r.host_peak_bytes);

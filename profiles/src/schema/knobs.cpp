@@ -151,26 +151,26 @@ std::vector<Knob> build() {
           .tune_knob("adascale"),
       Entry("precision.param_dtype", T::choice, "fp32 | fp16 | bf16", "fp32", "dtype of the parameters' compute copy",
             ZP_ASSIGN(precision.param_dtype))
-          .choices(kDtypes).tune_knob("precision").alias("param_dtype").run(no),
+          .choices(kDtypes).tune_knob("precision").alias("param_dtype"),
       Entry("precision.compute_dtype", T::choice, "fp32 | fp16 | bf16", "fp32", "dtype of activations and GEMMs",
             ZP_ASSIGN(precision.compute_dtype))
-          .choices(kDtypes).tune_knob("precision").alias("compute_dtype").run(no),
+          .choices(kDtypes).tune_knob("precision").alias("compute_dtype"),
       Entry("precision.reduce_dtype", T::choice, "fp32 | fp16 | bf16", "fp32", "dtype of the gradient collectives",
             ZP_ASSIGN(precision.reduce_dtype))
-          .choices(kDtypes).tune_knob("precision").alias("reduce_dtype").run(no),
+          .choices(kDtypes).tune_knob("precision").alias("reduce_dtype"),
       Entry("precision.master_fp32", T::boolean, "", "true",
             "keep fp32 master weights for the optimizer (16-bit parameters only)", ZP_ASSIGN(precision.master_fp32))
-          .tune_knob("precision").alias("master_fp32").run(ignored),
+          .tune_knob("precision").alias("master_fp32"),
       Entry("precision.broadcast_fp16", T::boolean, "zero_stage 1 or 2", "false",
             "fairscale OSS: broadcast the updated shards in fp16", ZP_ASSIGN(precision.broadcast_fp16))
-          .tune_knob("broadcast_fp16").alias("broadcast_fp16").run(no),
+          .tune_knob("broadcast_fp16").alias("broadcast_fp16"),
       Entry("precision.fp32_reduce_scatter", T::boolean, "zero_stage >= 2, reduce_dtype fp32", "false",
             "fairscale FSDP: reduce-scatter gradients in fp32 (16-bit parameters)",
             ZP_ASSIGN(precision.fp32_reduce_scatter))
-          .tune_knob("fp32_reduce_scatter").alias("fp32_reduce_scatter").run(ignored),
+          .tune_knob("fp32_reduce_scatter").alias("fp32_reduce_scatter"),
       Entry("precision.loss_scale", T::loss_scale, "none | dynamic | > 0; needs 16-bit compute_dtype", "none",
             "loss scaling: none, dynamic, or a fixed scale", ZP_ASSIGN(precision.loss_scale))
-          .tune_knob("precision").alias("loss_scale").run(no),
+          .tune_knob("precision").alias("loss_scale"),
       Entry("buckets.all_reduce_bucket_bytes", T::integer, ">= 1", "26214400",
             "stages 0-1: gradient all-reduce bucket size (DDP bucket_cap_mb 25)",
             ZP_ASSIGN(buckets.all_reduce_bucket_bytes))

@@ -136,7 +136,8 @@ bool RunRecord::operator==(const RunRecord& o) const {
          step_time_p10_s == o.step_time_p10_s && step_time_p90_s == o.step_time_p90_s &&
          phase_times_s == o.phase_times_s && peaks == o.peaks &&
          std::equal(losses.begin(), losses.end(), o.losses.begin(), o.losses.end(), same_double) && units == o.units &&
-         lr_gains == o.lr_gains && fallbacks == o.fallbacks && trace_paths == o.trace_paths;
+         lr_gains == o.lr_gains && fallbacks == o.fallbacks && trace_paths == o.trace_paths &&
+         loss_scales == o.loss_scales && skipped_steps == o.skipped_steps;
 }
 
 ojson to_ordered_json(const RunRecord& r) {
@@ -152,6 +153,8 @@ ojson to_ordered_json(const RunRecord& r) {
   j["phase_times_s"] = r.phase_times_s;
   j["peaks"] = write_array(r.peaks, write_peak);
   j["losses"] = write_losses(r.losses);
+  if (!r.loss_scales.empty()) j["loss_scales"] = r.loss_scales;
+  if (!r.loss_scales.empty() || !r.skipped_steps.empty()) j["skipped_steps"] = r.skipped_steps;
   j["units"] = write_array(r.units, write_unit);
   if (!r.lr_gains.empty()) j["lr_gains"] = r.lr_gains;
   j["fallbacks"] = r.fallbacks;
@@ -198,6 +201,14 @@ void validate(const RunRecord& r) {
   if (static_cast<int>(r.losses.size()) > steps)
     record_error("losses has " + num(static_cast<std::int64_t>(r.losses.size())) + " entries for " + num(steps) +
                  " steps");
+  if (static_cast<int>(r.loss_scales.size()) > steps)
+    record_error("loss_scales has " + num(static_cast<std::int64_t>(r.loss_scales.size())) + " entries for " +
+                 num(steps) + " steps");
+  for (std::size_t i = 0; i < r.loss_scales.size(); ++i)
+    if (!(r.loss_scales[i] > 0))
+      record_error("loss_scales[" + std::to_string(i) + "] must be > 0 (got " + num(r.loss_scales[i]) + ")");
+  for (int s : r.skipped_steps)
+    if (s < 0 || s >= steps) record_error("skipped_steps has step " + num(s) + " of " + num(steps) + " steps");
   if (!r.trace_paths.empty() && static_cast<int>(r.trace_paths.size()) != e.ranks)
     record_error("trace_paths has " + num(static_cast<std::int64_t>(r.trace_paths.size())) + " entries for " +
                  num(e.ranks) + " ranks");
@@ -224,6 +235,8 @@ void from_json(const nlohmann::json& j, RunRecord& rec) {
   r.req("peaks", rec.peaks);
   Losses losses{&rec.losses};
   r.opt("losses", losses);
+  r.opt("loss_scales", rec.loss_scales);
+  r.opt("skipped_steps", rec.skipped_steps);
   r.opt("units", rec.units);
   r.opt("lr_gains", rec.lr_gains);
   r.opt("fallbacks", rec.fallbacks);

@@ -15,7 +15,8 @@ Bytes bytes_of(const Plan& plan) {
   b.grad = b.param;
   b.reduce = dtype_bytes(plan.precision.reduce_dtype);
   b.master = plan.precision.master_fp32 && b.param != 4 ? 4 : 0;
-  b.states = 4 * plan.optimizer.states_per_param();
+  // fp32 state beside an fp32 master or fp32 params; 16-bit params without a master keep it in their dtype.
+  b.states = (b.param == 4 || plan.precision.master_fp32 ? 4 : b.param) * plan.optimizer.states_per_param();
   b.compute = dtype_bytes(plan.precision.compute_dtype);
   return b;
 }

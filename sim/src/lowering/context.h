@@ -42,7 +42,7 @@ struct Bytes {
   int grad = 4;     // gradients (param dtype)
   int reduce = 4;   // gradient collectives
   int master = 0;   // fp32 master copy when params are 16-bit and master_fp32 (counted as optimizer state)
-  int states = 8;   // optimizer states, fp32: 4 x states_per_param
+  int states = 8;   // optimizer states: 4 x states_per_param (param dtype without master_fp32)
   int compute = 4;  // activations
 };
 
@@ -56,6 +56,7 @@ struct Residency {
   std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
   std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
+  std::int64_t host_buffers = 0;  // offloaded stage 2-3 gradients: the staging buffer of one unit's shard
 };
 // Sums over units of the shard sizes; `units` already expanded.
 Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units);

@@ -3,6 +3,7 @@
 // master_fp32) + fp32 states. Shards are padded: ceil(P/N) per unit at stage 3 (one flat parameter per
 // unit), ceil(P/N) of the whole model at stages 1-2 (greedy partition).
 #include <algorithm>
+#include <iterator>
 
 #include "context.h"
 
@@ -39,6 +40,25 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
     if (plan.offload.grads) r.host_grads = shard12 * b.grad;  // stage 1: device keeps full grads for the all-reduce
   }
   (plan.offload.params && stage == 3 ? r.host_params : r.dev_params) = param_elems * b.param;
+  // Offloaded stage 2-3 gradients: each reduce-scattered share (a unit's at stage 3, a reduce_buffer_elems
+  // bucket's at stage 2, as dp_sync groups them) lands in a host staging buffer (the largest, in the
+  // reduce-scatter dtype) and is added to the host shard from there, so that microbatches accumulate
+  // (DeepSpeed's pinned buffers for cpu_offload).
+  if (plan.offload.grads && stage >= 2) {
+    const std::int64_t cap = stage == 2 ? std::max<std::int64_t>(1, plan.buckets.reduce_buffer_elems) : 1;
+    std::int64_t largest = 0, padded = 0, shard = 0;
+    for (auto u = units.rbegin(); u != units.rend(); ++u) {
+      if (u->params > 0) {
+        padded += u->padded;
+        shard += u->shard;
+      }
+      if (padded >= cap || std::next(u) == units.rend()) {
+        largest = std::max(largest, shard);
+        padded = shard = 0;
+      }
+    }
+    r.host_buffers = largest * (plan.precision.fp32_reduce_scatter ? 4 : b.reduce);
+  }
   // SlowMo: the slow momentum buffer and the previous parameters, fp32, full size on every rank
   // (fairscale SlowMoDistributedDataParallel with slowmo_memory_efficient=False, as the export writes it).
   if (plan.slowmo()) r.dev_slowmo = 2 * 4 * p;
@@ -58,6 +78,7 @@ void place_model_states(Ctx& c) {
   put(c.host, r.host_params, MemCategory::params, c.n_params);
   put(c.host, r.host_grads, MemCategory::grads, c.n_grads);
   put(c.host, r.host_optimizer, MemCategory::optimizer, c.n_states);
+  put(c.host, r.host_buffers, MemCategory::buffers, c.n_reduce_buffers);
 }
 
 }  // namespace zeroplan::sim::lowering

@@ -49,6 +49,8 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     // A fused kernel (zeroplan's executor, torch.optim's fused=True, DeepSpeed's FusedAdam) updates in
     // place: no temporaries beyond the state.
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
+    // An fp32 master steps with an fp32 copy of the 16-bit gradients, for the step's duration.
+    if (c.b.master > 0) c.g.alloc(step, c.dev, local * 4, MemCategory::buffers, c.label(c.n_grads));
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);
     param_sync(c, {step});
@@ -56,14 +58,21 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
   }
   std::vector<TaskId> updated;
   const bool params_on_host = c.plan.zero_stage == 3 && c.plan.offload.params;
+  AllocId grads32 = kNone;
+  TaskId last_step = kNone;
   for (const GradDone& d : grads.done) {
     const TaskId step = c.g.add_task(c.host_opt, host_optimizer_time(c.cluster, name, static_cast<double>(d.elems), flat),
                                      c.label(c.n_optimizer), {d.task, gate}, c.n_cat_optimizer);
+    if (c.b.master > 0 && grads32 == kNone) {
+      grads32 = c.g.alloc(step, c.host, local * 4, MemCategory::buffers, c.label(c.n_grads), kNone);
+    }
+    last_step = step;
     if (params_on_host) continue;
     const double bytes = static_cast<double>(d.elems * c.b.param);
     updated.push_back(c.g.add_task(c.h2d, copy_time(c.cluster, CopyDir::h2d, bytes), c.label(c.n_h2d), {step},
                                    c.n_cat_copy));
   }
+  if (grads32 != kNone) c.g.set_free_at(grads32, last_step);
   param_sync(c, updated);
 }
 

@@ -58,7 +58,9 @@ TaskId ParamResidency::before_bwd(int u, int mb) {
   if (gathered_[static_cast<std::size_t>(u)] != kNone) return kNone;  // still gathered since the forward
   const int back = c_.plan.buckets.prefetch ? 2 : 1;
   const auto units = static_cast<int>(c_.units.size());
-  const TaskId after = u + back < units ? c_.bwd[static_cast<std::size_t>(u + back)] : kNone;
+  // The unit before the last is prefetched as the last unit's backward starts (FSDP's BACKWARD_PRE, the
+  // executor): after the last forward and its loss, not during them.
+  const TaskId after = u + back < units ? c_.bwd[static_cast<std::size_t>(u + back)] : c_.fwd[static_cast<std::size_t>(units - 1)];
   return gather(u, mb, after);
 }
 

@@ -63,8 +63,10 @@ struct PlanSpec {
   bool offload_params = false, offload_grads = false, offload_optimizer = false;
   bool checkpointing = false;
   std::int64_t reduce_buffer_elems = 0;  // stage 2 bucket; 0: the plan's default
+  std::string dtype = "fp32";  // param, compute and reduce dtype; fp16 with dynamic loss scaling
   std::string label() const {
     std::string s = "stage" + std::to_string(stage) + "_m" + std::to_string(microbatches);
+    if (dtype != "fp32") s += "_" + dtype;
     if (reshard) s += "_reshard";
     if (offload_params) s += "_offP";
     if (offload_grads) s += "_offG";
@@ -88,6 +90,8 @@ inline Plan make_plan(const ModelSpec& m, int world, const PlanSpec& s, std::uin
   p.offload.optimizer = s.offload_optimizer;
   if (s.checkpointing) p.checkpointing.mode = Checkpointing::Mode::all;
   if (s.reduce_buffer_elems > 0) p.buckets.reduce_buffer_elems = s.reduce_buffer_elems;
+  p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = s.dtype;
+  if (s.dtype == "fp16") p.precision.loss_scale.mode = LossScale::Mode::dynamic;
   p.optimizer = m.optimizer;
   p.seed = seed;
   return p;

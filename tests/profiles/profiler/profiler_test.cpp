@@ -288,6 +288,25 @@ TEST(Profiler, Gpt2TinyBlocksCountTransformerFlops) {
   }
 }
 
+// At a 16-bit dtype the last unit's loss runs in fp32 on a copy of its logits, as the executor computes
+// it (autocast's rule for losses): its forward peak holds the 16-bit logits, their fp32 copy, the fp32
+// log-softmax and its fp32 gradient (7 x the 16-bit output here), where a 16-bit loss holds about 4 x.
+TEST(Profiler, SixteenBitLossRunsInFp32) {
+  for (const std::string dtype : {"bf16", "fp16"}) {
+    zoo::Model model =
+        zoo::build_model("gpt", "", {{"layers", "1"}, {"hidden", "32"}, {"heads", "2"}, {"seq", "16"}, {"vocab", "2048"}}, 1);
+    ProfileOptions o = quick();
+    o.batch = 2;
+    o.batches = {1, 2};
+    o.repeats = 1;
+    o.dtype = dtype;
+    ModelProfile p = profile_model(model, o);
+    const UnitProfile& head = p.units.back();
+    EXPECT_DOUBLE_EQ(head.bytes_output.value, 2.0 * 2 * 16 * 2048) << dtype;
+    EXPECT_GE(head.bytes_peak_fwd.value, 6 * head.bytes_output.value) << dtype;
+  }
+}
+
 TEST(Profiler, ModelProfiledTwiceGivesIdenticalMemoryFigures) {
   zoo::Model model = zoo::build_model("gpt", "gpt2-tiny", {}, 3);
   ProfileOptions o = quick();

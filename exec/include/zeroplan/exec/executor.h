@@ -26,6 +26,7 @@
 #include "zeroplan/exec/communicator.h"
 #include "zeroplan/exec/device.h"
 #include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/recorder.h"
 #include "zeroplan/profiles/plan.h"
 #include "zeroplan/profiles/zoo.h"
@@ -35,7 +36,9 @@ namespace zeroplan::exec {
 struct StepStats {
   double time_s = 0;
   double loss = 0;  // mean loss over this rank's samples of the step
-  double lr_gain = 1;  // AdaScale's gain this step (1 without AdaScale)
+  double loss_scale = 1;  // what the loss gradient was multiplied by (1 without loss scaling)
+  bool skipped = false;   // non-finite gradients on some rank: parameters and optimizer state untouched
+  double lr_gain = 1;     // AdaScale's gain this step (1 without AdaScale)
   std::map<std::string, double> phase_s;
 };
 
@@ -69,6 +72,7 @@ class Executor {
   int all_reduce_buckets() const;              // buckets per sync (stages 0-1)
   int units_with_params() const;               // F
   bool views_valid() const;                    // every resident unit's parameters are flat views
+  LossScaler& loss_scaler();                   // precision.loss_scale's scaler (tests set its interval)
 
  private:
   class Impl;

@@ -51,6 +51,8 @@ struct RunResult {
   // over the measured steps.
   std::vector<UnitPhaseTime> units;
   std::vector<double> losses;          // per step, mean over the global batch (same on every rank)
+  std::vector<double> loss_scales;     // per step, with loss scaling (same on every rank)
+  std::vector<int> skipped_steps;      // steps skipped for non-finite gradients (every rank skips together)
   std::vector<double> lr_gains;        // AdaScale's gain per step (same on every rank); empty without it
   std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
   std::int64_t host_peak_bytes = 0;

@@ -58,6 +58,8 @@ struct RunRecord {
   std::map<std::string, double> phase_times_s;  // phase ("forward", "backward", "optimizer", ...) -> median s/step
   std::vector<RankPeak> peaks;       // one per rank, by rank
   std::vector<double> losses;        // per step (NaN allowed, written as null)
+  std::vector<double> loss_scales;   // per step, with loss scaling: the scale the step's gradients carried
+  std::vector<int> skipped_steps;    // steps whose optimizer update was skipped (non-finite gradients)
   std::vector<UnitPhaseTime> units;  // optional
   std::vector<double> lr_gains;      // AdaScale's learning-rate gain per step (optional: empty without it)
   std::vector<std::string> fallbacks;     // "gloo reduce_scatter via all_reduce"

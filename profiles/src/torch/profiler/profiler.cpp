@@ -494,7 +494,9 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
       LossFn loss;
       if (i + 1 == model.units.size()) {
         torch::Tensor target = data.target.to(device);
-        loss = [&model, target](const torch::Tensor& y) { return model.task->loss(y, target); };
+        // In fp32 as the executor computes it (autocast's rule for losses): at a 16-bit dtype the fp32
+        // copy of the logits and the loss's fp32 temporaries are part of the last unit's forward peak.
+        loss = [&model, target](const torch::Tensor& y) { return model.task->loss(y.to(torch::kFloat32), target); };
       }
       try {
         row_inputs.push_back(x);
