@@ -182,8 +182,8 @@ std::vector<PlanSpec> parity_plans() {
       {2, 1},
       {2, 4, false, false, false, false, true},
       {2, 1, false, false, true, true, true},
-      {2, 4, false, false, false, false, false, 60000},  // several reduce-scatter buckets (one-unit ones too)
-      {2, 1, false, false, true, true, false, 1},        // a bucket per unit, grads offloaded
+      {2, 4, false, false, false, false, false, "fp32", 60000},  // several reduce-scatter buckets (one-unit ones too)
+      {2, 1, false, false, true, true, false, "fp32", 1},      // a bucket per unit, grads offloaded
       {3, 1, true},
       {3, 4, true, false, false, false, true},
       {3, 1, false},

@@ -62,8 +62,8 @@ struct PlanSpec {
   bool reshard = false;
   bool offload_params = false, offload_grads = false, offload_optimizer = false;
   bool checkpointing = false;
-  std::int64_t reduce_buffer_elems = 0;  // stage 2 bucket; 0: the plan's default
   std::string dtype = "fp32";  // param, compute and reduce dtype; fp16 with dynamic loss scaling
+  std::int64_t reduce_buffer_elems = 0;  // stage 2 bucket; 0: the plan's default
   std::string label() const {
     std::string s = "stage" + std::to_string(stage) + "_m" + std::to_string(microbatches);
     if (dtype != "fp32") s += "_" + dtype;
