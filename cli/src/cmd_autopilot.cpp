@@ -34,27 +34,12 @@ namespace {
 // parameters, optimizer state and activations all matter for memory.
 const zoo::Options kDefaultGpt = {{"layers", "4"}, {"hidden", "256"}, {"heads", "4"}, {"seq", "128"}, {"vocab", "8192"}};
 
-int run_autopilot(Args& a, const Globals& g) {
-  const auto started = std::chrono::steady_clock::now();
-  if (a.output_dir.empty()) {
-    std::time_t now = std::time(nullptr);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-    a.output_dir = std::string("autopilot-") + stamp;
-  }
-  const fs::path out = a.output_dir;
-  fs::create_directories(out);
-  say(g, fmt::format("output folder: {}", out.string()));
-  if (a.nproc < 2) throw ExitError(kBadInput, fmt::format("--nproc {} must be at least 2", a.nproc));
-  if (a.global_batch % a.nproc != 0)
-    throw ExitError(kBadInput, fmt::format("--global-batch {} is not a multiple of --nproc {}", a.global_batch, a.nproc));
-
-  // 1. Profile, with the threads each rank will have.
-  zoo::Options overrides = a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
-  for (auto& [k, v] : parse_key_values(a.model_opts, "--opt")) overrides[k] = v;
+// 1. The model's profile, with the threads each rank will have.
+ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& overrides, const fs::path& out) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
-  say(g, fmt::format("1/5 profiling {} {} ({} thread(s) per rank, as the runs will have)", model_name, a.preset, std::max(1, cores / a.nproc)));
+  say(g, fmt::format("1/5 profiling {} {} ({} thread(s) per rank, as the runs will have)", model_name, a.preset,
+                     std::max(1, cores / a.nproc)));
   if (!a.torchscript.empty() && a.input_shape.empty())
     throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   zoo::Model model = a.torchscript.empty() ? zoo::build_model(a.model, a.preset, overrides, 0)
@@ -68,8 +53,11 @@ int run_autopilot(Args& a, const Globals& g) {
   po.threads = std::max(1, cores / a.nproc);
   ModelProfile profile = profile_model(model, po);
   write_document(out / "model_profile.json", profile);
+  return profile;
+}
 
-  // 2. Probe, or reuse a fresh probe.
+// 2. The cluster: --cluster, a fresh probe of this machine, or a new probe (cached for the next run).
+ClusterProfile cluster_step(const Args& a, const Globals& g, const fs::path& out) {
   ClusterProfile cluster;
   if (!a.cluster.empty()) {
     cluster = resolve_cluster(a.cluster);
@@ -91,6 +79,53 @@ int run_autopilot(Args& a, const Globals& g) {
     }
   }
   write_document(out / "cluster.json", cluster);
+  return cluster;
+}
+
+// 4b. The fidelity grid, no budget. Rounds run every plan once each, so a slow spell of the machine
+// falls on all plans alike; each plan is then judged on its median round.
+std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& setup, const fs::path& out) {
+  std::vector<std::pair<std::string, Plan>> plans = fidelity_grid(a.nproc, a.global_batch);
+  if (!a.grid_plans.empty()) {
+    std::erase_if(plans, [&](const auto& p) {
+      return std::find(a.grid_plans.begin(), a.grid_plans.end(), p.first) == a.grid_plans.end();
+    });
+  }
+  std::vector<std::vector<Trial>> rounds(plans.size());
+  for (int r = 0; r < a.rounds; ++r) {
+    if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      Trial t = make_trial(plans[i].first, plans[i].second, Prediction{});
+      const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
+      run_trial(t, dir, setup, 0);
+      rounds[i].push_back(std::move(t));
+    }
+  }
+  std::vector<Trial> grid;
+  for (auto& r : rounds) grid.push_back(median_round(std::move(r)));
+  return grid;
+}
+
+int run_autopilot(Args& a, const Globals& g) {
+  const auto started = std::chrono::steady_clock::now();
+  if (a.output_dir.empty()) {
+    std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+    a.output_dir = std::string("autopilot-") + stamp;
+  }
+  const fs::path out = a.output_dir;
+  fs::create_directories(out);
+  say(g, fmt::format("output folder: {}", out.string()));
+  if (a.nproc < 2) throw ExitError(kBadInput, fmt::format("--nproc {} must be at least 2", a.nproc));
+  if (a.global_batch % a.nproc != 0)
+    throw ExitError(kBadInput, fmt::format("--global-batch {} is not a multiple of --nproc {}", a.global_batch, a.nproc));
+
+  zoo::Options overrides = a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
+  for (auto& [k, v] : parse_key_values(a.model_opts, "--opt")) overrides[k] = v;
+  const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
+  const ModelProfile profile = profile_step(a, g, overrides, out);
+  const ClusterProfile cluster = cluster_step(a, g, out);
 
   // 3. The budget: the default plan must not fit.
   Plan ddp = Plan::default_ddp(a.nproc, a.global_batch);
@@ -127,28 +162,7 @@ int run_autopilot(Args& a, const Globals& g) {
     ++n;
     run_trial(t, out / (t.label == "default" ? std::string("default") : fmt::format("plan{}", n)), setup, budget);
   }
-  std::vector<Trial> grid;
-  if (a.grid) {
-    // Rounds run every plan once each, so a slow spell of the machine falls on all plans alike; each
-    // plan is then judged on its median round.
-    std::vector<std::pair<std::string, Plan>> plans = fidelity_grid(a.nproc, a.global_batch);
-    if (!a.grid_plans.empty()) {
-      std::erase_if(plans, [&](const auto& p) {
-        return std::find(a.grid_plans.begin(), a.grid_plans.end(), p.first) == a.grid_plans.end();
-      });
-    }
-    std::vector<std::vector<Trial>> rounds(plans.size());
-    for (int r = 0; r < a.rounds; ++r) {
-      if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
-      for (std::size_t i = 0; i < plans.size(); ++i) {
-        Trial t = make_trial(plans[i].first, plans[i].second, Prediction{});
-        const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
-        run_trial(t, dir, setup, 0);
-        rounds[i].push_back(std::move(t));
-      }
-    }
-    for (auto& r : rounds) grid.push_back(median_round(std::move(r)));
-  }
+  const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, out) : std::vector<Trial>{};
 
   // 5. The report.
   say(g, "5/5 writing the report");
