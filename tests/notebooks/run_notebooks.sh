@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The notebooks (notebooks/*.ipynb) run top to bottom on the documents of a small run, so they never rot.
 #   run_notebooks.sh documents ZEROPLAN DIR       write the documents of a small run into DIR (emptied first):
-#                                                 profile, probe --quick, simulate --trace and run --trace and
+#                                                 profile --trace, probe --quick, simulate --trace and run --trace and
 #                                                 compare for two plans, compare of the compare_basic scenario's
 #                                                 hand-written documents (per-unit times), tune -o DIR/tune
 #   run_notebooks.sh execute DIR NOTEBOOK...      execute each notebook with ZEROPLAN_DOCS=DIR; the executed
@@ -22,7 +22,8 @@ documents() {
   local common=(--world-size 2 --global-batch 4)
   run_quiet() { local log=$1; shift; "$@" >"$log.log" 2>&1 || { cat "$log.log" >&2; say "failed: $*"; exit 1; }; }
   run_quiet probe "$zeroplan" probe --quick -o cluster.json
-  run_quiet profile "$zeroplan" profile --model gpt --preset gpt2-tiny --batch 2 --threads 1 -o model.json
+  run_quiet profile "$zeroplan" profile --model gpt --preset gpt2-tiny --batch 2 --threads 1 --trace profile.trace.json \
+    -o model.json
   # Two plans: plain data parallelism, and stage 3 with gradients and optimizer state offloaded to the host.
   local -A plans=([ddp]="--set zero_stage=0"
                   [zero3-offload]="--set zero_stage=3 --set offload.grads=true --set offload.optimizer=true")
