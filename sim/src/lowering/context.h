@@ -126,6 +126,7 @@ struct ParamResidency {
   Ctx& c_;
   std::vector<TaskId> gathered_;  // per unit: gather task of the current phase
   std::vector<AllocId> gathered_alloc_;
+  TaskId mb_start_ = kNone;  // the previous microbatch's last compute task, which its first gathers wait for
 };
 
 // Activation policy (keep, offload a ratio, checkpoint, checkpoint with the input offloaded): activations.cpp

@@ -38,8 +38,11 @@ TaskId ParamResidency::before_fwd(int u, int mb) {
     gathered_alloc_.assign(c_.units.size(), kNone);
   }
   // Prefetch: the gather of u may run during the forward of u-1 (it waits for u-2's); else after u-1's.
+  // The first units' gathers wait for the end of the previous microbatch (the executor issues them as
+  // this microbatch's forward starts), not for nothing.
   const int back = c_.plan.buckets.prefetch ? 2 : 1;
-  const TaskId after = u - back >= 0 ? c_.fwd[static_cast<std::size_t>(u - back)] : kNone;
+  if (u == 0) mb_start_ = mb > 0 ? c_.last_compute : kNone;
+  const TaskId after = u - back >= 0 ? c_.fwd[static_cast<std::size_t>(u - back)] : mb_start_;
   return gathered_[static_cast<std::size_t>(u)] = gather(u, mb, after);
 }
 
