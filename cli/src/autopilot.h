@@ -47,6 +47,9 @@ struct Args {
   bool calibrate = false;          // with grid: fit factors on half the grid, judge on the other half
   int rounds = 1;                  // with grid: run the grid this many times, plans interleaved
   std::vector<std::string> grid_plans;  // with grid: only these plans ("" = all 14)
+  // The tuner may vary LocalSGD/SlowMo/AdaScale, and autopilot runs the default plan and the same plan
+  // with LocalSGD beside it (one rank per node) to show what the speed costs in loss.
+  bool allow_approximate_averaging = false;
 };
 
 std::string gib(double bytes);  // "12.3 MiB" (the report's unit; the name is historical)
@@ -90,10 +93,19 @@ struct RunSetup {
   const ModelProfile& profile;
   const ClusterProfile& cluster;  // the one predictions are made on
   std::string opts;               // model options for `zeroplan run --opt`
+  int ranks_per_node = 0;         // `zeroplan run --ranks-per-node` (0: the launcher's default, one node)
 };
 // Simulates `t.plan`, runs it with `zeroplan run` on local ranks (with `--device-memory-limit` when
 // `limit` > 0), compares, and writes everything into `dir`.
 void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t limit);
+
+// With --allow-approximate-averaging: the default plan and the same plan with LocalSGD every 4 steps
+// (each rank its own node, so it averages) run unbudgeted into out/price/, and what the speed costs.
+struct PriceRuns {
+  std::optional<AveragingPrice> price;
+  std::string failure;  // why there is no price
+};
+PriceRuns price_step(const RunSetup& r, const fs::path& out);
 
 // ---- the grid's fidelity (autopilot_fidelity.cpp) ----
 
@@ -125,6 +137,7 @@ struct ReportInput {
   const std::vector<Trial>& trials;
   const std::vector<Trial>& grid;
   std::vector<tuner::report::Block> fidelity;  // fidelity_section's, empty without --grid
+  std::optional<PriceRuns> price;              // with --allow-approximate-averaging
   double elapsed_s = 0;
 };
 // Writes report.md and report.html into `out`; returns the Markdown.

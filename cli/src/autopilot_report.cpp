@@ -103,6 +103,22 @@ std::vector<Block> document(const ReportInput& in) {
     for (const auto& w : t.comparison->warnings) items.push_back("warning: " + w);
     d.push_back(Block::list(std::move(items)));
   }
+  if (in.price) {
+    d.push_back(Block::heading(2, "What the speed costs"));
+    if (const auto& p = in.price->price) {
+      d.push_back(Block::paragraph(fmt::format(
+          "The default plan and the same plan with {} (each rank its own node, so the ranks step apart and "
+          "average their parameters), same seed and {} steps, no budget: the loss is the mean over the last {} "
+          "step(s). Runs in `price/`.",
+          p->strategy, p->steps, std::max(1, p->steps / 4))));
+      d.push_back(Block::table({"run", "loss", "measured step s"},
+                               {{"synchronous (DDP)", fmt::format("{:.4f}", p->baseline_loss), fmt::format("{:.4f}", p->baseline_step_time_s)},
+                                {p->strategy, fmt::format("{:.4f}", p->loss), fmt::format("{:.4f}", p->step_time_s)},
+                                {"change", percent(p->loss_change), fmt::format("{:.2f}x faster", p->speedup)}}));
+    } else {
+      d.push_back(Block::paragraph("No price: " + in.price->failure + "."));
+    }
+  }
   for (const Block& b : in.fidelity) d.push_back(b);
   d.push_back(Block::paragraph(fmt::format(
       "Files: `model_profile.json`, `cluster.json`, `tune/`, and per plan `plan.json`, `prediction.json`, "

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "autopilot.h"
+#include "zeroplan/sim/price.h"
 #include "model_args.h"
 #include "zeroplan/config.h"
 #include "zeroplan/profiles/json_io.h"
@@ -169,6 +170,7 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
                                 "--warmup", std::to_string(a.warmup),
                                 "--trace", (dir / "measured_trace.json").string(), "-o", (dir / "run_record.json").string()};
   if (limit > 0) args.insert(args.end(), {"--device-memory-limit", std::to_string(limit)});
+  if (r.ranks_per_node > 0) args.insert(args.end(), {"--ranks-per-node", std::to_string(r.ranks_per_node)});
   if (!a.torchscript.empty()) {
     for (auto& x : torchscript_argv(a.torchscript, a.input_shape, a.task)) args.push_back(x);
   } else {
@@ -203,6 +205,31 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
   say(r.g, fmt::format("    step {:.4f} s measured vs {:.4f} s predicted; device peak {} measured vs {} predicted",
                        t.record->step_time_median_s, t.prediction.step_time_s, gib(double(peak)),
                        gib(double(t.prediction.device.peak_bytes))));
+}
+
+PriceRuns price_step(const RunSetup& r, const fs::path& out) {
+  const Plan sync = Plan::default_ddp(r.a.nproc, r.a.global_batch);
+  Plan local = sync;
+  local.localsgd_frequency = 4;
+  // Each rank its own node: LocalSGD on one node is DDP (gradients reduced within the node every step).
+  ClusterProfile per_rank = r.cluster;
+  per_rank.devices_per_node = 1;
+  per_rank.nodes = r.a.nproc;
+  PriceRuns p;
+  Trial ts = make_trial("synchronous", sync, Prediction{});
+  run_trial(ts, out / "price" / "synchronous", RunSetup{r.a, r.g, r.profile, r.cluster, r.opts}, 0);
+  Trial tl = make_trial("localsgd", local, Prediction{});
+  run_trial(tl, out / "price" / "localsgd", RunSetup{r.a, r.g, r.profile, per_rank, r.opts, 1}, 0);
+  if (!ts.record || !tl.record) {
+    p.failure = !ts.record ? "the synchronous run failed: " + ts.failure : "the LocalSGD run failed: " + tl.failure;
+    return p;
+  }
+  try {
+    p.price = sim::averaging_price(*tl.record, *ts.record, "price/synchronous/run_record.json");
+  } catch (const SchemaError& e) {
+    p.failure = e.what();
+  }
+  return p;
 }
 
 }  // namespace zeroplan::cli::autopilot

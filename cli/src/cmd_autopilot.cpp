@@ -141,6 +141,7 @@ int run_autopilot(Args& a, const Globals& g) {
   tuner::TuneConstraints constraints;
   constraints.set_global_batch(a.global_batch).set_world_size(a.nproc).set_nodes(1);
   constraints.knobs = tuner::parse_knobs(a.knobs);
+  constraints.allow_approximate_averaging = a.allow_approximate_averaging;
   tuner::TuneOptions topts;
   topts.set_top_k(std::max(a.verify, 1));
   if (!g.quiet) topts.set_progress(tuner::stderr_progress_bar());
@@ -162,6 +163,8 @@ int run_autopilot(Args& a, const Globals& g) {
     ++n;
     run_trial(t, out / (t.label == "default" ? std::string("default") : fmt::format("plan{}", n)), setup, budget);
   }
+  std::optional<PriceRuns> price;
+  if (a.allow_approximate_averaging) price = price_step(RunSetup{a, g, profile, cluster, opts}, out);
   const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, out) : std::vector<Trial>{};
 
   // 5. The report.
@@ -186,6 +189,7 @@ int run_autopilot(Args& a, const Globals& g) {
                                                   .trials = trials,
                                                   .grid = grid,
                                                   .fidelity = std::move(fidelity),
+                                                  .price = std::move(price),
                                                   .elapsed_s = elapsed},
                                       out);
   if (!g.quiet) fmt::print(stderr, "\n{}\nreport: {} and {}\n", md, (out / "report.md").string(), (out / "report.html").string());
@@ -213,6 +217,9 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--knobs", a->knobs, "Knobs the tuner may vary (those the executor runs)")->capture_default_str();
   app.add_option("--probe-max-age-h", a->probe_max_age_h, "Reuse a probe younger than this (hours)")->capture_default_str();
   app.add_option("-o,--output-dir", a->output_dir, "Output folder (default: autopilot-<date>-<time>)");
+  app.add_flag("--allow-approximate-averaging", a->allow_approximate_averaging,
+               "Let the tuner vary LocalSGD/SlowMo/AdaScale, and run the default plan beside the same plan with "
+               "LocalSGD (one rank per node) to show what the speed costs in loss");
   app.add_flag("--grid", a->grid, "Also run the fidelity grid (14 plans over every knob, no budget) and report "
                "median and maximum errors and the rank correlation");
   app.add_flag("--calibrate", a->calibrate, "With --grid: fit compute and collective time factors on the odd-numbered "

@@ -4,7 +4,8 @@
 #   4 ranks, LocalSGD every 3 steps: on one node of 4 (--ranks-per-node 4) it is DDP bit for bit, on two
 #   nodes of 2 (node groups formed over Gloo) the first step's loss is DDP's and later ones are not;
 #   --ranks-per-node that does not divide the ranks is one line, exit 1; `compare --baseline` shows the
-#   two-node LocalSGD run's loss beside DDP's (the price), and refuses a synchronous run as the measured one.
+#   two-node LocalSGD run's loss beside DDP's (the price), and refuses a synchronous run as the measured one;
+#   `autopilot --allow-approximate-averaging` runs both and its report shows both losses.
 #   localsgd.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
@@ -42,6 +43,11 @@ msg=$("$zp" -q compare --predicted pred.json --measured ddp4.json --baseline ddp
 set -e
 [ "$code" -eq 1 ] && [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "synchronous measured run: exit $code: $msg"
 case "$msg" in *"the measured run is synchronous"*) ;; *) fail "message: $msg" ;; esac
+# autopilot --allow-approximate-averaging: the default plan and the same with LocalSGD (one rank per node)
+# run side by side, and the report shows both losses after the same steps.
+"$zp" -q autopilot --model mlp --preset mlp-tiny --allow-approximate-averaging --verify 1 --steps 8 --warmup 1 \
+  -o ap || fail "autopilot --allow-approximate-averaging"
+grep -q "^## What the speed costs" ap/report.md || fail "the autopilot report has no price section"
 "$py" - <<'PY'
 import json, math, sys
 errors = []
@@ -60,6 +66,17 @@ ddp, one, two = (json.load(open(f))["losses"] for f in ("ddp4.json", "onenode.js
 check(one == ddp, "LocalSGD on one node of 4 ranks is DDP bit for bit")
 check(two[0] == ddp[0], "two nodes: the first step's loss is DDP's")
 check(two[1:] != ddp[1:], "two nodes: later losses differ from DDP's (nodes step apart)")
+sync_run = json.load(open("ap/price/synchronous/run_record.json"))
+local_run = json.load(open("ap/price/localsgd/run_record.json"))
+check(local_run["plan"]["localsgd_frequency"] == 4 and sync_run["plan"]["localsgd_frequency"] in (0, 1),
+      "autopilot ran a LocalSGD plan and a synchronous one")
+check(local_run["losses"][0] == sync_run["losses"][0] and local_run["losses"][1:] != sync_run["losses"][1:],
+      "one rank per node: the LocalSGD run steps apart from DDP after the first step")
+report = open("ap/report.md").read()
+mean2 = lambda l: sum(l[-2:]) / 2  # 8 steps: the last quarter
+check(f"| synchronous (DDP) | {mean2(sync_run['losses']):.4f} |" in report and
+      f"| LocalSGD every 4 steps | {mean2(local_run['losses']):.4f} |" in report,
+      "the report's price table holds both runs' losses after the same 8 steps")
 price = json.load(open("price.json"))["price"]
 tail = lambda l: sum(l[-1:]) / 1  # 6 steps: the last quarter is the last step
 check(price["steps"] == 6 and price["loss"] == tail(two) and price["baseline_loss"] == tail(ddp),
