@@ -309,8 +309,9 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
 
   if (stopped_by != 0) {
     result.exit_code = 128 + stopped_by;
-    result.message = fmt::format("stopped by {}: the {} ranks were stopped", sigabbrev_np(stopped_by) != nullptr
-                                     ? fmt::format("SIG{}", sigabbrev_np(stopped_by)) : fmt::format("signal {}", stopped_by), nproc);
+    const char* abbrev = sigabbrev_np(stopped_by);
+    const std::string sig = abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", stopped_by);
+    result.message = fmt::format("stopped by {}: the {} ranks were stopped", sig, nproc);
     return result;
   }
   if (hung) {

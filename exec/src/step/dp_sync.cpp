@@ -25,12 +25,15 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total, c.dt.grad) : c.dzeros(c.shard_total, c.dt.grad);
     const std::int64_t cap = stage_ == 2 ? std::max<std::int64_t>(1, c.plan.buckets.reduce_buffer_elems) : 1;
     rs_bucket_of_.assign(c.units.size(), -1);
+    rs_slot_of_.assign(c.units.size(), -1);
     RsBucket cur;
     for (int u = c.unit_count() - 1; u >= 0; --u) {
       const UnitRT& U = c.unit(u);
       if (U.numel() > 0) {
         rs_bucket_of_[static_cast<std::size_t>(u)] = static_cast<int>(rs_buckets_.size());
+        rs_slot_of_[static_cast<std::size_t>(u)] = static_cast<int>(cur.units.size());
         cur.units.push_back(u);
+        cur.offsets.push_back(cur.shard);
         cur.padded += U.layout.padded_numel();
         cur.shard += U.shard();
       }
@@ -100,11 +103,7 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
     } else {
       torch::NoGradGuard no_grad;
       if (u == b.units.front()) bucket_buffer_ = c_.dempty(b.padded, c_.dt.grad);
-      std::int64_t offset = 0;
-      for (const int v : b.units) {
-        if (v == u) break;
-        offset += c_.unit(v).shard();
-      }
+      const std::int64_t offset = b.offsets[static_cast<std::size_t>(rs_slot_of_[static_cast<std::size_t>(u)])];
       const std::int64_t shard = c_.unit(u).shard();
       bucket_buffer_.view({c_.world, b.shard}).narrow(1, offset, shard).copy_(g.view({c_.world, shard}));
       g = torch::Tensor();
@@ -178,11 +177,9 @@ void GradSync::drain(std::size_t keep) {
       c_.dev.copy_d2h(reduced, p.output);
       c_.dev.wait_copies();
     }
-    std::int64_t offset = 0;
-    for (const int v : b.units) {
-      const UnitRT& U = c_.unit(v);
-      grad_shard_all_.narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, offset, U.shard()));
-      offset += U.shard();
+    for (std::size_t k = 0; k < b.units.size(); ++k) {
+      const UnitRT& U = c_.unit(b.units[k]);
+      grad_shard_all_.narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, b.offsets[k], U.shard()));
     }
     if (c_.plan.offload.grads) c_.rec.span(Lane::d2h, "d2h grads " + L.name, t0, c_.rec.now_s(), "d2h", b.units.back());
   }

@@ -187,6 +187,7 @@ class GradSync {
   // one each); shards laid out in that order in the bucket's output.
   struct RsBucket {
     std::vector<int> units;
+    std::vector<std::int64_t> offsets;  // per unit: where its shard starts in the bucket's output
     std::int64_t padded = 0, shard = 0;
   };
   struct PendingReduce {
@@ -212,6 +213,7 @@ class GradSync {
   std::vector<Bucket> buckets_;
   std::vector<RsBucket> rs_buckets_;
   std::vector<int> rs_bucket_of_;  // per unit, -1 without parameters
+  std::vector<int> rs_slot_of_;    // per unit: its index in its bucket's units
   torch::Tensor bucket_buffer_;    // the open bucket of several units, rank-major: [world, its shards]
   std::deque<PendingReduce> pending_;
   std::vector<CommTracker::Handle> reduces_;

@@ -154,6 +154,16 @@ struct GradDone {
   TaskId task = kNone;         // after it, these gradients are final on this rank (reduced, maybe on host)
   std::int64_t elems = 0;      // gradient elements this rank owns from it (its shard of the bucket/unit)
 };
+// Stages 2-3: units grouped in backward order until reduce_buffer_elems (stage 3: one unit each), as the
+// executor groups them; `bucket_of` (optional) gets each unit's bucket index.
+struct RsBucket {
+  std::int64_t padded = 0, shard = 0;  // sums over the bucket's units with parameters
+  int with_params = 0;                 // how many; one: reduce-scattered in place, no bucket copy
+  int first = -1, last = -1;           // first and last unit with parameters, in backward order
+};
+std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector<Unit>& units,
+                                             std::vector<int>* bucket_of = nullptr);
+
 struct GradSync {
   explicit GradSync(Ctx& c) : c_(c) {}
   void after_bwd(int u, int mb, TaskId bwd);  // allocate gradients, launch bucket collectives
@@ -163,12 +173,6 @@ struct GradSync {
   TaskId microbatch_barrier() const { return c_.plan.zero_stage >= 2 && !reduces_.empty() ? reduces_.back() : kNone; }
   std::vector<GradDone> done;                // final gradients (last microbatch), in backward order
  private:
-  // Stages 2-3: units grouped in backward order until reduce_buffer_elems (stage 3: one unit each).
-  struct RsBucket {
-    std::int64_t padded = 0, shard = 0;  // sums over the bucket's units with parameters
-    int with_params = 0;                 // how many; one: reduce-scattered in place, no bucket copy
-    int first = -1, last = -1;           // first and last unit with parameters, in backward order
-  };
   // A reduce-scatter in flight: its input, temporary and output live until it is drained on the
   // compute stream (the executor waits for it after issuing the next one, then adds its output).
   struct InFlight {

@@ -53,15 +53,15 @@ TaskId to_host(Ctx& c, std::int64_t elems, int u, int mb, TaskId after) {
 
 }  // namespace
 
-void GradSync::plan_buckets() {
-  const int units = static_cast<int>(c_.units.size());
-  bucket_of_.assign(c_.units.size(), -1);
-  early_.assign(c_.units.size(), kNone);
-  const std::int64_t cap = c_.plan.zero_stage == 2 ? std::max<std::int64_t>(1, c_.plan.buckets.reduce_buffer_elems) : 1;
+std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector<Unit>& units,
+                                             std::vector<int>* bucket_of) {
+  const std::int64_t cap = plan.zero_stage == 2 ? std::max<std::int64_t>(1, plan.buckets.reduce_buffer_elems) : 1;
+  std::vector<RsBucket> buckets;
+  if (bucket_of != nullptr) bucket_of->assign(units.size(), -1);
   RsBucket cur;
-  for (int u = units - 1; u >= 0; --u) {
-    const Unit& x = c_.units[static_cast<std::size_t>(u)];
-    bucket_of_[static_cast<std::size_t>(u)] = static_cast<int>(rs_buckets_.size());
+  for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+    const Unit& x = units[static_cast<std::size_t>(u)];
+    if (bucket_of != nullptr) (*bucket_of)[static_cast<std::size_t>(u)] = static_cast<int>(buckets.size());
     if (x.params > 0) {
       cur.padded += x.padded;
       cur.shard += x.shard;
@@ -70,10 +70,16 @@ void GradSync::plan_buckets() {
       cur.last = u;
     }
     if (cur.padded >= cap || u == 0) {
-      rs_buckets_.push_back(cur);
+      buckets.push_back(cur);
       cur = RsBucket{};
     }
   }
+  return buckets;
+}
+
+void GradSync::plan_buckets() {
+  early_.assign(c_.units.size(), kNone);
+  rs_buckets_ = reduce_scatter_buckets(c_.plan, c_.units, &bucket_of_);
 }
 
 TaskId GradSync::reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input) {

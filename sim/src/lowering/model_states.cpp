@@ -3,7 +3,6 @@
 // master_fp32) + fp32 states. Shards are padded: ceil(P/N) per unit at stage 3 (one flat parameter per
 // unit), ceil(P/N) of the whole model at stages 1-2 (greedy partition).
 #include <algorithm>
-#include <iterator>
 
 #include "context.h"
 
@@ -45,18 +44,8 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   // reduce-scatter dtype) and is added to the host shard from there, so that microbatches accumulate
   // (DeepSpeed's pinned buffers for cpu_offload).
   if (plan.offload.grads && stage >= 2) {
-    const std::int64_t cap = stage == 2 ? std::max<std::int64_t>(1, plan.buckets.reduce_buffer_elems) : 1;
-    std::int64_t largest = 0, padded = 0, shard = 0;
-    for (auto u = units.rbegin(); u != units.rend(); ++u) {
-      if (u->params > 0) {
-        padded += u->padded;
-        shard += u->shard;
-      }
-      if (padded >= cap || std::next(u) == units.rend()) {
-        largest = std::max(largest, shard);
-        padded = shard = 0;
-      }
-    }
+    std::int64_t largest = 0;
+    for (const RsBucket& bucket : reduce_scatter_buckets(plan, units)) largest = std::max(largest, bucket.shard);
     r.host_buffers = largest * (plan.precision.fp32_reduce_scatter ? 4 : b.reduce);
   }
   // SlowMo: the slow momentum buffer and the previous parameters, fp32, full size on every rank
