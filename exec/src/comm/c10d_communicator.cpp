@@ -10,8 +10,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <chrono>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -70,6 +72,14 @@ class C10dCommunicator final : public Communicator {
     }
     const int group = rank_ / group_size;
     return make_group_(fmt::format("zeroplan/group{}x{}/", group, group_size), rank_ % group_size, group_size);
+  }
+
+  std::unique_ptr<Communicator> duplicate() override {
+    if (!make_group_) throw CommError(fmt::format("rank {}: this {} group cannot form a second one", rank_, backend_));
+    auto d = make_group_(fmt::format("zeroplan/dup{}/", duplicates_++), rank_, world_);
+    // Its fallbacks are this group's (same ranks, same collectives): noted here, for the RunRecord.
+    if (auto* c = dynamic_cast<C10dCommunicator*>(d.get())) c->notes_to_ = notes_to_;
+    return d;
   }
 
   std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override {
@@ -187,6 +197,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   void note(const char* fallback) {
+    if (notes_to_ != this) return notes_to_->note(fallback);
     std::lock_guard<std::mutex> lock(mutex_);
     fallbacks_.insert(fallback);
   }
@@ -210,6 +221,8 @@ class C10dCommunicator final : public Communicator {
   }
 
   MakeGroup make_group_;
+  int duplicates_ = 0;
+  C10dCommunicator* notes_to_ = this;  // a duplicate's fallbacks go to the group it duplicates  // duplicate() calls so far: each names its own store prefix
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::string backend_;
   int rank_;
@@ -232,6 +245,18 @@ void C10dWork::wait() {
     throw CommError(comm_->failure(what_, detail::first_line(e.what())));
   }
   if (after_) after_();
+  // Gloo's worker thread drops its reference to a finished work (and with it the collective's input,
+  // output and temporaries) a moment after marking it complete. Waiting for that release here frees
+  // them at the wait, where the simulator frees them, not at a moment that depends on thread timing
+  // (it moved a stage-2 peak by a whole bucket from run to run). Bounded: a reference kept longer is
+  // left to its owner.
+  // (NCCL's watchdog keeps its references for its own period: its memory is the caching allocator's.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  for (auto& w : works_) {
+    if (comm_->backend() != "gloo") break;
+    while (w.use_count() > 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
+  works_.clear();
 }
 
 }  // namespace

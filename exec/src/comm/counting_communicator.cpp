@@ -57,9 +57,9 @@ void CountingCommunicator::reset() {
 void CountingCommunicator::record(Collective kind, int64_t bytes) {
   std::chrono::microseconds delay;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    calls_.push_back({kind, bytes});
-    delay = delay_;
+    std::lock_guard<std::mutex> lock(sink_->mutex_);
+    sink_->calls_.push_back({kind, bytes});
+    delay = sink_->delay_;
   }
   if (delay.count() > 0) std::this_thread::sleep_for(delay);
 }
@@ -98,6 +98,12 @@ std::unique_ptr<Communicator> CountingCommunicator::split(int group_size) {
     delay = delay_;
   }
   return std::make_unique<CountingCommunicator>(inner_->split(group_size), delay);
+}
+
+std::unique_ptr<Communicator> CountingCommunicator::duplicate() {
+  auto d = std::make_unique<CountingCommunicator>(inner_->duplicate());
+  d->sink_ = sink_;
+  return d;
 }
 
 }  // namespace zeroplan::exec

@@ -21,6 +21,15 @@ namespace zeroplan::exec::pieces {
 GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), stage_(c.plan.zero_stage) {
   c.at("all", "setup");
   grad_full_.resize(c.units.size());
+  rs_comm_ = &c.comm;
+  if (stage_ == 3) {
+    try {
+      rs_own_ = c.comm.duplicate();
+      rs_comm_ = rs_own_.get();
+    } catch (const CommError&) {
+      // A test communicator with one queue: reduce-scatters queue behind the gathers.
+    }
+  }
   if (reduce_scatter_) {
     grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total, c.dt.grad) : c.dzeros(c.shard_total, c.dt.grad);
     const std::int64_t cap = stage_ == 2 ? std::max<std::int64_t>(1, c.plan.buckets.reduce_buffer_elems) : 1;
@@ -156,7 +165,7 @@ void GradSync::launch_reduce_scatter(int bucket, torch::Tensor input, int micro)
   const std::string name = b.units.size() == 1
                                ? "reduce_scatter " + c_.unit(last).name
                                : detail::format("reduce_scatter units {}-{}", last, b.units.front());
-  auto h = c_.tracker.issue(c_.comm.reduce_scatter(output, wire, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
+  auto h = c_.tracker.issue(rs_comm_->reduce_scatter(output, wire, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
   pending_.push_back({bucket, h, wire, output, source});
 }
 

@@ -178,8 +178,9 @@ class Executor::Impl {
       c_->at(c_->unit(u).name, "backward");
       params_->before_bwd(u, micro);
       grad = unit_backward(u, grad, micro);
-      grads_->after_bwd(u, micro, last_micro);
+      // Gathered parameters go before the gradient is reduce-scattered (FSDP reshards first).
       params_->after_bwd(u);
+      grads_->after_bwd(u, micro, last_micro);
     }
   }
 

@@ -206,6 +206,11 @@ class GradSync {
   bool reduce_scatter_ = false;  // stages 2-3
   int stage_ = 0;
   Communicator* all_reduce_comm_ = nullptr;
+  // Stage 3: reduce-scatters on a process group of their own (FSDP's reduce-scatter stream), so the
+  // backward's prefetch all-gathers do not queue behind them; stage 2 (and a communicator that cannot
+  // form a second group): the step's communicator.
+  std::unique_ptr<Communicator> rs_own_;
+  Communicator* rs_comm_ = nullptr;
   torch::Tensor grad_all_;       // stages 0-1: full gradients
   torch::Tensor grad_shard_all_; // stages 2-3: this rank's gradient shard
   torch::Tensor host_scratch_;   // offload.grads: one unit's reduced shard on its way to the host

@@ -136,6 +136,7 @@ void Ctx::intern_names() {
   n_workspace = g.intern("workspace");
   n_gathered = g.intern("gathered params");
   n_full_grads = g.intern("unsharded grads");
+  n_grad_acc = g.intern("accumulate grads");
   n_bucket = g.intern("bucket");
   n_temp = g.intern("collective temporary");
   n_rs_output = g.intern("reduce-scatter output");

@@ -92,7 +92,7 @@ struct Ctx {
 
   // Names, interned once.
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
-      n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_bucket, n_temp,
+      n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
       n_rs_output, n_rs_wait, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
@@ -166,7 +166,9 @@ std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector
 
 struct GradSync {
   explicit GradSync(Ctx& c) : c_(c) {}
-  void after_bwd(int u, int mb, TaskId bwd);  // allocate gradients, launch bucket collectives
+  // Allocates gradients, launches bucket collectives; returns the unit's last compute task (the
+  // gradient's accumulation after the backward at stages 2-3, else `bwd`).
+  TaskId after_bwd(int u, int mb, TaskId bwd);
   void finish_microbatch(int mb);            // flush a partial bucket, drain every reduce-scatter
   // Stages 2-3: the microbatch's last reduce-scatter, which the next microbatch's forward waits for
   // (FSDP's end-of-backward callback, DeepSpeed's end-of-backward reduction); else kNone.

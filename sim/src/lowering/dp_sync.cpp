@@ -104,16 +104,16 @@ void GradSync::drain(std::size_t keep, int mb) {
   }
 }
 
-void GradSync::after_bwd(int u, int mb, TaskId bwd) {
+TaskId GradSync::after_bwd(int u, int mb, TaskId bwd) {
   const Unit& x = c_.units[static_cast<std::size_t>(u)];
   const bool last_mb = mb + 1 == c_.m;
   if (c_.plan.zero_stage <= 1) {
-    if (!last_mb) return;  // no_sync: accumulate locally
+    if (!last_mb) return bwd;  // no_sync: accumulate locally
     bucket_elems_ += x.params;
     bucket_last_ = bwd;
     const std::int64_t cap = std::max<std::int64_t>(1, c_.plan.buckets.all_reduce_bucket_bytes / c_.b.grad);
     if (bucket_elems_ >= cap) flush(mb);
-    return;
+    return bwd;
   }
   if (bucket_of_.empty()) plan_buckets();
   // A borrower's backward writes into its owners' gradients: allocated here, not at the owner's.
@@ -122,16 +122,30 @@ void GradSync::after_bwd(int u, int mb, TaskId bwd) {
     early_[static_cast<std::size_t>(o)] = c_.g.alloc(bwd, c_.dev, owner.padded * c_.b.grad, MemCategory::grads,
                                                      c_.label(c_.n_full_grads, o, mb), kNone);
   }
-  if (x.params == 0) return;
+  if (x.params == 0) return bwd;
   // This unit's own unsharded gradient: allocated early by a borrower, or by its backward.
   AllocId full = early_[static_cast<std::size_t>(u)];
   early_[static_cast<std::size_t>(u)] = kNone;
-  if (full == kNone) full = c_.g.alloc(bwd, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+  if (full == kNone) {
+    // The executor allocates it once autograd has returned (the unit's workspace and saved activations
+    // gone) and adds autograd's gradients into it: beside it are those gradients, the unit's input and
+    // output and both their gradients.
+    const auto i = static_cast<std::size_t>(u);
+    const std::int64_t in = i > 0 ? c_.units[i - 1].output : 0;
+    const DeviceSpec& d = c_.cluster.device;
+    const double add = 3.0 * static_cast<double>(x.params * c_.b.grad);  // read both, write one
+    const TaskId acc = c_.compute_task(d.mem_bw_bytes_per_s > 0 ? add / d.mem_bw_bytes_per_s : 0.0, c_.n_grad_acc, u, mb);
+    c_.g.add_dep(acc, bwd);
+    full = c_.g.alloc(acc, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+    c_.g.alloc(acc, c_.dev, x.params * c_.b.grad + 2 * (in + x.output), MemCategory::activations,
+               c_.label(c_.n_workspace, u, mb));
+    bwd = acc;
+  }
   const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket_of_[static_cast<std::size_t>(u)])];
   if (b.with_params == 1) {
     const TaskId rs = reduce_scatter(x.padded, x.shard, u, mb, bwd, full);
     if (last_mb) done.push_back({to_host(c_, x.shard, u, mb, rs), x.shard});
-    return;
+    return bwd;
   }
   // After the backward (its activations freed), the gradient is copied into the bucket and freed.
   const DeviceSpec& d = c_.cluster.device;
@@ -143,10 +157,11 @@ void GradSync::after_bwd(int u, int mb, TaskId bwd) {
     bucket_buffer_ = c_.g.alloc(copy, c_.dev, b.padded * c_.b.grad, MemCategory::buffers, c_.label(c_.n_bucket, u, mb), kNone);
   }
   c_.g.set_free_at(full, copy);
-  if (u != b.last) return;
+  if (u != b.last) return bwd;
   const TaskId rs = reduce_scatter(b.padded, b.shard, -1, mb, copy, bucket_buffer_);
   bucket_buffer_ = kNone;
   if (last_mb) done.push_back({to_host(c_, b.shard, -1, mb, rs), b.shard});
+  return bwd;
 }
 
 // Stages 0-1: all-reduce the bucket collected so far.

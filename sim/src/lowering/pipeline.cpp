@@ -164,9 +164,9 @@ class Pipeline {
       st.out.work.push_back(bwd);
       if (u + 1 == units) st.bwd_last[static_cast<std::size_t>(mb)] = bwd;
       if (u == 0) st.bwd_first[static_cast<std::size_t>(mb)] = bwd;
-      st.grads->after_bwd(u, mb, bwd);
+      const TaskId done = st.grads->after_bwd(u, mb, bwd);
       acts.after_bwd(u, mb, bwd);
-      st.params->after_bwd(u, mb, bwd);
+      st.params->after_bwd(u, mb, done);
     }
     st.grads->finish_microbatch(mb);
   }

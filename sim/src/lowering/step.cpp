@@ -28,9 +28,11 @@ void schedule_step(Ctx& c) {
       c.g.add_dep(bwd, acts_ready);
       c.bwd[static_cast<std::size_t>(u)] = bwd;
       if (mb == 0) c.bwd0[static_cast<std::size_t>(u)] = bwd;
-      grads.after_bwd(u, mb, bwd);
+      // Gathered parameters are released once the gradient is accumulated (before it is reduce-scattered,
+      // as FSDP reshards before its reduce-scatter).
+      const TaskId done = grads.after_bwd(u, mb, bwd);
       acts.after_bwd(u, mb, bwd);
-      params.after_bwd(u, mb, bwd);
+      params.after_bwd(u, mb, done);
     }
     grads.finish_microbatch(mb);
   }

@@ -55,6 +55,14 @@ class Communicator {
     throw CommError(backend() + " communicator cannot form groups of " + std::to_string(group_size) + " ranks");
   }
 
+  // A second communicator over the same ranks with its own process group (its own Gloo worker thread,
+  // its own NCCL stream), so its collectives do not queue behind this one's: FSDP's separate
+  // reduce-scatter stream. Collective: every rank calls it, in the same order as the other collectives.
+  // Throws CommError when this communicator cannot.
+  virtual std::unique_ptr<Communicator> duplicate() {
+    throw CommError(backend() + " communicator cannot form a second process group");
+  }
+
   // What ran instead of a missing collective (e.g. "gloo reduce_scatter via all_reduce"), recorded in
   // the RunRecord so the simulator models what really ran.
   virtual std::vector<std::string> fallbacks() const = 0;

@@ -57,6 +57,8 @@ class CountingCommunicator final : public Communicator {
   void barrier() override;
   // Counts its own calls (the group's), with the same delay.
   std::unique_ptr<Communicator> split(int group_size) override;
+  // Its calls are counted here, with this one's (they are the same ranks' collectives).
+  std::unique_ptr<Communicator> duplicate() override;
   std::vector<std::string> fallbacks() const override { return inner_->fallbacks(); }
 
  private:
@@ -64,6 +66,7 @@ class CountingCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> owned_;
   Communicator* inner_;
+  CountingCommunicator* sink_ = this;  // where calls are recorded (a duplicate's: its parent's)
   mutable std::mutex mutex_;
   std::chrono::microseconds delay_;
   std::vector<CollectiveCall> calls_;

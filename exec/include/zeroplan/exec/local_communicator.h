@@ -18,6 +18,7 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override;
   void barrier() override {}
   std::unique_ptr<Communicator> split(int group_size) override;
+  std::unique_ptr<Communicator> duplicate() override { return split(1); }
   std::vector<std::string> fallbacks() const override { return {}; }
 };
 
