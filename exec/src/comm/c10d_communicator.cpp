@@ -28,16 +28,20 @@ constexpr const char* kGlooAvgFallback = "gloo all_reduce avg via sum then divid
 constexpr const char* kGlooReduceScatterAvgFallback =
     "gloo reduce_scatter avg via sum then divide by world size";
 constexpr const char* kGlooReduceScatterFallback =
-    "gloo reduce_scatter via all_reduce (reduce_scatter_single clones the input, all-reduces it and "
-    "copies out this rank's chunk): 2(N-1)/N traffic and a full-size temporary";
+    "gloo reduce_scatter via all_reduce (the input cloned, all-reduced and this rank's chunk copied "
+    "out, as reduce_scatter_single does): 2(N-1)/N traffic and a full-size temporary";
 
 class C10dCommunicator;
 
 class C10dWork final : public Work {
  public:
+  // `handed`: tensors made for the collective and held by nobody but c10d once it is issued (views of
+  // the caller's buffers): wait() waits until c10d has let go of them too.
   C10dWork(const C10dCommunicator* comm, std::string what, std::vector<c10::intrusive_ptr<c10d::Work>> works,
-           std::function<void()> after)
-      : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)) {}
+           std::function<void()> after, const std::vector<at::Tensor>& handed = {})
+      : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)) {
+    for (const auto& t : handed) handed_.emplace_back(t.getIntrusivePtr());
+  }
   void wait() override;
 
  private:
@@ -45,6 +49,7 @@ class C10dWork final : public Work {
   std::string what_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // one collective, or the parts of one
   std::function<void()> after_;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_;
   bool done_ = false;
 };
 
@@ -144,10 +149,25 @@ class C10dCommunicator final : public Communicator {
     at::Tensor out = output.view({-1});
     // c10d takes the input by non-const reference; it only reads it.
     at::Tensor in = input.view({-1});
-    std::function<void()> after;
-    if (op == ReduceOp::kAvg && !native_avg_) {
-      after = [t = output, n = world_]() mutable { t.div_(n); };
+    const bool divide = op == ReduceOp::kAvg && !native_avg_;
+    if (backend_ == "gloo") {
+      // What Gloo's reduce_scatter_single does (clone, all-reduce, copy this rank's chunk out), with the
+      // full-size temporary made here, when the collective is issued, and freed at wait(): inside Gloo
+      // it was made and freed on its worker thread, at moments that depended on thread timing.
+      at::Tensor buf = in.clone();
+      std::vector<at::Tensor> tensors{buf};
+      c10d::AllreduceOptions ar;
+      ar.timeout = options_.timeout;
+      ar.reduceOp = opts.reduceOp;
+      std::function<void()> after = [buf, out, r = rank_, n = world_, divide]() mutable {
+        out.copy_(buf.chunk(n)[static_cast<std::size_t>(r)]);
+        if (divide) out.div_(n);
+      };
+      return issue("reduce_scatter", input.nbytes(), [&] { return pg_->allreduce(tensors, ar); }, std::move(after),
+                   {buf});
     }
+    std::function<void()> after;
+    if (divide) after = [t = output, n = world_]() mutable { t.div_(n); };
     return issue("reduce_scatter", input.nbytes(),
                  [&] { return pg_->reduce_scatter_single(out, in, opts); }, std::move(after));
   }
@@ -203,8 +223,8 @@ class C10dCommunicator final : public Communicator {
   }
 
   template <class Issue>
-  std::unique_ptr<Work> issue(const char* name, size_t bytes, Issue&& start,
-                              std::function<void()> after) {
+  std::unique_ptr<Work> issue(const char* name, size_t bytes, Issue&& start, std::function<void()> after,
+                              const std::vector<at::Tensor>& handed = {}) {
     std::string what = fmt::format("{} #{} ({} bytes)", name, ++sequence_, bytes);
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     try {
@@ -217,12 +237,12 @@ class C10dCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       throw CommError(failure(what, detail::first_line(e.what())));
     }
-    return std::make_unique<C10dWork>(this, std::move(what), std::move(works), std::move(after));
+    return std::make_unique<C10dWork>(this, std::move(what), std::move(works), std::move(after), handed);
   }
 
   MakeGroup make_group_;
-  int duplicates_ = 0;
-  C10dCommunicator* notes_to_ = this;  // a duplicate's fallbacks go to the group it duplicates  // duplicate() calls so far: each names its own store prefix
+  int duplicates_ = 0;                 // duplicate() calls so far: each names its own store prefix
+  C10dCommunicator* notes_to_ = this;  // a duplicate's fallbacks go to the group it duplicates
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::string backend_;
   int rank_;
@@ -245,18 +265,18 @@ void C10dWork::wait() {
     throw CommError(comm_->failure(what_, detail::first_line(e.what())));
   }
   if (after_) after_();
-  // Gloo's worker thread drops its reference to a finished work (and with it the collective's input,
-  // output and temporaries) a moment after marking it complete. Waiting for that release here frees
-  // them at the wait, where the simulator frees them, not at a moment that depends on thread timing
-  // (it moved a stage-2 peak by a whole bucket from run to run). Bounded: a reference kept longer is
-  // left to its owner.
-  // (NCCL's watchdog keeps its references for its own period: its memory is the caching allocator's.)
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  for (auto& w : works_) {
-    if (comm_->backend() != "gloo") break;
-    while (w.use_count() > 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  }
+  after_ = nullptr;
   works_.clear();
+  // Gloo's worker thread lets go of a finished collective (its input, output and temporaries) a moment
+  // after marking it complete. Waiting for that here frees them at the wait, where the simulator frees
+  // them, not at a moment that depends on thread timing (it moved a stage-2 peak by a whole bucket
+  // from run to run). Bounded: a reference kept longer is left to its owner. (NCCL's watchdog keeps
+  // its references for its own period; that memory is the caching allocator's.)
+  if (comm_->backend() != "gloo") return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  for (const auto& h : handed_) {
+    while (!h.expired() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
 }
 
 }  // namespace
