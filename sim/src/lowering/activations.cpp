@@ -35,6 +35,7 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
     offloaded_.assign(c_.units.size(), kNone);
     host_part_.assign(c_.units.size(), kNone);
     d2h_.assign(c_.units.size(), kNone);
+    rng_.assign(c_.units.size(), kNone);
   }
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
@@ -52,7 +53,9 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (i + 1 == c_.units.size())
     loss_ = c_.g.alloc(fwd, c_.dev, x.output, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (x.checkpoint) {
-    const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
+    const std::int64_t input = u > 0 ? c_.units[i - 1].output : c_.input0;
+    // The RNG state for the recompute stays with the unit whether or not its input goes to the host.
+    rng_[i] = c_.g.alloc(fwd, c_.dev, c_.rng_state_bytes, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
     if (!c_.plan.checkpoint_offload || input <= 0) {
       pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
       return;
@@ -133,7 +136,8 @@ void Activations::after_bwd(int u, int mb, TaskId bwd) {
     loss_ = kNone;
   }
   if (offloaded_[i] != kNone) c_.g.set_free_at(offloaded_[i], bwd);
-  pending_[i] = offloaded_[i] = host_part_[i] = d2h_[i] = kNone;
+  if (rng_[i] != kNone) c_.g.set_free_at(rng_[i], bwd);
+  pending_[i] = offloaded_[i] = host_part_[i] = d2h_[i] = rng_[i] = kNone;
 }
 
 }  // namespace zeroplan::sim::lowering

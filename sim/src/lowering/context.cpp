@@ -78,6 +78,13 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   b = bytes_of(plan);
   units = expand_units(model, plan, &cluster);
   for (const Unit& u : units) total_params += u.params;
+  if (!model.input_shape.empty() && model.batch > 0) {
+    std::int64_t numel = 1;
+    for (const std::int64_t d : model.input_shape) numel *= d;
+    const int elem = model.seq_len > 0 && model.image_size == 0 ? 8 : 4;
+    input0 = numel / model.batch * plan.micro_batch * elem;
+  }
+  if (cluster.device.kind == "cpu") rng_state_bytes = 5056;
   if (!measured_on_device_kind(model, cluster)) {
     notes.push_back(fmt::format("compute times from a roofline of FLOPs where the profile has them (profile measured "
                                 "on \"{}\"{}, cluster device kind \"{}\")",
@@ -96,6 +103,8 @@ Ctx::Ctx(Ctx& whole, int stage_index, int first, int count)
       unit_offset(first), prefix(fmt::format("s{}.", stage_index)), n(whole.n), m(whole.m), b(whole.b) {
   const auto begin = whole.units.begin() + first;
   units.assign(begin, begin + count);
+  input0 = first > 0 ? whole.units[static_cast<std::size_t>(first - 1)].output : whole.input0;
+  rng_state_bytes = whole.rng_state_bytes;
   for (Unit& u : units) {
     // Shared parameters whose owner runs on another stage: this stage holds a replica (as Megatron keeps
     // the tied word embeddings on the first and the last stage), so they count as its own.

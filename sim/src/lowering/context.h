@@ -85,6 +85,12 @@ struct Ctx {
   Bytes b;
   std::vector<Unit> units;
   std::int64_t total_params = 0;
+  // Unit 0's input, one microbatch (the model's input; a pipeline stage's: the previous stage's output):
+  // kept when unit 0 is checkpointed (else in its saved bytes). The batch is fp32 images or int64 tokens.
+  std::int64_t input0 = 0;
+  // The RNG state a checkpointed unit keeps for its recompute: a CPU tensor (mt19937's state, 5056
+  // bytes), in the device pool only when the device is the CPU.
+  std::int64_t rng_state_bytes = 0;
   std::vector<std::string> notes;
 
   ResourceId compute = 0, h2d = 0, d2h = 0, comm = 0, comm_rs = 0, host_opt = 0;
@@ -147,6 +153,7 @@ struct Activations {
   std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward
   std::vector<AllocId> host_part_;   // per unit: the host copy of the offloaded part (or checkpointed input)
   std::vector<TaskId> d2h_;          // per unit: the D2H of its offloaded part (or checkpointed input)
+  std::vector<AllocId> rng_;         // per unit: a checkpointed unit's RNG state (CPU devices)
 };
 
 // Data-parallel gradient synchronisation per zero stage, buckets, microbatch semantics: dp_sync.cpp
