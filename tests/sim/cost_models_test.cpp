@@ -125,7 +125,7 @@ TEST(Compute, MeasuredTimesOnTheSameDeviceKindAreUsed) {
   m.measured = true;
   m.device = "cpu";
   m.dtype = "fp32";
-  m.units[1].time_fwd_s = Figure{0.01, Fit{0.002, 0.004, 1, 3}};
+  m.units[1].time_fwd_s = Figure{0.01, Fit{0.002, 0.004, 1, 3}, {}};
   m.units[1].time_bwd_s = Figure::constant(0.02);
   const ComputeTime t = unit_compute_time(m, 1, cpu(), 1, "fp32");
   EXPECT_TRUE(t.from_profile);

@@ -48,19 +48,20 @@ void read_value(const nlohmann::json& j, std::uint64_t& out, const std::string& 
 void read_value(const nlohmann::json& j, double& out, const std::string& path);
 void read_value(const nlohmann::json& j, std::string& out, const std::string& path);
 
+// (Before the vector reader, which reads arrays of arrays through it.)
+template <class T, std::size_t N>
+void read_value(const nlohmann::json& j, std::array<T, N>& out, const std::string& path) {
+  if (!j.is_array() || j.size() != N)
+    fail(path, "expected an array of " + std::to_string(N) + ", got " + describe(j));
+  for (std::size_t i = 0; i < N; ++i) read_value(j[i], out[i], path + "[" + std::to_string(i) + "]");
+}
+
 template <class T>
 void read_value(const nlohmann::json& j, std::vector<T>& out, const std::string& path) {
   if (!j.is_array()) fail(path, "expected an array, got " + describe(j));
   out.clear();
   out.resize(j.size());
   for (std::size_t i = 0; i < j.size(); ++i) read_value(j[i], out[i], path + "[" + std::to_string(i) + "]");
-}
-
-template <class T, std::size_t N>
-void read_value(const nlohmann::json& j, std::array<T, N>& out, const std::string& path) {
-  if (!j.is_array() || j.size() != N)
-    fail(path, "expected an array of " + std::to_string(N) + ", got " + describe(j));
-  for (std::size_t i = 0; i < N; ++i) read_value(j[i], out[i], path + "[" + std::to_string(i) + "]");
 }
 
 template <class T>

@@ -1,5 +1,6 @@
 #include "zeroplan/profiles/model_profile.h"
 
+#include <cmath>
 #include <set>
 
 #include "json_util.h"
@@ -17,6 +18,7 @@ ojson write_figure(const Figure& f) {
   j["per_sample"] = f.fit.per_sample;
   j["r2"] = f.fit.r2;
   j["points"] = f.fit.points;
+  if (!f.measured.empty()) j["measured"] = f.measured;
   return j;
 }
 
@@ -84,6 +86,16 @@ void check_figure(const std::string& where, const Figure& f) {
   if (!(f.value >= 0)) model_error(where + " must be >= 0 (got " + num(f.value) + ")");
   if (f.fit.points < 0) model_error(where + ".points must be >= 0 (got " + num(f.fit.points) + ")");
   if (!(f.fit.r2 <= 1)) model_error(where + ".r2 must be <= 1 (got " + num(f.fit.r2) + ")");
+  for (std::size_t i = 0; i < f.measured.size(); ++i) {
+    const auto& m = f.measured[i];
+    if (!(m[0] > 0) || !std::isfinite(m[1]) || m[1] < 0) {
+      model_error(where + ".measured[" + num(static_cast<double>(i)) + "] must be a batch > 0 and a value >= 0 (got " +
+                  num(m[0]) + ", " + num(m[1]) + ")");
+    }
+    if (i > 0 && !(m[0] > f.measured[i - 1][0])) {
+      model_error(where + ".measured batches must increase (got " + num(f.measured[i - 1][0]) + " then " + num(m[0]) + ")");
+    }
+  }
 }
 
 }  // namespace
@@ -96,6 +108,7 @@ void read_value(const nlohmann::json& j, Figure& f, const std::string& path) {
   r.opt("per_sample", f.fit.per_sample);
   r.opt("r2", f.fit.r2);
   r.opt("points", f.fit.points);
+  r.opt("measured", f.measured);
   r.finish();
 }
 

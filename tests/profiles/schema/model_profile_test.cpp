@@ -60,8 +60,8 @@ TEST(ModelProfile, KernelTimesRoundTripWhenMeasured) {
     EXPECT_FALSE(u.contains("kernel_time_fwd_s"));
     EXPECT_FALSE(u.contains("kernel_time_bwd_s"));
   }
-  m.units[1].kernel_time_fwd_s = Figure{9e-5, Fit{1e-5, 1e-5, 0.99, 2}};
-  m.units[1].kernel_time_bwd_s = Figure{2e-4, Fit{2e-5, 2.25e-5, 1, 2}};
+  m.units[1].kernel_time_fwd_s = Figure{9e-5, Fit{1e-5, 1e-5, 0.99, 2}, {}};
+  m.units[1].kernel_time_bwd_s = Figure{2e-4, Fit{2e-5, 2.25e-5, 1, 2}, {}};
   validate(m);
   testing::expect_round_trip(m);
   const nlohmann::json j = m;

@@ -98,7 +98,7 @@ inline Plan sample_plan() {
   return p;
 }
 
-inline Figure sample_figure(double v) { return Figure{v, Fit{v / 3, v / 7, 0.99, 4}}; }
+inline Figure sample_figure(double v) { return Figure{v, Fit{v / 3, v / 7, 0.99, 4}, {}}; }
 
 inline ModelProfile sample_model() {
   ModelProfile m;

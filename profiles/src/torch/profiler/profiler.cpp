@@ -589,7 +589,13 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     auto figure = [&](double UnitMeasurement::*field) {
       std::vector<double> ys;
       for (const auto& row : measurements) ys.push_back(row[i].*field);
-      return Figure{r.*field, fit_linear(xs, ys)};
+      Figure f{r.*field, fit_linear(xs, ys), {}};
+      for (std::size_t k = 0; k < xs.size(); ++k) f.measured.push_back({xs[k], ys[k]});
+      std::sort(f.measured.begin(), f.measured.end());
+      f.measured.erase(std::unique(f.measured.begin(), f.measured.end(),
+                                   [](const auto& a, const auto& b) { return a[0] == b[0]; }),
+                       f.measured.end());
+      return f;
     };
     u.bytes_saved = figure(&UnitMeasurement::bytes_saved);
     u.bytes_output = figure(&UnitMeasurement::bytes_output);
