@@ -101,8 +101,9 @@ TEST(CheckpointOffload, DevicePeakFallsByTheKeptInputsAndTheHostHoldsThem) {
   p.checkpoint_offload = true;
   const Prediction off = simulate(m, c, p);
   EXPECT_DOUBLE_EQ(off.step_time_s, kept.step_time_s);
-  // Kept inputs: unit i keeps unit i-1's output (embed, 6 blocks, head: the blocks' and the head's).
-  std::vector<std::int64_t> inputs;
+  // Kept inputs: unit i keeps unit i-1's output (embed, 6 blocks, head: the blocks' and the head's),
+  // and the embedding the model's input (2 x 256 int64 tokens).
+  std::vector<std::int64_t> inputs{2 * 256 * 8};
   int prev = -1;
   for (const UnitProfile& u : m.units) {
     for (int r = 0; r < u.count; ++r) {
@@ -132,9 +133,9 @@ TEST(CheckpointOffload, TimeAddsTheCopiesThatCannotOverlap) {
   const Prediction kept = simulate(m, c, p);
   p.checkpoint_offload = true;
   const Prediction off = simulate(m, c, p);
-  // The inputs: embed's output (block 0's), blocks 0-2's outputs (blocks 1-3's), block 3's (the head's),
-  // all 2 x seq x hidden bytes per sample.
-  double h2d = 0, d2h = 0;
+  // The inputs: the tokens (embed's, 2 x 256 int64), embed's output (block 0's), blocks 0-2's outputs
+  // (blocks 1-3's), block 3's (the head's), all 2 x seq x hidden bytes per sample.
+  double h2d = copy_time(c, CopyDir::h2d, 2 * 256 * 8), d2h = copy_time(c, CopyDir::d2h, 2 * 256 * 8);
   const double block_in = m.units[0].bytes_output.at(2, 1);
   ASSERT_EQ(block_in, m.units[1].bytes_output.at(2, 1));
   for (int i = 0; i < 5; ++i) {

@@ -55,7 +55,8 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (x.checkpoint) {
     const std::int64_t input = u > 0 ? c_.units[i - 1].output : c_.input0;
     // The RNG state for the recompute stays with the unit whether or not its input goes to the host.
-    rng_[i] = c_.g.alloc(fwd, c_.dev, c_.rng_state_bytes, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
+    if (c_.rng_state_bytes > 0)
+      rng_[i] = c_.g.alloc(fwd, c_.dev, c_.rng_state_bytes, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
     if (!c_.plan.checkpoint_offload || input <= 0) {
       pending_[i] = c_.g.alloc(fwd, c_.dev, input, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
       return;

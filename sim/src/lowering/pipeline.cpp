@@ -167,6 +167,8 @@ class Pipeline {
       const TaskId done = st.grads->after_bwd(u, mb, bwd);
       acts.after_bwd(u, mb, bwd);
       st.params->after_bwd(u, mb, done);
+      v.bwd[static_cast<std::size_t>(u)] = done;
+      if (done != bwd) st.out.work.push_back(done);  // the gradient's accumulation (stage 2)
     }
     st.grads->finish_microbatch(mb);
   }

@@ -33,6 +33,7 @@ void schedule_step(Ctx& c) {
       const TaskId done = grads.after_bwd(u, mb, bwd);
       acts.after_bwd(u, mb, bwd);
       params.after_bwd(u, mb, done);
+      c.bwd[static_cast<std::size_t>(u)] = done;  // what waits for this unit's backward waits for all of it
     }
     grads.finish_microbatch(mb);
   }
