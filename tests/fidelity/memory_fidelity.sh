@@ -80,6 +80,7 @@ resnet_plans=(
   "zero_stage=2 micro_batch=2 microbatches=2"
   "zero_stage=3"
   "zero_stage=3 offload.params=true offload.grads=true offload.optimizer=true"
+  "zero_stage=1 offload.optimizer=true"
 )
 for k in "${!resnet_plans[@]}"; do
   check "resnet_$k" "${resnet_plans[$k]}" "$tolerance" "$out/profile_resnet.json" device,host

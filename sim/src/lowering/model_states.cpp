@@ -31,7 +31,11 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   const std::int64_t opt_elems = stage == 0 ? p : (stage == 3 ? shard3 : shard12);
   const std::int64_t grad_elems = stage <= 1 ? p : (stage == 2 ? shard12 : shard3);
   const std::int64_t param_elems = stage <= 2 ? p : shard3;
-  (plan.offload.optimizer ? r.host_optimizer : r.dev_optimizer) = opt_elems * opt_bytes;
+  // An offloaded optimizer steps a host copy of the parameter shard (ZeRO-Offload's master on the CPU,
+  // fp32 parameters included) unless the parameters themselves live there (stage 3 with offload.params)
+  // or a 16-bit plan's fp32 master is that copy.
+  const bool host_param_copy = plan.offload.optimizer && b.master == 0 && !(stage == 3 && plan.offload.params);
+  (plan.offload.optimizer ? r.host_optimizer : r.dev_optimizer) = opt_elems * (opt_bytes + (host_param_copy ? b.param : 0));
   if (plan.offload.grads && stage >= 2) {
     r.host_grads = grad_elems * b.grad;
   } else {
