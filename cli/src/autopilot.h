@@ -84,8 +84,18 @@ DevicePeak device_peak(const RunRecord& r);
 
 // The fidelity grid: plans covering every knob the executor runs, built on the default DDP plan;
 // variants whose microbatch count does not divide the per-rank batch are left out.
-std::vector<std::pair<std::string, Plan>> fidelity_grid(int nproc, int global_batch);
-std::vector<std::string> grid_labels();  // every grid plan's label, g01 ... g14
+struct GridPlan {
+  std::string label;  // g01, g02, ...
+  Plan plan;
+  // LocalSGD and SlowMo rows run each rank as its own node (`run --ranks-per-node 1`, predicted on a
+  // cluster of one device per node): on one node LocalSGD reduces gradients every step, as DDP does.
+  bool rank_per_node = false;
+};
+std::vector<GridPlan> fidelity_grid(int nproc, int global_batch);
+std::vector<std::string> grid_labels();  // every grid plan's label, g01 ... g16
+
+// A copy of `c` with each of `nproc` ranks on its own node (what LocalSGD needs to average over nodes).
+ClusterProfile one_device_per_node(const ClusterProfile& c, int nproc);
 
 struct RunSetup {
   const Args& a;

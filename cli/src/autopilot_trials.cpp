@@ -76,6 +76,10 @@ std::string describe(const Plan& p) {
   if (p.checkpointing.mode == Checkpointing::Mode::all) s += ", checkpoint all";
   else if (p.checkpointing.mode == Checkpointing::Mode::units) s += fmt::format(", checkpoint {} units", p.checkpointing.units.size());
   s += fmt::format(", micro batch {} x {}", p.micro_batch, p.microbatches);
+  if (p.localsgd()) s += fmt::format(", LocalSGD every {}", p.localsgd_frequency);
+  if (p.slowmo()) s += fmt::format(", SlowMo momentum {:g} every {}", p.slowmo_momentum, p.slowmo_frequency);
+  if (p.adascale) s += ", AdaScale";
+  if (p.precision.param_dtype != "fp32") s += ", " + p.precision.param_dtype;
   return s;
 }
 
@@ -110,10 +114,10 @@ DevicePeak device_peak(const RunRecord& r) {
   return d;
 }
 
-std::vector<std::pair<std::string, Plan>> fidelity_grid(int nproc, int global_batch) {
+std::vector<GridPlan> fidelity_grid(int nproc, int global_batch) {
   const Plan base = Plan::default_ddp(nproc, global_batch);
   const int per_rank = base.micro_batch;
-  std::vector<std::pair<std::string, Plan>> out;
+  std::vector<GridPlan> out;
   auto add = [&](const std::string& label, int stage, int microbatches, auto&& tweak) {
     if (per_rank % microbatches != 0) return;
     Plan p = base;
@@ -122,7 +126,7 @@ std::vector<std::pair<std::string, Plan>> fidelity_grid(int nproc, int global_ba
     p.microbatches = microbatches;
     p.micro_batch = per_rank / microbatches;
     tweak(p);
-    out.emplace_back(label, p);
+    out.push_back({label, p, p.localsgd()});
   };
   auto none = [](Plan&) {};
   auto ckpt = [](Plan& p) { p.checkpointing.mode = Checkpointing::Mode::all; };
@@ -143,12 +147,20 @@ std::vector<std::pair<std::string, Plan>> fidelity_grid(int nproc, int global_ba
     p.offload.params = p.offload.grads = p.offload.optimizer = true;
   });
   add("g14", 1, 4, ckpt);
+  // Averaging instead of reducing gradients (each rank its own node): step time is the mean over the
+  // period, memory holds SlowMo's slow momentum and previous parameters.
+  add("g15", 0, 1, [](Plan& p) { p.localsgd_frequency = 2; });
+  add("g16", 0, 1, [](Plan& p) {
+    p.localsgd_frequency = 2;
+    p.slowmo_frequency = 2;
+    p.slowmo_momentum = 0.5;
+  });
   return out;
 }
 
 std::vector<std::string> grid_labels() {
   std::vector<std::string> labels;
-  for (const auto& [label, plan] : fidelity_grid(1, 4)) labels.push_back(label);
+  for (const GridPlan& g : fidelity_grid(1, 4)) labels.push_back(g.label);
   return labels;
 }
 
@@ -207,14 +219,19 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
                        gib(double(t.prediction.device.peak_bytes))));
 }
 
+ClusterProfile one_device_per_node(const ClusterProfile& c, int nproc) {
+  ClusterProfile one = c;
+  one.devices_per_node = 1;
+  one.nodes = nproc;
+  return one;
+}
+
 PriceRuns price_step(const RunSetup& r, const fs::path& out) {
   const Plan sync = Plan::default_ddp(r.a.nproc, r.a.global_batch);
   Plan local = sync;
   local.localsgd_frequency = 4;
   // Each rank its own node: LocalSGD on one node is DDP (gradients reduced within the node every step).
-  ClusterProfile per_rank = r.cluster;
-  per_rank.devices_per_node = 1;
-  per_rank.nodes = r.a.nproc;
+  const ClusterProfile per_rank = one_device_per_node(r.cluster, r.a.nproc);
   PriceRuns p;
   Trial ts = make_trial("synchronous", sync, Prediction{});
   run_trial(ts, out / "price" / "synchronous", RunSetup{r.a, r.g, r.profile, r.cluster, r.opts}, 0);

@@ -85,19 +85,24 @@ ClusterProfile cluster_step(const Args& a, const Globals& g, const fs::path& out
 // 4b. The fidelity grid, no budget. Rounds run every plan once each, so a slow spell of the machine
 // falls on all plans alike; each plan is then judged on its median round.
 std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& setup, const fs::path& out) {
-  std::vector<std::pair<std::string, Plan>> plans = fidelity_grid(a.nproc, a.global_batch);
+  std::vector<GridPlan> plans = fidelity_grid(a.nproc, a.global_batch);
   if (!a.grid_plans.empty()) {
-    std::erase_if(plans, [&](const auto& p) {
-      return std::find(a.grid_plans.begin(), a.grid_plans.end(), p.first) == a.grid_plans.end();
+    std::erase_if(plans, [&](const GridPlan& p) {
+      return std::find(a.grid_plans.begin(), a.grid_plans.end(), p.label) == a.grid_plans.end();
     });
   }
+  const ClusterProfile per_rank = one_device_per_node(setup.cluster, a.nproc);  // LocalSGD rows
   std::vector<std::vector<Trial>> rounds(plans.size());
   for (int r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
     for (std::size_t i = 0; i < plans.size(); ++i) {
-      Trial t = make_trial(plans[i].first, plans[i].second, Prediction{});
+      Trial t = make_trial(plans[i].label, plans[i].plan, Prediction{});
       const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
-      run_trial(t, dir, setup, 0);
+      if (plans[i].rank_per_node) {
+        run_trial(t, dir, RunSetup{setup.a, setup.g, setup.profile, per_rank, setup.opts, 1}, 0);
+      } else {
+        run_trial(t, dir, setup, 0);
+      }
       rounds[i].push_back(std::move(t));
     }
   }
