@@ -463,12 +463,23 @@ TEST(ExecutorLocalSgd, SlowMoFirstUpdateClosedFormAndBuffers) {
     p.slowmo_momentum = 0.5;
     p.slowmo_lr = alpha;
   };
-  auto res = launch({{m, {0, 1}, 2, 0, 0, false, local, 1}, {m, {0, 1}, 2, 0, 0, false, slowmo, 1}});
+  // Momentum 0 and slow lr 1: the slow update is the identity, so fairscale's SlowMo is LocalSGD.
+  auto identity = [](Plan& p) {
+    p.localsgd_frequency = 2;
+    p.slowmo_frequency = 2;
+    p.slowmo_momentum = 0;
+    p.slowmo_lr = 1;
+  };
+  auto res = launch({{m, {0, 1}, 2, 0, 0, false, local, 1},
+                     {m, {0, 1}, 2, 0, 0, false, slowmo, 1},
+                     {m, {0, 1}, 2, 0, 0, false, identity, 1}});
   const NamedTensors x0 = named_params(build(m, 7));
   for (int r = 0; r < 2; ++r) {
     const auto& rr = res[static_cast<std::size_t>(r)];
     expect_ok(rr[0], "localsgd");
     expect_ok(rr[1], "slowmo");
+    expect_ok(rr[2], "slowmo momentum 0, lr 1");
+    EXPECT_TRUE(params_equal(rr[2].params, rr[0].params)) << "rank " << r << ": identity SlowMo differs from LocalSGD";
     ASSERT_EQ(rr[0].params.size(), x0.size());
     NamedTensors got, want;
     for (std::size_t k = 0; k < x0.size(); ++k) {
@@ -482,6 +493,22 @@ TEST(ExecutorLocalSgd, SlowMoFirstUpdateClosedFormAndBuffers) {
                                              rr[0].json.at("device_peak_bytes").get<std::int64_t>());
     EXPECT_NEAR(extra, 8.0 * static_cast<double>(elems), 0.02 * 8.0 * static_cast<double>(elems)) << "rank " << r;
   }
+}
+
+// AdaScale on one rank with one microbatch (S = 1): the gain is 1, so every step is plain SGD's, bit
+// for bit, over 5 steps.
+TEST(ExecutorAdaScale, OneRankIsPlainSgd) {
+  static std::unique_ptr<Device> device = make_device("cpu");
+  const ModelSpec m = sgd_gpt();
+  Plan ada = make_plan(m, 1, {0, 1});
+  ada.adascale = true;
+  const auto a = thread_run(m, ada, 5, *device);
+  const auto plain = thread_run(m, make_plan(m, 1, {0, 1}), 5, *device);
+  ASSERT_EQ(a[0].params.size(), plain[0].params.size());
+  for (std::size_t k = 0; k < a[0].params.size(); ++k) {
+    EXPECT_TRUE(torch::equal(a[0].params[k].second, plain[0].params[k].second)) << a[0].params[k].first;
+  }
+  EXPECT_EQ(a[0].local_losses, plain[0].local_losses);
 }
 
 // AdaScale on 2 ranks: the gain of every step lies in [1, S = 2]; the first step equals plain SGD at
