@@ -23,6 +23,7 @@ Per-step wall time is the slowest rank's; the median is over the steps after war
   .venv/bin/python bench/pytorch_baselines.py --mode single --seq 128 -o single.json
   OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc-per-node 2 bench/pytorch_baselines.py --mode fsdp2 -o f.json
   .venv/bin/python bench/pytorch_baselines.py --count-only --seq 1024   # 124,439,808 for gpt2-small
+  .venv/bin/python bench/pytorch_baselines.py --precision fp16 ...      # autocast + GradScaler
 """
 
 import argparse
@@ -173,18 +174,32 @@ def run(args):
     task = MarkovLanguage(args.seed, args.vocab, args.seq)
     mb = args.micro_batch
 
-    times, phases, losses = [], [], []
+    # Mixed precision PyTorch's way: fp32 parameters and optimizer, torch.autocast for the forward (the
+    # loss in fp32 from the 16-bit logits), and for fp16 GradScaler's dynamic loss scale (2^16, x2 after
+    # 2000 clean steps, x0.5 and skip on inf/nan).
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
+    scaler = torch.amp.GradScaler("cpu") if args.precision == "fp16" else None
+    times, phases, losses, scales = [], [], [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
         inp, tgt = task.batch(step, rank * mb, mb)
         t1 = time.perf_counter()
-        logits = model(inp)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            logits = model(inp)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
         losses.append(loss.item())
         t2 = time.perf_counter()
-        loss.backward()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
         t3 = time.perf_counter()
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         t4 = time.perf_counter()
         del logits, loss
@@ -222,6 +237,8 @@ def run(args):
         "step_time_median_s": statistics.median(timed),
         "phase_times_s": {k: statistics.median(p[k] for p in phases[args.warmup:]) for k in phases[0]},
         "losses": losses,
+        "precision": args.precision,
+        "loss_scales": scales,
     }
     text = json.dumps(record, indent=2)
     if args.output:
@@ -250,6 +267,8 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                    help="torch.autocast to this dtype (fp16 with GradScaler); parameters stay fp32")
     ap.add_argument("--timeout", type=float, default=300, help="process-group timeout, seconds")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--count-only", action="store_true", help="print the parameter count and exit")
