@@ -155,6 +155,17 @@ std::vector<GridPlan> fidelity_grid(int nproc, int global_batch) {
     p.slowmo_frequency = 2;
     p.slowmo_momentum = 0.5;
   });
+  // 16-bit parameters, activations and gradients with an fp32 master (predicted from a profile at the
+  // dtype: the loss stays fp32, which scaling an fp32 profile would halve).
+  auto sixteen = [](const std::string& dtype) {
+    return [dtype](Plan& p) {
+      p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = dtype;
+      p.precision.master_fp32 = true;
+      p.precision.loss_scale.mode = dtype == "fp16" ? LossScale::Mode::dynamic : LossScale::Mode::none;
+    };
+  };
+  add("g17", 2, 1, sixteen("bf16"));
+  add("g18", 3, 1, sixteen("fp16"));
   return out;
 }
 

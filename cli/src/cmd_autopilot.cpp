@@ -9,6 +9,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -35,11 +36,14 @@ namespace {
 const zoo::Options kDefaultGpt = {{"layers", "4"}, {"hidden", "256"}, {"heads", "4"}, {"seq", "128"}, {"vocab", "8192"}};
 
 // 1. The model's profile, with the threads each rank will have.
-ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& overrides, const fs::path& out) {
+// `dtype`: the parameters' and activations' (a 16-bit grid plan is predicted from a profile at its dtype,
+// written as model_profile_<dtype>.json).
+ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& overrides, const fs::path& out,
+                          const std::string& dtype = "fp32") {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
-  say(g, fmt::format("1/5 profiling {} {} ({} thread(s) per rank, as the runs will have)", model_name, a.preset,
-                     std::max(1, cores / a.nproc)));
+  say(g, fmt::format("{}profiling {} {} {}({} thread(s) per rank, as the runs will have)", dtype == "fp32" ? "1/5 " : "4/5 ",
+                     model_name, a.preset, dtype == "fp32" ? "" : "in " + dtype + " ", std::max(1, cores / a.nproc)));
   if (!a.torchscript.empty() && a.input_shape.empty())
     throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   zoo::Model model = a.torchscript.empty() ? zoo::build_model(a.model, a.preset, overrides, 0)
@@ -51,8 +55,9 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
   for (int b = 1; b <= per_rank; b *= 2) po.batches.push_back(b);
   if (po.batches.size() < 2) po.batches = {per_rank, 2 * per_rank};
   po.threads = std::max(1, cores / a.nproc);
+  po.dtype = dtype;
   ModelProfile profile = profile_model(model, po);
-  write_document(out / "model_profile.json", profile);
+  write_document(out / (dtype == "fp32" ? std::string("model_profile.json") : "model_profile_" + dtype + ".json"), profile);
   return profile;
 }
 
@@ -84,7 +89,8 @@ ClusterProfile cluster_step(const Args& a, const Globals& g, const fs::path& out
 
 // 4b. The fidelity grid, no budget. Rounds run every plan once each, so a slow spell of the machine
 // falls on all plans alike; each plan is then judged on its median round.
-std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& setup, const fs::path& out) {
+std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& setup, const zoo::Options& overrides,
+                             const fs::path& out) {
   std::vector<GridPlan> plans = fidelity_grid(a.nproc, a.global_batch);
   if (!a.grid_plans.empty()) {
     std::erase_if(plans, [&](const GridPlan& p) {
@@ -92,14 +98,22 @@ std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& se
     });
   }
   const ClusterProfile per_rank = one_device_per_node(setup.cluster, a.nproc);  // LocalSGD rows
+  std::map<std::string, ModelProfile> at_dtype;  // 16-bit rows: profiled at their dtype, once each
+  for (const GridPlan& p : plans) {
+    const std::string& d = p.plan.precision.compute_dtype;
+    if (d != "fp32" && !at_dtype.contains(d)) at_dtype.emplace(d, profile_step(a, g, overrides, out, d));
+  }
   std::vector<std::vector<Trial>> rounds(plans.size());
   for (int r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
     for (std::size_t i = 0; i < plans.size(); ++i) {
       Trial t = make_trial(plans[i].label, plans[i].plan, Prediction{});
       const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
+      const std::string& dtype = plans[i].plan.precision.compute_dtype;
       if (plans[i].rank_per_node) {
         run_trial(t, dir, RunSetup{setup.a, setup.g, setup.profile, per_rank, setup.opts, 1}, 0);
+      } else if (dtype != "fp32") {
+        run_trial(t, dir, RunSetup{setup.a, setup.g, at_dtype.at(dtype), setup.cluster, setup.opts}, 0);
       } else {
         run_trial(t, dir, setup, 0);
       }
@@ -170,7 +184,7 @@ int run_autopilot(Args& a, const Globals& g) {
   }
   std::optional<PriceRuns> price;
   if (a.allow_approximate_averaging) price = price_step(RunSetup{a, g, profile, cluster, opts}, out);
-  const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, out) : std::vector<Trial>{};
+  const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, overrides, out) : std::vector<Trial>{};
 
   // 5. The report.
   say(g, "5/5 writing the report");
@@ -232,7 +246,7 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--rounds", a->rounds, "With --grid: run the grid this many times, every plan once per round, and "
                  "judge each plan on its median round (the spread is reported)")
       ->capture_default_str()->check(CLI::Range(1, 20))->needs("--grid");
-  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g14)")
+  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g18)")
       ->delimiter(',')->needs("--grid")
       ->check(CLI::IsMember(autopilot::grid_labels()));
   return [a, &globals] { return autopilot::run_autopilot(*a, globals); };
