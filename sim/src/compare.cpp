@@ -330,7 +330,16 @@ Comparison compare(const Prediction& p, const RunRecord& r, const CompareOptions
                                 make_metric("bwd_s", u.bwd_s, it->second->bwd_s, false)}});
   }
 
-  c.verdict = verdict_for(c.metrics, c.tolerance);
+  if (o.noise_floor) {
+    NoiseFloor n;
+    n.step_time_p10_s = r.step_time_p10_s;
+    n.step_time_p90_s = r.step_time_p90_s;
+    n.other_load_cores = std::max(0.0, r.environment.other_load_cores);
+    n.cores = r.environment.cores;
+    n.busy_load_cores = o.busy_load_cores > 0 ? o.busy_load_cores : std::max(0.25, 0.1 * n.cores);
+    c.noise = n;
+  }
+  c.verdict = verdict_for(c.metrics, c.tolerance, c.noise ? &*c.noise : nullptr);
   c.largest_error_sources = largest_sources(c, measured_step_s, chunks_per_step(p.plan), o.max_error_sources);
   c.warnings = warnings_for(p, r, o);
   return c;

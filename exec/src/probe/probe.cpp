@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../step/cpu_times.h"
 #include "probe_parts.h"
 #include "zeroplan/exec/device.h"
 #include "zeroplan/exec/exec_errors.h"
@@ -88,6 +89,10 @@ class ThreadsGuard {
 }  // namespace
 }  // namespace probe
 
+double busy_probe_load_cores(const ClusterProfile& cluster) {
+  return std::max(0.25, 0.1 * static_cast<double>(cluster.host.cores));
+}
+
 std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std::chrono::seconds max_age,
                                           const std::vector<int>& world_sizes) {
   namespace fs = std::filesystem;
@@ -97,6 +102,9 @@ std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std
     if (ec) return std::nullopt;
     if (fs::file_time_type::clock::now() - written > max_age) return std::nullopt;
     ClusterProfile c = read_document<ClusterProfile>(file);
+    // Measured while other programs kept the machine busy: its core-sharing slowdown and collective
+    // times are the busy machine's, not reused.
+    if (c.probe_other_load_cores > busy_probe_load_cores(c)) return std::nullopt;
     for (int n : world_sizes) {
       int ops = 0;
       for (const CollectiveFit& f : c.collectives)
@@ -148,6 +156,7 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
                  "CPU device: the counting allocator reports the bytes ATen requests and the default CPU "
                  "allocator does not cache, so reserved = allocated (1.0 by construction, not measured)"};
 
+  const CpuTimes cpu_from = read_cpu_times(/*with_children=*/true);  // the collectives' workers are children
   probe::ThreadsGuard threads_guard(threads);
   auto device = make_device("cpu");  // the executor's pools: counting allocator + host arena
   HostPool& host_pool = device->host_pool();
@@ -160,6 +169,11 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
   probe::measure_copies(c, x, *device, host_pool);
   probe::measure_optimizer(c, x, host_pool);
   probe::record_links(c, x);
+  c.probe_other_load_cores = other_load_cores(cpu_from, read_cpu_times(true));
+  if (c.probe_other_load_cores >= 0) {
+    c.provenance["probe_other_load_cores"] = x.measured(
+        "the machine's busy CPU time (/proc/stat) while the probe ran, less the probe's own and its workers'");
+  }
 
   c.description = fmt::format(
       "this machine ({}, {} cores, {:.0f} GiB) as zeroplan probe measured it on {}: {} "

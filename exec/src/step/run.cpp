@@ -1,11 +1,16 @@
 #include "zeroplan/exec/run.h"
 
+#include "cpu_times.h"
 #include "strformat.h"
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -66,8 +71,10 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   std::vector<double> local_losses;
   const std::size_t n_units = model.units.size();
   std::vector<std::vector<double>> unit_fwd(n_units), unit_bwd(n_units);  // per unit: per measured step
+  CpuTimes cpu_from;
   for (int s = 0; s < options.steps; ++s) {
     const bool warmup = s < options.warmup_steps;
+    if (s == options.warmup_steps) cpu_from = read_cpu_times();
     recorder.begin_step(s, warmup);
     StepStats st = executor.step(s);
     result.step_times_s.push_back(st.time_s);
@@ -87,6 +94,16 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
       std::fprintf(stderr, "step %d/%d%s  loss %.4f (rank 0)  %.3f s\n", s + 1, options.steps,
                    warmup ? " (warm-up)" : "", st.loss, st.time_s);
     }
+  }
+  const CpuTimes cpu_to = read_cpu_times();
+  result.cores = cpu_to.cores;
+  char host_name[256] = {0};
+  gethostname(host_name, sizeof(host_name) - 1);
+  result.host = host_name;
+  result.cpu_wall_s = std::chrono::duration<double>(cpu_to.at - cpu_from.at).count();
+  if (cpu_from.machine_busy_s >= 0 && cpu_to.machine_busy_s >= 0 && cpu_from.own_s >= 0 && cpu_to.own_s >= 0) {
+    result.cpu_machine_busy_s = cpu_to.machine_busy_s - cpu_from.machine_busy_s;
+    result.cpu_own_s = cpu_to.own_s - cpu_from.own_s;
   }
   for (std::size_t u = 0; u < n_units; ++u) {
     if (unit_fwd[u].empty()) continue;
@@ -144,6 +161,18 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
   rec.environment.torch_version = ZEROPLAN_TORCH_VERSION;
   rec.environment.zeroplan_version = ZEROPLAN_VERSION;
   rec.environment.ranks = static_cast<int>(ranks.size());
+  // Other programs' load: the machine's busy CPU over the measured steps (rank 0's window) less what the
+  // ranks themselves used, in cores. Ranks on other machines (torchrun across nodes) are not on this
+  // one: then it is not known.
+  rec.environment.cores = ranks[0]->cores;
+  const bool one_host = std::all_of(ranks.begin(), ranks.end(), [&](const RunResult* r) {
+    return r->cpu_own_s >= 0 && r->host == ranks[0]->host;
+  });
+  if (one_host && ranks[0]->cpu_machine_busy_s >= 0 && ranks[0]->cpu_wall_s > 0) {
+    double own_cores = 0;
+    for (const RunResult* r : ranks) own_cores += r->cpu_wall_s > 0 ? r->cpu_own_s / r->cpu_wall_s : 0;
+    rec.environment.other_load_cores = std::max(0.0, ranks[0]->cpu_machine_busy_s / ranks[0]->cpu_wall_s - own_cores);
+  }
   rec.warmup_steps = options.warmup_steps;
 
   std::vector<std::map<std::string, double>> phases(steps);
@@ -219,6 +248,11 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"host_peak_bytes", r.host_peak_bytes},
                      {"device_peak_at", r.device_peak_at},
                      {"fallbacks", r.fallbacks},
+                     {"cpu_machine_busy_s", r.cpu_machine_busy_s},
+                     {"cpu_own_s", r.cpu_own_s},
+                     {"cpu_wall_s", r.cpu_wall_s},
+                     {"cores", r.cores},
+                     {"host", r.host},
                      {"trace_path", r.trace_path}};
 }
 
@@ -243,6 +277,11 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   j.at("host_peak_bytes").get_to(r.host_peak_bytes);
   if (j.contains("device_peak_at")) j.at("device_peak_at").get_to(r.device_peak_at);
   j.at("fallbacks").get_to(r.fallbacks);
+  if (j.contains("cpu_machine_busy_s")) j.at("cpu_machine_busy_s").get_to(r.cpu_machine_busy_s);
+  if (j.contains("cpu_own_s")) j.at("cpu_own_s").get_to(r.cpu_own_s);
+  if (j.contains("cpu_wall_s")) j.at("cpu_wall_s").get_to(r.cpu_wall_s);
+  if (j.contains("cores")) j.at("cores").get_to(r.cores);
+  if (j.contains("host")) j.at("host").get_to(r.host);
   j.at("trace_path").get_to(r.trace_path);
 }
 

@@ -275,6 +275,7 @@ ojson to_ordered_json(const ClusterProfile& c) {
     j["calibration"] = ojson{{"compute_time_scale", c.calibration.compute_time_scale},
                              {"comm_time_scale", c.calibration.comm_time_scale}};
   }
+  if (c.probe_other_load_cores >= 0) j["probe_other_load_cores"] = c.probe_other_load_cores;
   ojson provenance = ojson::object();
   for (const auto& [path, p] : c.provenance) provenance[path] = ojson{{"source", p.source}, {"citation", p.citation}};
   j["provenance"] = provenance;
@@ -341,6 +342,8 @@ void validate(const ClusterProfile& c) {
 
   if (!(c.allocator_overhead_factor >= 1))
     cluster_error("allocator_overhead_factor must be >= 1 (got " + num(c.allocator_overhead_factor) + ")");
+  if (!(c.probe_other_load_cores >= 0 || c.probe_other_load_cores == -1))
+    cluster_error("probe_other_load_cores must be >= 0, or -1 when unknown (got " + num(c.probe_other_load_cores) + ")");
   if (!(c.calibration.compute_time_scale > 0))
     cluster_error("calibration.compute_time_scale must be > 0 (got " + num(c.calibration.compute_time_scale) + ")");
   if (!(c.calibration.comm_time_scale > 0))
@@ -388,6 +391,7 @@ void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
   r.req("shares_cores", c.shares_cores);
   r.opt("allocator_overhead_factor", c.allocator_overhead_factor);
   r.opt("calibration", c.calibration);
+  r.opt("probe_other_load_cores", c.probe_other_load_cores);
   r.req("provenance", c.provenance);
   r.finish();
   validate(c);

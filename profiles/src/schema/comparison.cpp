@@ -1,5 +1,7 @@
 #include "zeroplan/profiles/comparison.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <set>
 
@@ -113,10 +115,27 @@ double relative_error(double predicted, double measured) {
   return (predicted - measured) / std::fabs(measured);
 }
 
-std::string verdict_for(const std::vector<Metric>& metrics, double tolerance) {
-  for (const Metric& m : metrics)
-    if (m.gating && !(std::fabs(m.rel_error) <= (m.tolerance > 0 ? m.tolerance : tolerance))) return "fail";
-  return "pass";
+std::string verdict_for(const std::vector<Metric>& metrics, double tolerance, const NoiseFloor* noise) {
+  bool memory_out = false, time_out = false, only_step_within_band = true;
+  for (const Metric& m : metrics) {
+    const double tol = m.tolerance > 0 ? m.tolerance : tolerance;
+    if (!m.gating || std::fabs(m.rel_error) <= tol) continue;
+    if (m.name.find("_peak_bytes") != std::string::npos) {
+      memory_out = true;
+      continue;
+    }
+    time_out = true;
+    const bool in_band = noise != nullptr && m.name == "step_time_s" &&
+                         m.predicted >= noise->step_time_p10_s * (1 - tol) && m.predicted <= noise->step_time_p90_s * (1 + tol);
+    only_step_within_band = only_step_within_band && in_band;
+  }
+  if (memory_out) return "fail";
+  if (!time_out) return "pass";
+  if (noise != nullptr && noise->other_load_cores > noise->busy_load_cores) {
+    return fmt::format("not judged: machine busy (other programs used {:.2f} of {} cores)", noise->other_load_cores,
+                       noise->cores);
+  }
+  return noise != nullptr && only_step_within_band ? "within noise" : "fail";
 }
 
 Metric make_metric(std::string name, double predicted, double measured, bool gating) {
@@ -135,6 +154,15 @@ ojson to_ordered_json(const Comparison& c) {
   j["largest_error_sources"] = c.largest_error_sources;
   j["warnings"] = c.warnings;
   if (c.price) j["price"] = write_price(*c.price);
+  if (c.noise) {
+    ojson n;
+    n["step_time_p10_s"] = c.noise->step_time_p10_s;
+    n["step_time_p90_s"] = c.noise->step_time_p90_s;
+    n["other_load_cores"] = c.noise->other_load_cores;
+    n["cores"] = c.noise->cores;
+    n["busy_load_cores"] = c.noise->busy_load_cores;
+    j["noise"] = n;
+  }
   return j;
 }
 
@@ -142,9 +170,16 @@ void validate(const Comparison& c) {
   if (!(c.tolerance > 0)) comparison_error("tolerance must be > 0 (got " + num(c.tolerance) + ")");
   check_metrics("metrics", c.metrics);
   for (std::size_t i = 0; i < c.units.size(); ++i) check_metrics("units[" + std::to_string(i) + "].metrics", c.units[i].metrics);
-  if (c.verdict != "pass" && c.verdict != "fail")
-    comparison_error("verdict must be \"pass\" or \"fail\" (got " + quote_json(c.verdict) + ")");
-  const std::string expected = verdict_for(c.metrics, c.tolerance);
+  if (c.noise) {
+    const NoiseFloor& n = *c.noise;
+    if (!(n.step_time_p10_s >= 0 && n.step_time_p10_s <= n.step_time_p90_s))
+      comparison_error("noise: step_time_p10_s " + num(n.step_time_p10_s) + " must be in [0, step_time_p90_s " +
+                       num(n.step_time_p90_s) + "]");
+    if (!(n.other_load_cores >= 0) || n.cores < 0 || !(n.busy_load_cores >= 0))
+      comparison_error("noise: other_load_cores, cores and busy_load_cores must be >= 0 (got " + num(n.other_load_cores) +
+                       ", " + num(n.cores) + ", " + num(n.busy_load_cores) + ")");
+  }
+  const std::string expected = verdict_for(c.metrics, c.tolerance, c.noise ? &*c.noise : nullptr);
   if (c.verdict != expected)
     comparison_error("verdict " + quote_json(c.verdict) + " but the gating metrics at tolerance " + num(c.tolerance) +
                      " give " + quote_json(expected));
@@ -169,6 +204,17 @@ void from_json(const nlohmann::json& j, Comparison& c) {
     AveragingPrice p;
     r.req("price", p);
     c.price = p;
+  }
+  if (const nlohmann::json* n = r.take("noise", false)) {
+    ObjectReader nr(*n, r.sub("noise"));
+    NoiseFloor f;
+    nr.req("step_time_p10_s", f.step_time_p10_s);
+    nr.req("step_time_p90_s", f.step_time_p90_s);
+    nr.req("other_load_cores", f.other_load_cores);
+    nr.req("cores", f.cores);
+    nr.req("busy_load_cores", f.busy_load_cores);
+    nr.finish();
+    c.noise = f;
   }
   r.finish();
   validate(c);

@@ -54,6 +54,8 @@ ojson write_environment(const RunEnvironment& e) {
   j["torch_version"] = e.torch_version;
   j["zeroplan_version"] = e.zeroplan_version;
   j["ranks"] = e.ranks;
+  if (e.cores > 0) j["cores"] = e.cores;
+  if (e.other_load_cores >= 0) j["other_load_cores"] = e.other_load_cores;
   return j;
 }
 
@@ -87,6 +89,8 @@ void read_value(const nlohmann::json& j, RunEnvironment& e, const std::string& p
   r.req("torch_version", e.torch_version);
   r.req("zeroplan_version", e.zeroplan_version);
   r.req("ranks", e.ranks);
+  r.opt("cores", e.cores);
+  r.opt("other_load_cores", e.other_load_cores);
   r.finish();
 }
 
@@ -169,6 +173,9 @@ void validate(const RunRecord& r) {
   const RunEnvironment& e = r.environment;
   if (e.backend != "gloo" && e.backend != "nccl")
     record_error("environment.backend must be \"gloo\" or \"nccl\" (got " + quote_json(e.backend) + ")");
+  if (e.cores < 0) record_error("environment.cores must be >= 0 (got " + num(e.cores) + ")");
+  if (!(e.other_load_cores >= 0 || e.other_load_cores == -1))
+    record_error("environment.other_load_cores must be >= 0, or -1 when unknown (got " + num(e.other_load_cores) + ")");
   if (e.threads_per_rank < 1)
     record_error("environment.threads_per_rank must be >= 1 (got " + num(e.threads_per_rank) + ")");
   if (e.ranks != r.plan.world_size)

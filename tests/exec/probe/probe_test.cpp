@@ -201,14 +201,27 @@ TEST(Probe, QuickRunOnThisMachine) {
   // Written and read back as a document; a fresh file is reused, an old one or one without the
   // world size is not.
   const fs::path file = fs::temp_directory_path() / ("zeroplan_probe_test_" + std::to_string(::getpid()) + ".json");
-  write_document(file, c);
-  EXPECT_EQ(read_document<ClusterProfile>(file), c);
+  EXPECT_GE(c.probe_other_load_cores, 0);  // measured, whatever the other tests running beside it did
+  EXPECT_NE(c.provenance.find("probe_other_load_cores"), c.provenance.end());
+  ClusterProfile quiet = c;
+  quiet.probe_other_load_cores = 0;  // as on a quiet machine (the busy case below)
+  write_document(file, quiet);
+  EXPECT_EQ(read_document<ClusterProfile>(file), quiet);
   ASSERT_TRUE(fresh_probe(file, std::chrono::seconds(60), {2}).has_value());
-  EXPECT_EQ(*fresh_probe(file, std::chrono::seconds(60), {2}), c);
+  EXPECT_EQ(*fresh_probe(file, std::chrono::seconds(60), {2}), quiet);
   EXPECT_FALSE(fresh_probe(file, std::chrono::seconds(60), {2, 4}).has_value());
   fs::last_write_time(file, fs::file_time_type::clock::now() - std::chrono::seconds(120));
   EXPECT_FALSE(fresh_probe(file, std::chrono::seconds(60), {2}).has_value());
   EXPECT_FALSE(fresh_probe(file.string() + ".missing", std::chrono::seconds(60), {2}).has_value());
+  // The probe recorded the load other programs put on the machine while it measured; a probe of a busy
+  // machine is not reused (its core-sharing slowdown was the busy machine's).
+  ClusterProfile busy = quiet;
+  busy.probe_other_load_cores = busy_probe_load_cores(c) + 0.5;
+  write_document(file, busy);
+  EXPECT_FALSE(fresh_probe(file, std::chrono::seconds(60), {2}).has_value());
+  busy.probe_other_load_cores = busy_probe_load_cores(c) / 2;
+  write_document(file, busy);
+  EXPECT_TRUE(fresh_probe(file, std::chrono::seconds(60), {2}).has_value());
   fs::remove(file);
 }
 

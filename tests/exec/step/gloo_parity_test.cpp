@@ -338,6 +338,10 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
   EXPECT_GT(rec.peaks[0].host_peak_bytes, 0);
   // The ranks computed with 1 thread each (rank_main), and the record says so.
   EXPECT_EQ(rec.environment.threads_per_rank, 1);
+  // Both ranks on this machine: its cores and the load other programs put on it were measured (/proc).
+  EXPECT_EQ(rec.environment.cores, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_GE(rec.environment.other_load_cores, 0);
+  EXPECT_LE(rec.environment.other_load_cores, rec.environment.cores);
 
   // Per unit (2 microbatches, checkpointed): every unit of the model in order on every rank, forward
   // and backward > 0; the record has the slowest rank's per unit and phase; one microbatch's forward

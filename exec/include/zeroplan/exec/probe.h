@@ -58,8 +58,13 @@ struct ProbeOptions {
 // below 2), ProbeError when a measurement fails. The result validates (validate(ClusterProfile)).
 ClusterProfile probe_cluster(const ProbeOptions& options);
 
-// The profile at `file` when it exists, is younger than `max_age`, reads and validates, and has
-// collective fits for every world size asked; otherwise nullopt (never throws).
+// Other programs' load above which a probe measured a busy machine: a quarter of a core or a tenth of
+// the machine's cores, whichever is more (the threshold compare uses for a run).
+double busy_probe_load_cores(const ClusterProfile& cluster);
+
+// The profile at `file` when it exists, is younger than `max_age`, reads and validates, has collective
+// fits for every world size asked, and was not measured on a busy machine (probe_other_load_cores above
+// busy_probe_load_cores); otherwise nullopt (never throws).
 std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std::chrono::seconds max_age,
                                           const std::vector<int>& world_sizes);
 

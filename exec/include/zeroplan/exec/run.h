@@ -58,6 +58,11 @@ struct RunResult {
   std::int64_t host_peak_bytes = 0;
   std::string device_peak_at;          // Recorder::peak_at
   std::vector<std::string> fallbacks;
+  // CPU time over the measured steps (Linux /proc; -1 elsewhere): the whole machine's busy seconds and
+  // this rank's own (all its threads, Gloo's included), over `cpu_wall_s`; `cores` of the machine.
+  double cpu_machine_busy_s = -1, cpu_own_s = -1, cpu_wall_s = 0;
+  int cores = 0;
+  std::string host;                    // the machine it ran on (gethostname)
   std::string trace_path;              // written trace, or ""
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON
 };

@@ -114,6 +114,9 @@ struct ClusterProfile {
   bool shares_cores = false;                // compute, copies and collectives share cores (CPU clusters)
   double allocator_overhead_factor = 1.0;   // reserved / allocated bytes of the caching allocator, >= 1
   Calibration calibration;                  // optional
+  // Cores other programs kept busy on average while `zeroplan probe` measured (optional, -1: unknown;
+  // a probe of a busy machine measures the busy machine: autopilot does not reuse it).
+  double probe_other_load_cores = -1;
   // Field path ("device.mem_bytes", "device.peak_flops.bf16", "collectives[0]") -> where the number came
   // from. An entry covers its path and everything below it. Every number except `nodes` must be
   // covered, and every entry must name an existing path.

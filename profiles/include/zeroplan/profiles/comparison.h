@@ -43,16 +43,30 @@ struct AveragingPrice {
   bool operator==(const AveragingPrice&) const = default;
 };
 
+// What the run itself says about how far its step time can be trusted: its own spread and the load
+// other programs put on the machine while it ran.
+struct NoiseFloor {
+  double step_time_p10_s = 0;      // the run's measured steps
+  double step_time_p90_s = 0;
+  double other_load_cores = 0;     // cores other programs kept busy on average (RunEnvironment)
+  int cores = 0;
+  double busy_load_cores = 0.25;   // above this the machine was busy: the step time is not judged
+
+  bool operator==(const NoiseFloor&) const = default;
+};
+
 struct Comparison {
   std::string predicted;     // path of the Prediction
   std::string measured;      // path of the RunRecord
   double tolerance = 0.2;    // largest |rel_error| of a gating metric that passes
-  std::string verdict;       // "pass" | "fail"
+  // "pass" | "fail" | "within noise" | "not judged: machine busy (...)"; see verdict_for
+  std::string verdict;
   std::vector<Metric> metrics;
   std::vector<UnitComparison> units;               // optional
   std::vector<std::string> largest_error_sources;  // human-readable, largest first; optional
   std::vector<std::string> warnings;               // optional
   std::optional<AveragingPrice> price;             // optional: with a baseline run (compare --baseline)
+  std::optional<NoiseFloor> noise;                 // optional: what the verdict weighed the step time against
 
   bool operator==(const Comparison&) const = default;
 };
@@ -63,8 +77,12 @@ inline constexpr const char* kComparisonSchema = "zeroplan.comparison/1";
 double relative_error(double predicted, double measured);
 
 // "pass" when every gating metric has |rel_error| <= its tolerance (the metric's own when > 0, else
-// `tolerance`), else "fail".
-std::string verdict_for(const std::vector<Metric>& metrics, double tolerance);
+// `tolerance`). A memory metric (`*_peak_bytes*`) out of tolerance: "fail" whatever the machine did.
+// With `noise`, time metrics out of tolerance are weighed against it: when other programs kept more
+// than busy_load_cores busy, "not judged: machine busy (other programs used X of N cores)"; when only
+// step_time_s is out and its prediction lies within the run's own p10-p90 band widened by the
+// tolerance, "within noise"; else "fail".
+std::string verdict_for(const std::vector<Metric>& metrics, double tolerance, const NoiseFloor* noise = nullptr);
 
 // A metric with rel_error filled in.
 Metric make_metric(std::string name, double predicted, double measured, bool gating = true);

@@ -20,6 +20,10 @@ struct RunEnvironment {
   std::string torch_version;
   std::string zeroplan_version;
   int ranks = 1;
+  // The machine while the measured steps ran (Linux /proc; optional, -1 / 0 when unknown): cores, and
+  // how many of them other programs kept busy on average (all busy CPU time minus the ranks' own).
+  int cores = 0;
+  double other_load_cores = -1;
 
   bool operator==(const RunEnvironment&) const = default;
 };

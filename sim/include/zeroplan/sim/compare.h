@@ -2,7 +2,7 @@
 // Chrome traces overlaid in one file.
 //
 //   Comparison c = compare(prediction, record, CompareOptions{}.set_model(&profile));
-//   c.verdict                      // "pass" | "fail"
+//   c.verdict                      // "pass" | "fail" | "within noise" | "not judged: machine busy (...)"
 //   std::string t = overlay_traces(predicted_trace_json, measured_trace_json);
 //
 // Metrics (rel_error = (predicted - measured) / measured, so negative = the simulator is optimistic):
@@ -49,12 +49,18 @@ struct CompareOptions {
   // batch range, library versions, device). Not owned; nullptr: those checks are skipped, with a warning.
   const ModelProfile* model = nullptr;
   std::string zeroplan_version;    // of this build, checked against the run's; "" skips the check
+  // Other programs' load (cores, RunEnvironment.other_load_cores) above which the step time is not
+  // judged; 0: a quarter of a core or a tenth of the machine's cores, whichever is more.
+  double busy_load_cores = 0;
+  bool noise_floor = true;         // weigh the step time against the run's spread and the machine's load
 
   CompareOptions& set_time_tolerance(double v) { time_tolerance = v; return *this; }
   CompareOptions& set_memory_tolerance(double v) { memory_tolerance = v; return *this; }
   CompareOptions& set_gate_phases(bool v) { gate_phases = v; return *this; }
   CompareOptions& set_model(const ModelProfile* v) { model = v; return *this; }
   CompareOptions& set_zeroplan_version(std::string v) { zeroplan_version = std::move(v); return *this; }
+  CompareOptions& set_busy_load_cores(double v) { busy_load_cores = v; return *this; }
+  CompareOptions& set_noise_floor(bool v) { noise_floor = v; return *this; }
 };
 
 // The Comparison of one prediction with one run (Comparison::predicted/measured, the documents' paths,
