@@ -21,6 +21,8 @@ plans=(
   "zero_stage=2 buckets.reduce_buffer_elems=200000"
   "zero_stage=3 micro_batch=2 microbatches=2"
   "zero_stage=3 reshard_after_forward=false offload.params=true offload.grads=true offload.optimizer=true"
+  "zero_stage=0 checkpointing=all checkpoint_offload=true"
+  "zero_stage=3 micro_batch=2 microbatches=2 checkpointing=all checkpoint_offload=true"
 )
 # (reshard_after_forward follows zero_stage 3 unless set: false keeps this plan as it was measured; with
 # resharding it is the grid's g11.)
@@ -49,7 +51,7 @@ for m in c["metrics"]:
 sys.exit(1 if bad else 0)
 PY
 }
-for i in "${!plans[@]}"; do check "$i" "${plans[$i]}" "$tolerance" "$out/profile.json" device; done
+for i in "${!plans[@]}"; do check "$i" "${plans[$i]}" "$tolerance" "$out/profile.json" device,host; done
 # 16-bit: parameters, gradients and activations in the dtype (profiled at it), fp32 master and state.
 mixed_plans=(
   "zero_stage=0"
@@ -81,6 +83,8 @@ resnet_plans=(
   "zero_stage=3"
   "zero_stage=3 offload.params=true offload.grads=true offload.optimizer=true"
   "zero_stage=1 offload.optimizer=true"
+  "zero_stage=0 checkpointing=all checkpoint_offload=true"
+  "zero_stage=3 checkpointing=all checkpoint_offload=true"
 )
 for k in "${!resnet_plans[@]}"; do
   check "resnet_$k" "${resnet_plans[$k]}" "$tolerance" "$out/profile_resnet.json" device,host

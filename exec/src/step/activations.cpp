@@ -2,6 +2,8 @@
 // Kept: the unit's output with its graph lives until the unit's backward. Checkpointed: the forward runs
 // without a graph keeping only the input and the RNG state; the backward recomputes it under the same RNG
 // state, and BatchNorm-style buffers the recompute updated a second time are put back after the backward.
+// checkpoint_offload (fairscale checkpoint_wrapper(offload_to_cpu=True)): the kept input is copied to the
+// host pool after the forward, freeing the device copy, and back when the backward reaches the unit.
 // Both run in the compute dtype (ComputeScope, precision.cpp).
 #include "pieces.h"
 
@@ -25,6 +27,14 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   }
   s.in = in;
   s.out = U.checkpoint ? torch::Tensor() : out;
+  if (U.checkpoint && c_.plan.checkpoint_offload && in.numel() > 0) {
+    s.in_shape = in.sizes().vec();
+    s.in_grad = in.requires_grad();
+    s.in_host = c_.dev.host_pool().empty(in.numel(), in.scalar_type());
+    c_.dev.copy_d2h(s.in_host, in.detach().reshape({-1}));
+    c_.dev.wait_copies();  // the device copy goes once the host holds it
+    s.in = torch::Tensor();
+  }
   return out;
 }
 
@@ -34,6 +44,13 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
   if (!U.checkpoint) return s.out;
   c_.cur_phase = "recompute";
   const double t0 = c_.rec.now_s();
+  if (s.in_host.defined()) {  // checkpoint_offload: the input comes back for the recompute
+    torch::Tensor back = torch::empty(s.in_shape, s.in_host.options().device(c_.dev.torch_device()));
+    c_.dev.copy_h2d(back.view({-1}), s.in_host);
+    c_.dev.wait_copies();
+    s.in_host = torch::Tensor();
+    s.in = s.in_grad ? back.requires_grad_(true) : back;
+  }
   torch::Tensor now_state = c_.dev.rng_state();
   c_.dev.set_rng_state(s.rng);
   // The recompute must not update BatchNorm's running statistics a second time: they are put back once
@@ -59,7 +76,7 @@ void Activations::after_bwd(int u) {
     for (auto& b : c_.unit(u).module->buffers()) b.copy_(s.kept_buffers[i++]);
     s.kept_buffers.clear();
   }
-  s.in = s.out = s.rng = torch::Tensor();
+  s.in = s.out = s.rng = s.in_host = torch::Tensor();
 }
 
 }  // namespace zeroplan::exec::pieces

@@ -3,6 +3,7 @@
 #include "strformat.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "pieces.h"
 #include "zeroplan/profiles/errors.h"
@@ -109,9 +110,10 @@ class Executor::Impl {
     }
   }
 
-  torch::Tensor forward(const torch::Tensor& input, int micro) {
+  // Takes the input: once unit 0 ran, only what that unit keeps of it holds it (its saved tensors, or
+  // a checkpointed unit's kept input, on the host with checkpoint_offload).
+  torch::Tensor forward(torch::Tensor x, int micro) {
     Ctx& c = *c_;
-    torch::Tensor x = input;
     for (int u = 0; u < c.unit_count(); ++u) {
       c.at(c.unit(u).name, "forward");
       params_->before_fwd(u, micro);
@@ -199,9 +201,11 @@ class Executor::Impl {
     for (int k = 0; k < m; ++k) {
       c.at("all", "data");
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
-      torch::Tensor input = batch.input.to(dev_.torch_device());
-      torch::Tensor target = batch.target.to(dev_.torch_device());
-      torch::Tensor last = forward(input, k);
+      // The batch's own references go (on a CPU device `to` is the same tensor): the input lives as long
+      // as the first unit keeps it.
+      torch::Tensor input = std::exchange(batch.input, torch::Tensor()).to(dev_.torch_device());
+      torch::Tensor target = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
+      torch::Tensor last = forward(std::move(input), k);
       c.at(c.units.back().name, "loss");
       const double t0 = c.rec.now_s();
       // The loss in fp32 (autocast's rule for losses) from the logits in their compute dtype: the gradient

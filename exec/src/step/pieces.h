@@ -240,6 +240,10 @@ class Activations {
   struct State {
     torch::Tensor in, out, rng;
     std::vector<torch::Tensor> kept_buffers;
+    // checkpoint_offload: the kept input on the host between the forward and the recompute.
+    torch::Tensor in_host;
+    std::vector<std::int64_t> in_shape;
+    bool in_grad = false;
   };
   Ctx& c_;
   std::vector<State> state_;

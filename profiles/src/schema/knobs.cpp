@@ -129,7 +129,7 @@ std::vector<Knob> build() {
       Entry("checkpoint_offload", T::boolean, "needs checkpointing, no offload_model", "false",
             "checkpointed units' kept inputs on the host, back for the recompute (checkpoint_wrapper offload_to_cpu)",
             ZP_ASSIGN(checkpoint_offload))
-          .tune_knob("checkpoint_offload").alias("checkpointing.offload").run(no),
+          .tune_knob("checkpoint_offload").alias("checkpointing.offload"),
       Entry("localsgd_frequency", T::integer, ">= 0; > 1 needs zero_stage 0", "0",
             "LocalSGD: average parameters every N steps instead of gradients every step (0, 1: off)",
             ZP_ASSIGN(localsgd_frequency))
