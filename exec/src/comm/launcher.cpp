@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "errors.h"
@@ -159,11 +160,17 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   }
   const int port = tcp->getPort();
   c10d::PrefixStore store("/worker/attempt_0", tcp);
+  // This job's id, claimed in the store before any rank joins: a rank of another job that reaches this
+  // port is refused at once (check_job), naming both.
+  std::random_device entropy;
+  const std::uint64_t nonce = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+  const std::string job_id = fmt::format("zeroplan-{}-{:016x}", ::getpid(), nonce);
+  store.set("zeroplan/job", std::vector<std::uint8_t>(job_id.begin(), job_id.end()));
 
   // Environment: ours minus what we set, plus the rank's.
   static const char* kOwned[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_",
-                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS",
+                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS", "ZEROPLAN_JOB_ID",
                                  "SLURM_PROCID"};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -209,6 +216,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
     env.push_back("ZEROPLAN_LAUNCHER=zeroplan");
     env.push_back("ZEROPLAN_OUTPUT_DIR=" + result.output_dir);
     env.push_back(fmt::format("ZEROPLAN_TIMEOUT_MS={}", options.timeout.count()));
+    env.push_back("ZEROPLAN_JOB_ID=" + job_id);
 
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));

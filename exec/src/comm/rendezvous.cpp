@@ -123,6 +123,9 @@ RankContext rank_context_from_env(const EnvLookup& env) {
                        c.rank, c.world_size));
   }
   c.error_file = env("TORCHELASTIC_ERROR_FILE").value_or("");
+  if (auto id = env("ZEROPLAN_JOB_ID")) c.job_id = *id;
+  else if (auto run = env("TORCHELASTIC_RUN_ID"); run && *run != "none") c.job_id = *run;
+  else if (auto slurm = env("SLURM_JOB_ID")) c.job_id = *slurm;
   c.output_dir = env("ZEROPLAN_OUTPUT_DIR").value_or("");
   if (env("ZEROPLAN_TIMEOUT_MS")) {
     c.timeout = std::chrono::milliseconds(parse_int(env, "ZEROPLAN_TIMEOUT_MS", 1, 1 << 30));
@@ -350,6 +353,7 @@ class Session final : public RankSession {
 std::unique_ptr<RankSession> join(const RankContext& ctx, const RendezvousOptions& options) {
   auto timeout = ctx.timeout.value_or(options.timeout);
   auto store = connect_store(ctx, timeout);
+  check_job(*store, ctx);
   std::shared_ptr<Monitor> monitor;
   if (ctx.world_size > 1 || ctx.agent_store) {
     monitor = std::make_shared<Monitor>(store, ctx, options.heartbeat_interval);

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -94,6 +96,49 @@ TEST(RankContext, ErrorsNameTheVariable) {
             std::string::npos);
   EXPECT_NE(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find("MASTER_ADDR is not set under Slurm"),
             std::string::npos);
+}
+
+// The job a rank belongs to: zeroplan's own id first, then torchrun's run id (not its default "none"),
+// then Slurm's job id.
+TEST(RankContext, JobId) {
+  EXPECT_EQ(rank_context_from_env(env_of({})).job_id, "");
+  EXPECT_EQ(rank_context_from_env(env_of({{"TORCHELASTIC_RUN_ID", "none"}})).job_id, "");
+  EXPECT_EQ(rank_context_from_env(env_of({{"TORCHELASTIC_RUN_ID", "exp7"}})).job_id, "exp7");
+  EXPECT_EQ(rank_context_from_env(env_of({{"SLURM_JOB_ID", "4242"}})).job_id, "4242");
+  EXPECT_EQ(rank_context_from_env(env_of({{"ZEROPLAN_JOB_ID", "zp-1"}, {"SLURM_JOB_ID", "4242"}})).job_id, "zp-1");
+}
+
+// Two jobs on one port: job a's store (a real TCPStore on 127.0.0.1) is claimed by a; a rank of job a
+// joins; a rank of job b that reaches it is refused at once with a line naming both jobs.
+TEST(Join, ARankOfAnotherJobIsRefusedAtOnce) {
+  c10d::TCPStoreOptions server;
+  server.port = 0;
+  server.isServer = true;
+  server.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  RankContext a;
+  a.master_port = static_cast<int>(store->getPort());
+  a.job_id = "job-a";
+  check_job(*store, a);  // claims it
+  RankContext a1 = a;
+  a1.rank = 1;
+  EXPECT_NO_THROW(check_job(*store, a1));
+  RankContext b = a1;
+  b.job_id = "job-b";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    check_job(*store, b);
+    FAIL() << "a rank of job b joined job a's store";
+  } catch (const RendezvousError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1 of job job-b"), std::string::npos) << what;
+    EXPECT_NE(what.find("which job job-a holds: two jobs on one port"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  RankContext anonymous = b;
+  anonymous.job_id.clear();
+  EXPECT_NO_THROW(check_job(*store, anonymous));  // nothing to check against
 }
 
 TEST(ErrorFile, HasTheLayoutTorchrunReads) {

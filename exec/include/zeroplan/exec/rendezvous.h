@@ -43,6 +43,9 @@ struct RankContext {
   std::string error_file;     // TORCHELASTIC_ERROR_FILE ("" = none)
   std::string output_dir;     // ZEROPLAN_OUTPUT_DIR: where launch_local gathers rank results
   std::optional<std::chrono::milliseconds> timeout;  // ZEROPLAN_TIMEOUT_MS, set by launch_local
+  // Which job this rank belongs to: ZEROPLAN_JOB_ID (launch_local makes one), else torchrun's
+  // TORCHELASTIC_RUN_ID (not its default "none"), else SLURM_JOB_ID; "" when none is known.
+  std::string job_id;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
@@ -66,6 +69,12 @@ struct RendezvousOptions {
 // TCPStore served by rank 0. Throws RendezvousError when it cannot connect within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
                                               std::chrono::milliseconds timeout);
+
+// Claims the store for this rank's job (key "zeroplan/job", compare-and-set): the first rank to join
+// writes its job id, later ranks must find the same. Throws RendezvousError naming both jobs when a rank
+// of one job reached the store of another (two jobs given one MASTER_PORT), at once rather than after
+// the collective timeout. Nothing is checked when ctx.job_id is empty.
+void check_job(c10d::Store& store, const RankContext& ctx);
 
 // Store keys a rank publishes (under the store's prefix), read by launch_local and the diagnosis.
 namespace store_keys {
