@@ -90,6 +90,13 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
                                 "on \"{}\"{}, cluster device kind \"{}\")",
                                 model.device, model.measured ? "" : ", analytic", cluster.device.kind));
   }
+  if (dtype_bytes(plan.precision.compute_dtype) < dtype_bytes(model.dtype)) {
+    notes.push_back(fmt::format("activations scaled from the profile's {} to {}, the loss's temporaries too, which a run "
+                                "keeps in fp32: the device peak can be predicted low by up to a quarter when the logits "
+                                "dominate (measured -20 to -25% on a small GPT); profile at the plan's dtype "
+                                "(zeroplan profile --dtype {})",
+                                model.dtype, plan.precision.compute_dtype, plan.precision.compute_dtype));
+  }
   notes.push_back("parameter tensors per unit estimated from the unit type (for launch overheads)");
   fwd.assign(units.size(), kNone);
   fwd0.assign(units.size(), kNone);
