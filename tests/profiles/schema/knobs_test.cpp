@@ -211,7 +211,7 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
       "pipeline_stages",      "pipeline.balance", "pipeline.schedule", "pipeline.checkpoint", "offload.activations_ratio",
       "offload_model.enabled", "offload_model.slices",
-      "offload_model.checkpoint_activation", "offload_model.microbatches", "checkpoint_offload"};
+      "offload_model.checkpoint_activation", "offload_model.microbatches"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
@@ -232,7 +232,7 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
             "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
-            "checkpointing,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
+            "checkpointing,checkpoint_offload,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
 }
 
 TEST(Knobs, TuneKnobsMoveRegistryKnobs) {
