@@ -80,6 +80,7 @@ int run_tune(TuneArgs& a, const Globals& g) {
     a.constraints.fixed[k] = v;
   }
   tuner::validate(a.constraints);
+  if (!a.output_dir.empty()) tuner::check_report_folder(a.output_dir);  // before any work
   tuner::TuneOptions options;
   options.set_top_k(a.top_k).set_threads(a.threads);
   if (!g.quiet) options.set_progress(tuner::stderr_progress_bar());

@@ -1,6 +1,8 @@
 #include "zeroplan/tuner/report.h"
+#include "zeroplan/profiles/errors.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,6 +58,44 @@ TEST(Report, WritesEveryFileAndTheHtmlIsSelfContained) {
   for (const char* section : {"## Winner", "## Why this plan", "## Ranking", "## Pareto front", "## Rejected", "## Exports"})
     EXPECT_NE(md.find(section), std::string::npos) << section;
   std::filesystem::remove_all(dir);
+}
+
+// A tune folder is written whole or not at all: into a fresh sibling that takes the target's place. A
+// previous tune's folder is replaced (a stale file of it does not survive into the new one); a folder
+// holding anything else, or a file, is refused before any work with one line naming it; nothing is left
+// beside the target.
+TEST(Report, TheFolderIsReplacedWholeAndOnlyATuneFolder) {
+  namespace fs = std::filesystem;
+  const TuneResult r = small_result();
+  const fs::path root = fs::temp_directory_path() / ("zeroplan_tuner_folder_test_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path dir = root / "tune";
+  write_reports(r, dir);
+  std::ofstream(dir / "stale.txt") << "from an older tune";
+  write_reports(r, dir);
+  EXPECT_TRUE(fs::exists(dir / "tune.json"));
+  EXPECT_FALSE(fs::exists(dir / "stale.txt")) << "files of two tunes mixed";
+  int beside = 0;
+  for (const auto& e : fs::directory_iterator(root)) beside += e.path() != dir;
+  EXPECT_EQ(beside, 0) << "temporary folders left beside the target";
+
+  const fs::path foreign = root / "photos";
+  fs::create_directories(foreign);
+  std::ofstream(foreign / "holiday.jpg") << "x";
+  try {
+    check_report_folder(foreign);
+    ADD_FAILURE() << "a folder of other files would be replaced";
+  } catch (const SchemaError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds other files (holiday.jpg) and no tune.json"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(write_reports(r, foreign), SchemaError);
+  EXPECT_TRUE(fs::exists(foreign / "holiday.jpg"));
+  const fs::path file = root / "notes.txt";
+  std::ofstream(file) << "keep me";
+  EXPECT_THROW(check_report_folder(file), SchemaError);
+  EXPECT_NO_THROW(check_report_folder(root / "new"));
+  fs::remove_all(root);
 }
 
 TEST(Report, ParetoFrontIsMonotone) {
