@@ -56,6 +56,15 @@ TEST(ReportBlocks, UnmatchedMarkupStaysText) {
   EXPECT_NE(html.find("<p>a [b] c <strong> d</strong></p>"), std::string::npos) << html;
 }
 
+// *emphasis* (autopilot's "labelled *predicted*") is <em>; a lone star or one before a space stays a star.
+TEST(ReportBlocks, SingleStarsAreEmphasisWhenTheyPair) {
+  const std::string html =
+      render_html("t", {Block::paragraph("labelled *predicted*, **strong**, 2 * 3 and a*"), Block::paragraph("x *y")}, nullptr);
+  EXPECT_NE(html.find("<p>labelled <em>predicted</em>, <strong>strong</strong>, 2 * 3 and a*</p>"), std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<p>x *y</p>"), std::string::npos) << html;
+}
+
 TEST(ReportBlocks, PredictedMeasuredPlots) {
   const std::vector<PredictedMeasured> items = {
       {"#1", "stage 3", 1.0, 1.1}, {"#2", "stage 2", 2.0, std::nullopt}, {"g<3>", "stage 0", 0.5, 0.4}};

@@ -8,10 +8,11 @@
 namespace zeroplan::tuner {
 namespace {
 
-// Escapes, then turns `code` spans into <code>, **strong** into <strong> and [text](link) into <a>.
+// Escapes, then turns `code` spans into <code>, **strong** into <strong>, *emphasis* into <em> (a single
+// star before a non-space with another star after it; else a star) and [text](link) into <a>.
 std::string inline_html(const std::string& s) {
   std::string out;
-  bool code = false, strong = false;
+  bool code = false, strong = false, em = false;
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (c == '`') {
@@ -21,6 +22,9 @@ std::string inline_html(const std::string& s) {
       out += strong ? "</strong>" : "<strong>";
       strong = !strong;
       ++i;
+    } else if (!code && c == '*' && (em || (i + 1 < s.size() && s[i + 1] != ' ' && s.find('*', i + 1) != std::string::npos))) {
+      out += em ? "</em>" : "<em>";
+      em = !em;
     } else if (!code && c == '[') {
       const std::size_t close = s.find("](", i);
       const std::size_t end = close == std::string::npos ? close : s.find(')', close);
@@ -37,6 +41,7 @@ std::string inline_html(const std::string& s) {
   }
   if (code) out += "</code>";
   if (strong) out += "</strong>";
+  if (em) out += "</em>";
   return out;
 }
 
