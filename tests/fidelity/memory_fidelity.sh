@@ -6,9 +6,12 @@
 # 16-bit plans (bf16 and fp16, stages 0-3, with and without offload; profiled at their dtype) must
 # match within MIXED_TOLERANCE on the device and, where the host pool holds anything, on the host.
 # resnet-tiny plans (stages 0-3, checkpointing, microbatches, offload) within TOLERANCE, device and host.
-#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] (ctest: 0.03 0.03)
+# OffloadModel plans (1, 2, 4 slices; 1 and 2 chunks; checkpoint_activation on and off) within TOLERANCE.
+#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] [SECTIONS=gpt,om,mixed,resnet]
+#   (ctest: fidelity.memory 0.03 0.03 gpt,mixed,resnet; fidelity.memory_offload_model 0.03 0.03 om)
 set -euo pipefail
-zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}
+zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}; sections=",${4:-gpt,om,mixed,resnet},"
+want() { [[ $sections == *",$1,"* ]]; }
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 model=(--model gpt --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096)
 "$zp" -q probe --quick -o "$out/cluster.json"
@@ -51,7 +54,17 @@ for m in c["metrics"]:
 sys.exit(1 if bad else 0)
 PY
 }
-for i in "${!plans[@]}"; do check "$i" "${plans[$i]}" "$tolerance" "$out/profile.json" device,host; done
+want gpt && for i in "${!plans[@]}"; do check "$i" "${plans[$i]}" "$tolerance" "$out/profile.json" device,host; done
+# fairscale OffloadModel: 1, 2 and 4 slices (of the 4 units), the micro batch of 4 in 1 or 2 chunks,
+# with and without checkpoint_activation; the model states on the host, slices visiting the device.
+want om && for slices in 1 2 4; do
+  for chunks in 1 2; do
+    for ckpt in false true; do
+      check "om_${slices}_${chunks}_$ckpt" "offload_model.enabled=true offload_model.slices=$slices offload_model.microbatches=$chunks offload_model.checkpoint_activation=$ckpt" \
+          "$tolerance" "$out/profile.json" device,host
+    done
+  done
+done
 # 16-bit: parameters, gradients and activations in the dtype (profiled at it), fp32 master and state.
 mixed_plans=(
   "zero_stage=0"
@@ -61,7 +74,7 @@ mixed_plans=(
   "zero_stage=2 offload.grads=true offload.optimizer=true"
   "zero_stage=3 offload.params=true offload.grads=true offload.optimizer=true"
 )
-for dtype in bf16 fp16; do
+want mixed && for dtype in bf16 fp16; do
   "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 --dtype "$dtype" \
       -o "$out/profile_$dtype.json"
   scale=none; [ "$dtype" = fp16 ] && scale=dynamic
@@ -73,6 +86,7 @@ done
 # resnet (convolutions, BatchNorm, pooling) at every stage, checkpointed, with microbatches and offload:
 # the same bar as the GPT (layer4 holds 74% of the parameters, so how long one unit's gradient lives
 # decides the peak).
+want resnet || exit $status
 model=(--model resnet --preset resnet-tiny)
 "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 -o "$out/profile_resnet.json"
 resnet_plans=(

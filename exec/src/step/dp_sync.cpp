@@ -59,7 +59,8 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     return;
   }
   all_reduce_comm_ = &c.comm;
-  grad_all_ = c.dzeros(c.padded_total, c.dt.grad);
+  // OffloadModel: the accumulated gradients live on the host (its piece all-reduces slice by slice).
+  grad_all_ = c.plan.offload_model.enabled ? c.hzeros(c.padded_total, c.dt.grad) : c.dzeros(c.padded_total, c.dt.grad);
   // Buckets in reverse unit order, closed once they reach the cap (DDP: bucket_cap_mb).
   const auto elem = static_cast<std::int64_t>(c10::elementSize(c.dt.grad));
   const std::int64_t cap = std::max<std::int64_t>(c.plan.buckets.all_reduce_bucket_bytes / elem, 1);

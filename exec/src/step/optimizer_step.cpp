@@ -5,6 +5,7 @@
 //  offload.optimizer: master shard (or the offloaded stage-3 shard itself), gradients and state on the
 //                host, where the step runs; the updated master comes back to the device.
 // Stage 3 with offloaded parameters and a device optimizer steps a device copy of the shard.
+// OffloadModel (stage 0): parameters, gradients and state on the host, stepped there in place.
 // With 16-bit parameters and master_fp32 the master is an fp32 shard (on the host with offload.optimizer)
 // stepped with an fp32 copy of the gradients, then rounded into the 16-bit parameters (precision.cpp).
 // Before the step the loss scale is taken out of the gradients; a step with non-finite gradients on some
@@ -21,7 +22,7 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
   c.at("all", "setup");
   // Stage 3: the master shard is the parameter shard itself unless it lives on the device while the
   // optimizer runs on the host, or the parameters are 16-bit beside an fp32 master.
-  const bool params_on_host = stage_ == 3 && c.plan.offload.params;
+  const bool params_on_host = params.on_host() || (stage_ == 3 && c.plan.offload.params);
   separate_master_ = c.dt.master || (c.host_optimizer() && !params_on_host);
   if (c.dt.master) {
     master_ = std::move(c.master_init);  // fp32, where the optimizer runs
@@ -31,7 +32,10 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
       master_.narrow(0, c.unit(u).shard_base, c.unit(u).shard()).copy_(params.chunk(u));
     }
   }
-  if (c.host_optimizer() && (stage_ == 1 || !c.plan.offload.grads)) host_grad_ = c.hzeros(c.shard_total, c.dt.grad);
+  // A host copy of the gradients to step with, unless they are on the host already (offloaded stage 2-3
+  // gradients, OffloadModel's).
+  if (c.host_optimizer() && !params.on_host() && (stage_ == 1 || !c.plan.offload.grads))
+    host_grad_ = c.hzeros(c.shard_total, c.dt.grad);
 
   std::vector<std::int64_t> segments;
   if (stage_ == 0) {
@@ -65,8 +69,9 @@ bool OptimizerStep::step(double lr_scale) {
   // This rank's final gradient of unit u where the optimizer reads it.
   auto grad_of = [&](int u) {
     const UnitRT& U = c_.unit(u);
-    if (c_.host_optimizer()) return (host_grad_.defined() ? host_grad_ : grads_.shard()).narrow(0, U.shard_base, U.shard());
-    if (stage_ == 0) return grads_.full().narrow(0, U.base, U.layout.padded_numel());
+    if (host_grad_.defined()) return host_grad_.narrow(0, U.shard_base, U.shard());
+    if (stage_ == 0) return grads_.full().narrow(0, U.base, U.layout.padded_numel());  // OffloadModel: host
+    if (c_.host_optimizer()) return grads_.shard().narrow(0, U.shard_base, U.shard());
     return grads_.chunk(u);
   };
   std::vector<torch::Tensor> params, grads;
@@ -124,7 +129,7 @@ bool OptimizerStep::step(double lr_scale) {
 
 void OptimizerStep::master_to_params() {
   torch::Tensor& dst = params_.flat();
-  const bool dst_host = stage_ == 3 && c_.plan.offload.params;
+  const bool dst_host = params_.on_host() || (stage_ == 3 && c_.plan.offload.params);
   const double t1 = c_.rec.now_s();
   if (c_.host_optimizer() == dst_host) {
     dst.copy_(master_);  // same pool: rounded in place

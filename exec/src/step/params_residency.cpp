@@ -3,6 +3,8 @@
 // offload.params); a unit's full buffer is all-gathered before its forward and its backward (the unit that
 // runs next prefetched), and freed after use (after forward only with reshard_after_forward and unless
 // pinned: unit 0, FSDP's root, and owners of borrowed weights). All of them in the param dtype.
+// OffloadModel: the full flat buffer lives on the host; a unit's device buffer is filled while its slice
+// visits the device (offload_model.cpp).
 #include "pieces.h"
 
 namespace zeroplan::exec::pieces {
@@ -13,6 +15,23 @@ ParamResidency::ParamResidency(Ctx& c) : c_(c), sharded_(c.plan.zero_stage == 3)
   gathered_.assign(n, 1);
   gathers_.resize(n);
   gather_src_.resize(n);
+  if (c.plan.offload_model.enabled) {  // OffloadModel: the host holds them; slices visit the device
+    on_host_ = true;
+    flat_all_ = c.hzeros(c.padded_total, c.dt.param);
+    for (std::size_t u = 0; u < n; ++u) {
+      UnitRT& U = c.units[u];
+      c.cur_unit = U.name;
+      U.full = c.dzeros(U.layout.padded_numel(), c.dt.param);
+      U.flat.copy_into(U.full);
+      U.flat.bind(U.full);
+      flat_all_.narrow(0, U.base, U.layout.padded_numel()).copy_(U.full);
+      if (U.numel() > 0) {
+        free_storage(U.full);
+        gathered_[u] = 0;
+      }
+    }
+    return;
+  }
   if (!sharded_) {
     flat_all_ = c.dzeros(c.padded_total, c.dt.param);
     for (auto& U : c.units) {
@@ -113,6 +132,11 @@ std::vector<std::pair<std::string, torch::Tensor>> ParamResidency::full_copy() {
     const UnitRT& U = c_.unit(u);
     c_.at(U.name, "gather_parameters");
     const bool was = gathered_[static_cast<std::size_t>(u)] != 0;
+    if (on_host_ && !was) {  // OffloadModel: the host's copy, in the parameters' shapes
+      for (const auto& s : U.flat.slots())
+        out.emplace_back(U.name + "." + s.name, flat_all_.narrow(0, U.base + s.offset, s.numel).view(s.shape).clone());
+      continue;
+    }
     if (sharded_) ensure(u, -1);
     for (const auto& s : U.flat.slots()) out.emplace_back(U.name + "." + s.name, s.param.detach().clone());
     if (sharded_ && !was) release(u);
@@ -124,7 +148,7 @@ bool ParamResidency::views_valid() const {
   for (std::size_t u = 0; u < c_.units.size(); ++u) {
     const UnitRT& U = c_.units[u];
     if (U.numel() == 0) continue;
-    if (sharded_ && !gathered_[u]) {
+    if ((sharded_ || on_host_) && !gathered_[u]) {
       for (const auto& s : U.flat.slots()) {
         if (!s.param.storage().is_alias_of(U.full.storage())) return false;
       }

@@ -16,6 +16,9 @@
 //   ReplicaSync     LocalSGD and SlowMo: which ranks reduce gradients each step, the periodic parameter
 //                   average and the slow momentum update                                  (localsgd.cpp)
 //   AdaScale        fairscale's AdaScale gain from the gradient variance across ranks       (adascale.cpp)
+//   OffloadModel    fairscale OffloadModel: slices of consecutive units visit the device one at a time,
+//                   their gradients carried to the host; the micro batch in chunks, slice-boundary
+//                   activations on the host with checkpoint_activation             (offload_model.cpp)
 #pragma once
 
 #include <torch/torch.h>
@@ -121,7 +124,8 @@ class Ctx {
     cur_unit = unit_name;
     cur_phase = phase;
   }
-  bool host_optimizer() const { return plan.offload.optimizer; }
+  // The optimizer steps on the host: offload.optimizer, or OffloadModel (everything lives there).
+  bool host_optimizer() const { return plan.offload.optimizer || plan.offload_model.enabled; }
 
   torch::Tensor dzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
   torch::Tensor dempty(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
@@ -130,14 +134,18 @@ class Ctx {
 
 class ParamResidency {
  public:
-  explicit ParamResidency(Ctx& c);             // moves every unit's parameters into the flat storage
+  // Moves every unit's parameters into the flat storage. OffloadModel: the flat buffer is on the host and
+  // each unit's device buffer (UnitRT::full) is freed; the OffloadModel piece fills it when a slice visits.
+  explicit ParamResidency(Ctx& c);
   void before_fwd(int u, int micro);           // u (and the owners it borrows from) gathered; next prefetched
   void after_fwd(int u);                       // resharded after forward unless pinned
   void before_bwd(int u, int micro);
   void after_bwd(int u);                       // released after its backward
 
   bool sharded() const { return sharded_; }    // stage 3: parameters sharded across ranks
-  // Stages 0-2: the full flat parameters of every unit. Stage 3: this rank's shard (host with offload.params).
+  bool on_host() const { return on_host_; }    // OffloadModel: flat() is on the host
+  // Stages 0-2: the full flat parameters of every unit (on the host with OffloadModel). Stage 3: this
+  // rank's shard (host with offload.params).
   torch::Tensor& flat() { return sharded_ ? shard_all_ : flat_all_; }
   // This rank's chunk of unit u's current parameters (a view of flat()).
   torch::Tensor chunk(int u);
@@ -151,6 +159,7 @@ class ParamResidency {
   void release(int u);
   Ctx& c_;
   bool sharded_ = false;
+  bool on_host_ = false;
   torch::Tensor flat_all_, shard_all_;
   std::vector<char> gathered_;
   std::vector<CommTracker::Handle> gathers_;
@@ -325,6 +334,45 @@ class AdaScale {
   AdaScaleGain gain_;
   torch::Tensor local_sqr_;  // this step, fp64
   std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
+};
+
+// fairscale OffloadModel (zero stage 0): parameters, gradients and optimizer state live on the host
+// (ParamResidency::flat(), GradSync::full(), OptimizerStep). Slices of consecutive units, balanced by
+// parameter count (offload_model_slice_starts, as the simulator), are loaded to the device for their
+// forward and again for their backward; a unit that lends weights to a later one (tied weights) is loaded
+// with its borrower's slice too, as fairscale moves a shared parameter with whichever shard holds it.
+// Gradients: a unit's device gradient exists from its first backward use in the microbatch (its own
+// slice, or a borrower's) until its own slice's backward ends; it starts from zeros in the first
+// accumulation microbatch and from the host's copy after that (fairscale moves .grad with the shard),
+// is all-reduced on the last one (no_sync before it) and copied home.
+class OffloadModel {
+ public:
+  OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads);
+  int slices() const { return static_cast<int>(starts_.size()) - 1; }
+  int first(int s) const { return starts_[static_cast<std::size_t>(s)]; }
+  int end(int s) const { return starts_[static_cast<std::size_t>(s) + 1]; }
+  // Slice s's parameters (and those its units borrow) on the device; for the backward (micro: the outer
+  // accumulation microbatch) their gradients too.
+  void load_forward(int s, int micro);
+  void load_backward(int s, int micro);
+  void drop_forward(int s);
+  // After slice s's backward: the gradients of its units all-reduced (last microbatch, several ranks),
+  // copied to the host and freed with the slice's parameters.
+  void finish_backward(int s, int micro, bool last_micro);
+  // Where unit u's gradient accumulates (on the device while its slice or a borrower's is loaded).
+  torch::Tensor region(int u);
+
+ private:
+  std::vector<int> members(int s) const;  // the slice's units and the owners its units borrow from
+  void load_params(int u, int micro);
+  void drop_params(int u);
+  Ctx& c_;
+  ParamResidency& params_;
+  GradSync& grads_;
+  std::vector<int> starts_;
+  std::vector<char> loaded_;
+  std::vector<torch::Tensor> grad_;  // per unit: its device gradient while it exists
+  int micro_ = 0;                    // the outer microbatch of the backward under way
 };
 
 }  // namespace zeroplan::exec::pieces

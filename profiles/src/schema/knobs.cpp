@@ -108,19 +108,19 @@ std::vector<Knob> build() {
       Entry("offload_model.enabled", T::boolean, "zero_stage 0, pipeline_stages 1", "false",
             "fairscale OffloadModel: the model lives on the host, copied to the device slice by slice",
             ZP_ASSIGN(offload_model.enabled))
-          .tune_knob("offload_model").alias("offload_model").run(no),
+          .tune_knob("offload_model").alias("offload_model"),
       Entry("offload_model.slices", T::integer, "1..units", "1", "OffloadModel: groups of consecutive units",
             ZP_ASSIGN(offload_model.slices))
-          .tune_knob("offload_model").alias("offload_model_slices").run(no)
+          .tune_knob("offload_model").alias("offload_model_slices")
           .in_use([](const Plan& p) { return p.offload_model.enabled; }),
       Entry("offload_model.checkpoint_activation", T::boolean, "", "false",
             "OffloadModel: keep only slice-boundary activations, on the host",
             ZP_ASSIGN(offload_model.checkpoint_activation))
-          .tune_knob("offload_model").alias("offload_model_checkpoint_activation").run(no)
+          .tune_knob("offload_model").alias("offload_model_checkpoint_activation")
           .in_use([](const Plan& p) { return p.offload_model.enabled; }),
       Entry("offload_model.microbatches", T::integer, ">= 1, divides micro_batch", "1",
             "OffloadModel: microbatches of the micro batch inside each slice", ZP_ASSIGN(offload_model.microbatches))
-          .tune_knob("offload_model").alias("offload_model_microbatches").run(no)
+          .tune_knob("offload_model").alias("offload_model_microbatches")
           .in_use([](const Plan& p) { return p.offload_model.enabled; }),
       Entry("checkpointing", T::checkpointing, "none | all | [unit indices, increasing]", "none",
             "activation checkpointing: keep each unit's input, recompute its forward in backward",

@@ -40,6 +40,7 @@ ojson write_unit(const UnitProfile& u) {
   j["time_bwd_spread_s"] = write_figure(u.time_bwd_spread_s);
   j["bytes_peak_fwd"] = write_figure(u.bytes_peak_fwd);
   j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
+  if (u.bytes_peak_fwd_without_loss.value > 0) j["bytes_peak_fwd_without_loss"] = write_figure(u.bytes_peak_fwd_without_loss);
   j["flops_fwd"] = write_figure(u.flops_fwd);
   j["flops_bwd"] = write_figure(u.flops_bwd);
   if (u.kernel_time_fwd_s.value > 0) j["kernel_time_fwd_s"] = write_figure(u.kernel_time_fwd_s);
@@ -137,6 +138,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("time_bwd_spread_s", u.time_bwd_spread_s);
   r.req("bytes_peak_fwd", u.bytes_peak_fwd);
   r.req("bytes_peak_bwd", u.bytes_peak_bwd);
+  r.opt("bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
   r.req("flops_fwd", u.flops_fwd);
   r.req("flops_bwd", u.flops_bwd);
   r.opt("kernel_time_fwd_s", u.kernel_time_fwd_s);
@@ -212,6 +214,7 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".kernel_time_bwd_s", u.kernel_time_bwd_s);
     check_figure(at + ".bytes_peak_fwd", u.bytes_peak_fwd);
     check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
+    check_figure(at + ".bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
     check_figure(at + ".flops_fwd", u.flops_fwd);
     check_figure(at + ".flops_bwd", u.flops_bwd);
     for (std::size_t k = 0; k < u.borrowed.size(); ++k) {

@@ -86,4 +86,22 @@ std::vector<int> pipeline_balance(const Plan& plan, const ModelProfile& model) {
   return balanced_blocks(w, plan.pipeline_stages);
 }
 
+std::vector<int> offload_model_slice_starts(const std::vector<std::int64_t>& unit_params, int slices) {
+  const int n = static_cast<int>(unit_params.size());
+  std::int64_t total = 0;
+  for (std::int64_t p : unit_params) total += p;
+  total = std::max<std::int64_t>(1, total);
+  std::vector<int> starts{0};
+  std::int64_t cum = 0;
+  for (int u = 0; u < n && static_cast<int>(starts.size()) < slices; ++u) {
+    cum += unit_params[static_cast<std::size_t>(u)];
+    const int s = static_cast<int>(starts.size());
+    const bool reached = cum * slices >= total * s;
+    const bool must = n - (u + 1) == slices - s;  // exactly one unit left per remaining slice
+    if ((reached || must) && u + 1 < n) starts.push_back(u + 1);
+  }
+  starts.push_back(n);
+  return starts;
+}
+
 }  // namespace zeroplan

@@ -27,6 +27,13 @@ std::int64_t forward_workspace(const std::vector<Unit>& units, std::size_t i) {
   return std::max<std::int64_t>(0, x.peak_fwd - x.saved + input - own_output);
 }
 
+std::int64_t recompute_workspace(const std::vector<Unit>& units, std::size_t i) {
+  const Unit& x = units[i];
+  if (i + 1 < units.size() || x.peak_recompute == x.peak_fwd) return forward_workspace(units, i);
+  const std::int64_t input = i > 0 ? units[i - 1].output : 0;
+  return std::max<std::int64_t>(0, x.peak_recompute - x.saved + input);
+}
+
 std::int64_t Activations::fwd_workspace(int u) const { return forward_workspace(c_.units, static_cast<std::size_t>(u)); }
 
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
@@ -99,7 +106,8 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
     // The recompute runs on the kept input (already allocated, so not again in the saved bytes): a
     // forward's workspace, plus the output's gradient, already waiting.
     const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
-    c_.g.alloc(re, c_.dev, fwd_workspace(u) + incoming_grad(u), MemCategory::activations, c_.label(c_.n_workspace, u, mb));
+    c_.g.alloc(re, c_.dev, recompute_workspace(c_.units, i) + incoming_grad(u), MemCategory::activations,
+               c_.label(c_.n_workspace, u, mb));
     offloaded_[i] = c_.g.alloc(re, c_.dev, std::max<std::int64_t>(0, x.saved - input), MemCategory::activations,
                                c_.label(c_.n_saved, u, mb), kNone);
     return re;

@@ -49,6 +49,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
     u.saved = bytes(up.bytes_saved);
     u.output = bytes(up.bytes_output);
     u.peak_fwd = bytes(up.bytes_peak_fwd);
+    u.peak_recompute = up.bytes_peak_fwd_without_loss.value > 0 ? bytes(up.bytes_peak_fwd_without_loss) : u.peak_fwd;
     u.peak_bwd = bytes(up.bytes_peak_bwd);
     u.checkpoint = plan.checkpointing.applies_to(i);
     first_expanded.push_back(static_cast<int>(units.size()));
@@ -61,6 +62,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
         // The backward runs in reverse: the owner's gradient starts at its latest borrower's backward.
         for (Unit& earlier : units) std::erase(earlier.owners_due, o);
         units.back().owners_due.push_back(o);
+        units.back().borrows_from.push_back(o);
       }
     }
   }

@@ -28,12 +28,14 @@ struct Unit {
   std::int64_t saved = 0;          // bytes saved for backward, one microbatch
   std::int64_t output = 0;         // output activation, one microbatch
   std::int64_t peak_fwd = 0;       // transient workspace
+  std::int64_t peak_recompute = 0; // a recompute's peak: the last unit's without its loss, else peak_fwd
   std::int64_t peak_bwd = 0;
   bool checkpoint = false;
   // Shared parameters (UnitProfile::borrowed), as expanded unit indices. An owner stays gathered from
   // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
   bool pinned = false;
   std::vector<int> owners_due;     // borrower: owners whose gradient starts at this unit's backward
+  std::vector<int> borrows_from;   // borrower: every owner it borrows from
 };
 
 // Precision: bytes per element of each copy of the model states.
@@ -138,6 +140,10 @@ struct ParamResidency {
 // Activation policy (keep, offload a ratio, checkpoint, checkpoint with the input offloaded): activations.cpp
 // The bytes a unit's forward allocates beyond its saved activations (activations.cpp).
 std::int64_t forward_workspace(const std::vector<Unit>& units, std::size_t i);
+// What a recompute allocates beyond the unit's saved bytes: the forward workspace, except for the last
+// unit profiled with its loss, whose recompute runs no loss: its peak without the loss less what it keeps
+// (the saved bytes hold the loss's output gradient, as large as the output the recompute holds instead).
+std::int64_t recompute_workspace(const std::vector<Unit>& units, std::size_t i);
 
 struct Activations {
   explicit Activations(Ctx& c) : c_(c) {}

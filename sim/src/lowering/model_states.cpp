@@ -22,7 +22,7 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   const std::int64_t opt_bytes = b.master + b.states;
   Residency r;
   if (plan.offload_model.enabled) {  // everything lives on the host; slices visit the device
-    r.host_params = p * 4;
+    r.host_params = p * b.param;
     r.host_grads = p * b.grad;
     r.host_optimizer = p * opt_bytes;
     return r;

@@ -1,158 +1,243 @@
-// fairscale OffloadModel: the model lives on the host; `slices` groups of consecutive units, balanced by
-// parameter count, are copied to the device one at a time. Every accumulation microbatch (plan
-// microbatches) runs the whole schedule; inside it each slice runs all `offload_model.microbatches`
-// chunks of the micro batch. Forward: H2D the slice, run the chunks, drop it. Backward, slices in
-// reverse: H2D the slice (from the second accumulation microbatch on with its accumulated gradient:
-// fairscale moves a slice with its .grad), run the chunks' backward (after recomputing the slice forward
-// from the slice-boundary input when checkpoint_activation, which keeps only boundary activations, on
-// the host), D2H the gradients (all-reduced first on the last microbatch only, as no_sync accumulation).
-// The last slice's outputs stay on the device for the loss until their backward. The optimizer steps on
-// the host.
+// fairscale OffloadModel, as the executor runs it (exec/src/step/executor.cpp offload_model_microbatch,
+// exec/src/step/offload_model.cpp): the model states live on the host (model_states.cpp); slices of
+// consecutive units, balanced by parameter count (offload_model_slice_starts, the executor's function),
+// visit the device. Every accumulation microbatch (plan microbatches) runs the whole schedule, the micro
+// batch in `offload_model.microbatches` chunks:
+//  forward   slice by slice: H2D its parameters (and those of earlier units its units borrow, tied
+//            weights), run every chunk through it, drop it. Kept activations per chunk as the
+//            Activations piece keeps them; a chunk's output waits between slices. With
+//            checkpoint_activation each chunk's slice input comes from the host, the slice runs without a
+//            graph and its output goes to the host (the model's input too), the RNG state is kept;
+//  loss      per chunk after the last slice (the logits' gradient waits for the backward);
+//  backward  slices in reverse: H2D the parameters and the gradients (zeros in the first microbatch, the
+//            host's accumulated ones after: fairscale moves .grad with the shard; a lender's gradient
+//            from its first borrower on), every chunk (checkpoint_activation: its input back from the
+//            host and the slice recomputed with its graph first), then per unit: all-reduce (last
+//            microbatch, as no_sync accumulation), D2H; a chunk's input gradient waits between slices.
+// The executor is sequential (every copy waited for), so every task here follows the previous one. The
+// optimizer steps on the host.
 #include <algorithm>
 
 #include "context.h"
+#include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::sim::lowering {
 
 namespace {
 
-std::vector<int> slice_starts(const std::vector<Unit>& units, int slices, std::int64_t total) {
-  const int n = static_cast<int>(units.size());
-  std::vector<int> starts{0};
-  std::int64_t cum = 0;
-  for (int u = 0; u < n && static_cast<int>(starts.size()) < slices; ++u) {
-    cum += units[static_cast<std::size_t>(u)].params;
-    const int s = static_cast<int>(starts.size());
-    const bool reached = cum * slices >= total * s;
-    const bool must = n - (u + 1) == slices - s;  // exactly one unit left per remaining slice
-    if ((reached || must) && u + 1 < n) starts.push_back(u + 1);
+struct Schedule {
+  Ctx& c;
+  int K = 1;
+  bool ckpt = false;
+  int n_units = 0;
+  std::vector<int> starts;
+  TaskId prev = kNone;  // the last task in the executor's order
+
+  int slices() const { return static_cast<int>(starts.size()) - 1; }
+  int first(int s) const { return starts[static_cast<std::size_t>(s)]; }
+  int end(int s) const { return starts[static_cast<std::size_t>(s) + 1]; }
+  const Unit& unit(int u) const { return c.units[static_cast<std::size_t>(u)]; }
+  std::int64_t input_of(int u) const { return u > 0 ? unit(u - 1).output : 0; }
+
+  std::vector<int> members(int s) const {
+    std::vector<int> out;
+    for (int u = first(s); u < end(s); ++u) out.push_back(u);
+    for (int u = first(s); u < end(s); ++u) {
+      for (int o : unit(u).borrows_from) {
+        if (o < first(s) && std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
+      }
+    }
+    return out;
   }
-  starts.push_back(n);
-  return starts;
-}
+  TaskId chain(TaskId t) {
+    c.g.add_dep(t, prev);
+    prev = t;
+    return t;
+  }
+  TaskId compute(double s, NameId name, int u, int chunk) { return chain(c.compute_task(s, name, u, chunk)); }
+  // A zero-time point on the compute stream, in order: what is held between two tasks is allocated at
+  // one after the first and freed at one before the second, so neither task's own figures count it twice.
+  TaskId mark(int u, int chunk) { return chain(c.g.add_task(c.compute, 0.0, c.label(c.n_saved, u, chunk), {}, c.n_cat_compute)); }
+  TaskId copy(CopyDir dir, std::int64_t bytes, int u, int chunk) {
+    const ResourceId r = dir == CopyDir::h2d ? c.h2d : c.d2h;
+    return chain(c.g.add_task(r, copy_time(c.cluster, dir, static_cast<double>(bytes)),
+                              c.label(dir == CopyDir::h2d ? c.n_h2d : c.n_d2h, u, chunk), {}, c.n_cat_copy));
+  }
+};
 
 }  // namespace
 
 void schedule_offload_model(Ctx& c) {
-  const int k_chunks = c.plan.offload_model.microbatches;
-  const bool ckpt = c.plan.offload_model.checkpoint_activation;
-  const int n_units = static_cast<int>(c.units.size());
-  const std::vector<int> starts = slice_starts(c.units, c.plan.offload_model.slices, std::max<std::int64_t>(1, c.total_params));
-  const int slices = static_cast<int>(starts.size()) - 1;
-  auto slice_params = [&](int s) {
-    std::int64_t p = 0;
-    for (int u = starts[static_cast<std::size_t>(s)]; u < starts[static_cast<std::size_t>(s) + 1]; ++u) {
-      p += c.units[static_cast<std::size_t>(u)].params;
-    }
-    return p;
-  };
-  auto h2d = [&](double bytes, int s, int mb, TaskId after) {
-    return c.g.add_task(c.h2d, copy_time(c.cluster, CopyDir::h2d, bytes), c.label(c.n_h2d, s, mb), {after}, c.n_cat_copy);
-  };
-  auto d2h = [&](double bytes, int s, int mb, TaskId after) {
-    return c.g.add_task(c.d2h, copy_time(c.cluster, CopyDir::d2h, bytes), c.label(c.n_d2h, s, mb), {after}, c.n_cat_copy);
-  };
-  auto unit = [&](int u) -> const Unit& { return c.units[static_cast<std::size_t>(u)]; };
+  Schedule sc{c, 1, false, 0, {}, kNone};
+  sc.K = c.plan.offload_model.microbatches;
+  sc.ckpt = c.plan.offload_model.checkpoint_activation;
+  sc.n_units = static_cast<int>(c.units.size());
+  std::vector<std::int64_t> params;
+  for (const Unit& u : c.units) params.push_back(u.params);
+  sc.starts = offload_model_slice_starts(params, c.plan.offload_model.slices);
+  const int K = sc.K, S = sc.slices(), n_units = sc.n_units;
+  const bool ckpt = sc.ckpt;
+  const std::int64_t in0 = c.input0 / K;  // one chunk of the model's input
+  auto at = [K](int s, int k) { return static_cast<std::size_t>(s * K + k); };
 
-  std::vector<TaskId> grads_home(static_cast<std::size_t>(slices), kNone);  // per slice: its last gradient D2H
-  TaskId prev = kNone;  // the compute task the next slice's load waits for
+  std::vector<AllocId> grad(static_cast<std::size_t>(n_units), kNone);  // per unit: its device gradient
+  std::vector<TaskId> grads_home;
   for (int mb = 0; mb < c.m; ++mb) {
     const bool last_mb = mb + 1 == c.m;
-    auto chunk = [&](int k) { return mb * k_chunks + k; };  // chunk index over the step, for labels
-    std::vector<AllocId> saved(static_cast<std::size_t>(n_units * k_chunks), kNone);
-    std::vector<AllocId> boundary(static_cast<std::size_t>(slices * k_chunks), kNone);  // host copies of slice inputs
-    std::vector<AllocId> loss(static_cast<std::size_t>(k_chunks), kNone);  // the last unit's output per chunk
-    auto at = [&](int u, int k) -> AllocId& { return saved[static_cast<std::size_t>(u * k_chunks + k)]; };
+    auto chunk = [&](int k) { return mb * K + k; };
+    std::vector<Activations> acts(static_cast<std::size_t>(K), Activations(c));  // per chunk, without ckpt
+    std::vector<AllocId> boundary(static_cast<std::size_t>(S * K), kNone);      // host: a slice's input
+    std::vector<AllocId> rng(static_cast<std::size_t>(S * K), kNone);
+    std::vector<AllocId> loss(static_cast<std::size_t>(K), kNone);              // ckpt: the logits' gradient
+    std::vector<AllocId> wait(static_cast<std::size_t>(K), kNone);              // a chunk's tensor between slices
+
+    // The chunks' inputs: on the device until unit 0's forward (its saved bytes), or sent to the host.
+    const TaskId start = sc.mark(0, chunk(0));
+    for (int k = 0; k < K; ++k) {
+      if (!ckpt) {
+        wait[static_cast<std::size_t>(k)] = c.g.alloc(start, c.dev, in0, MemCategory::activations, c.label(c.n_saved, 0, chunk(k)), kNone);
+        continue;
+      }
+      const TaskId d2h = sc.copy(CopyDir::d2h, in0, 0, chunk(k));
+      c.g.alloc(d2h, c.dev, in0, MemCategory::activations, c.label(c.n_saved, 0, chunk(k)));
+      boundary[at(0, k)] = c.g.alloc(d2h, c.host, in0, MemCategory::activations, c.label(c.n_saved_offloaded, 0, chunk(k)), kNone);
+    }
 
     // Forward.
-    for (int s = 0; s < slices; ++s) {
-      const int first = starts[static_cast<std::size_t>(s)], end = starts[static_cast<std::size_t>(s) + 1];
-      const std::int64_t pbytes = slice_params(s) * c.b.param;
-      const TaskId in = h2d(static_cast<double>(pbytes), s, mb, prev);
-      const AllocId dev_params = c.g.alloc(in, c.dev, pbytes, MemCategory::params, c.label(c.n_params, s), kNone);
-      TaskId last = kNone;
-      for (int k = 0; k < k_chunks; ++k) {
-        for (int u = first; u < end; ++u) {
-          last = c.compute_task(unit(u).fwd_s, c.n_fwd, u, chunk(k));
-          if (mb == 0 && k == 0) c.fwd0[static_cast<std::size_t>(u)] = last;
-          c.g.add_dep(last, in);
-          c.g.alloc(last, c.dev, forward_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations,
-                    c.label(c.n_workspace, u, chunk(k)));
-          if (!ckpt) at(u, k) = c.g.alloc(last, c.dev, unit(u).saved, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
-          if (u + 1 == n_units)
-            loss[static_cast<std::size_t>(k)] =
-                c.g.alloc(last, c.dev, unit(u).output, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
-        }
-        if (ckpt && s + 1 < slices) {  // the next slice's input goes to the host
-          const std::int64_t out = unit(end - 1).output;
-          const TaskId copy = d2h(static_cast<double>(out), s, mb, last);
-          c.g.alloc(last, c.dev, out, MemCategory::activations, c.label(c.n_saved, end - 1, chunk(k)), copy);
-          boundary[static_cast<std::size_t>((s + 1) * k_chunks + k)] =
-              c.g.alloc(copy, c.host, out, MemCategory::activations, c.label(c.n_saved_offloaded, end - 1, chunk(k)), kNone);
-        }
-      }
-      c.g.set_free_at(dev_params, last);
-      prev = last;
-    }
-    // Backward.
-    for (int s = slices - 1; s >= 0; --s) {
-      const int first = starts[static_cast<std::size_t>(s)], end = starts[static_cast<std::size_t>(s) + 1];
-      const std::int64_t p = slice_params(s);
-      const std::int64_t carried = mb > 0 ? p * c.b.grad : 0;  // the accumulated gradient travels with the slice
-      const TaskId in = h2d(static_cast<double>(p * c.b.param + carried), s, mb, prev);
-      c.g.add_dep(in, grads_home[static_cast<std::size_t>(s)]);  // the previous microbatch's gradient is home
-      const AllocId dev_params = c.g.alloc(in, c.dev, p * c.b.param, MemCategory::params, c.label(c.n_params, s), kNone);
-      AllocId dev_grads = carried > 0 ? c.g.alloc(in, c.dev, carried, MemCategory::grads, c.label(c.n_grads, s), kNone) : kNone;
-      TaskId last = kNone;
-      for (int k = 0; k < k_chunks; ++k) {
-        TaskId ready = in;
-        AllocId restored = kNone;  // device copy of the slice input, freed by the chunk's last backward
+    for (int s = 0; s < S; ++s) {
+      std::int64_t bytes = 0;
+      for (int u : sc.members(s)) bytes += sc.unit(u).params * c.b.param;
+      const TaskId load = sc.copy(CopyDir::h2d, bytes, sc.first(s), chunk(0));
+      const AllocId dev_params = c.g.alloc(load, c.dev, bytes, MemCategory::params, c.label(c.n_params, sc.first(s)), kNone);
+      for (int k = 0; k < K; ++k) {
+        const auto kk = static_cast<std::size_t>(k);
+        AllocId in_dev = kNone;
         if (ckpt) {
-          if (const AllocId b = boundary[static_cast<std::size_t>(s * k_chunks + k)]; b != kNone) {
-            const std::int64_t bytes = c.g.allocs()[b].bytes;
-            const TaskId back = h2d(static_cast<double>(bytes), s, mb, in);
-            c.g.set_free_at(b, back);
-            restored = c.g.alloc(back, c.dev, bytes, MemCategory::activations, c.label(c.n_input_kept, first, chunk(k)), kNone);
-            ready = back;
+          const std::int64_t b = s == 0 ? in0 : sc.input_of(sc.first(s));
+          const TaskId h2d = sc.copy(CopyDir::h2d, b, sc.first(s), chunk(k));
+          in_dev = c.g.alloc(h2d, c.dev, b, MemCategory::activations, c.label(c.n_input_kept, sc.first(s), chunk(k)), kNone);
+        } else if (wait[kk] != kNone) {
+          c.g.set_free_at(wait[kk], sc.mark(sc.first(s), chunk(k)));
+          wait[kk] = kNone;
+        }
+        TaskId fwd = kNone;
+        for (int u = sc.first(s); u < sc.end(s); ++u) {
+          const Unit& x = sc.unit(u);
+          fwd = sc.compute(x.fwd_s, c.n_fwd, u, chunk(k));
+          if (mb == 0 && k == 0) c.fwd0[static_cast<std::size_t>(u)] = fwd;
+          if (!ckpt) {
+            acts[kk].on_fwd(u, chunk(k), fwd);
+            continue;
           }
-          for (int u = first; u < end; ++u) {
-            const TaskId re = c.compute_task(unit(u).fwd_s, c.n_recompute, u, chunk(k));
-            c.g.add_dep(re, ready);
-            c.g.alloc(re, c.dev, forward_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations,
+          // Without a graph: the input until the forward ends, what the forward allocates beyond it.
+          const std::int64_t own_output = u + 1 == n_units ? x.output : 0;
+          const std::int64_t input = u == sc.first(s) ? 0 : sc.input_of(u);
+          c.g.alloc(fwd, c.dev, input + std::max<std::int64_t>(0, x.peak_fwd - own_output), MemCategory::activations,
+                    c.label(c.n_workspace, u, chunk(k)));
+          if (u == sc.first(s)) {
+            c.g.set_free_at(in_dev, fwd);
+            if (c.rng_state_bytes > 0)
+              rng[at(s, k)] = c.g.alloc(fwd, c.dev, c.rng_state_bytes, MemCategory::activations, c.label(c.n_input_kept, u, chunk(k)), kNone);
+          }
+          if (u + 1 == n_units)
+            loss[kk] = c.g.alloc(fwd, c.dev, x.output, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
+        }
+        if (s + 1 == S) continue;
+        const std::int64_t out = sc.unit(sc.end(s) - 1).output;
+        if (ckpt) {  // the slice's output to the host
+          const TaskId d2h = sc.copy(CopyDir::d2h, out, sc.end(s) - 1, chunk(k));
+          c.g.alloc(d2h, c.dev, out, MemCategory::activations, c.label(c.n_saved, sc.end(s) - 1, chunk(k)));
+          boundary[at(s + 1, k)] =
+              c.g.alloc(d2h, c.host, out, MemCategory::activations, c.label(c.n_saved_offloaded, sc.end(s) - 1, chunk(k)), kNone);
+        } else {  // waits on the device for the next slice
+          wait[kk] = c.g.alloc(sc.mark(sc.end(s) - 1, chunk(k)), c.dev, out, MemCategory::activations,
+                               c.label(c.n_saved, sc.end(s) - 1, chunk(k)), kNone);
+        }
+      }
+      c.g.set_free_at(dev_params, sc.prev);
+    }
+
+    // Backward.
+    grads_home.clear();
+    for (int s = S - 1; s >= 0; --s) {
+      const std::vector<int> mem = sc.members(s);
+      std::int64_t pbytes = 0, gbytes = 0;
+      for (int u : mem) {
+        pbytes += sc.unit(u).params * c.b.param;
+        if (grad[static_cast<std::size_t>(u)] == kNone && mb > 0) gbytes += sc.unit(u).params * c.b.grad;
+      }
+      const TaskId load = sc.copy(CopyDir::h2d, pbytes + gbytes, sc.first(s), chunk(0));
+      const AllocId dev_params = c.g.alloc(load, c.dev, pbytes, MemCategory::params, c.label(c.n_params, sc.first(s)), kNone);
+      for (int u : mem) {
+        if (grad[static_cast<std::size_t>(u)] != kNone || sc.unit(u).params == 0) continue;
+        grad[static_cast<std::size_t>(u)] =
+            c.g.alloc(load, c.dev, sc.unit(u).params * c.b.grad, MemCategory::grads, c.label(c.n_grads, u), kNone);
+      }
+      for (int k = 0; k < K; ++k) {
+        const auto kk = static_cast<std::size_t>(k);
+        std::vector<AllocId> held(static_cast<std::size_t>(n_units), kNone);  // ckpt: the recompute's saved
+        AllocId restored = kNone;
+        if (ckpt) {
+          const std::int64_t b = s == 0 ? in0 : sc.input_of(sc.first(s));
+          const TaskId h2d = sc.copy(CopyDir::h2d, b, sc.first(s), chunk(k));
+          c.g.set_free_at(boundary[at(s, k)], h2d);
+          if (rng[at(s, k)] != kNone) c.g.set_free_at(rng[at(s, k)], h2d);
+          restored = c.g.alloc(h2d, c.dev, b, MemCategory::activations, c.label(c.n_input_kept, sc.first(s), chunk(k)), kNone);
+          for (int u = sc.first(s); u < sc.end(s); ++u) {
+            const Unit& x = sc.unit(u);
+            const TaskId re = sc.compute(x.fwd_s, c.n_recompute, u, chunk(k));
+            c.g.alloc(re, c.dev, recompute_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations,
                       c.label(c.n_workspace, u, chunk(k)));
-            at(u, k) = c.g.alloc(re, c.dev, unit(u).saved, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
+            const std::int64_t keep = u == sc.first(s) ? std::max<std::int64_t>(0, x.saved - sc.input_of(u)) : x.saved;
+            held[static_cast<std::size_t>(u)] = c.g.alloc(re, c.dev, keep, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
           }
         }
-        for (int u = end - 1; u >= first; --u) {
-          last = c.compute_task(unit(u).bwd_s, c.n_bwd, u, chunk(k));
-          if (mb == 0 && k == 0) c.bwd0[static_cast<std::size_t>(u)] = last;
-          c.g.add_dep(last, ready);
-          if (dev_grads == kNone) {
-            dev_grads = c.g.alloc(last, c.dev, p * c.b.grad, MemCategory::grads, c.label(c.n_grads, s), kNone);
-          }
-          c.g.alloc(last, c.dev, unit(u).peak_bwd, MemCategory::activations, c.label(c.n_workspace, u, chunk(k)));
-          c.g.set_free_at(at(u, k), last);
-          if (u + 1 == n_units) c.g.set_free_at(loss[static_cast<std::size_t>(k)], last);
+        if (wait[kk] != kNone) {  // the gradient from the next slice is taken up
+          c.g.set_free_at(wait[kk], sc.mark(sc.end(s) - 1, chunk(k)));
+          wait[kk] = kNone;
         }
-        if (restored != kNone) c.g.set_free_at(restored, last);
+        TaskId bwd = kNone;
+        for (int u = sc.end(s) - 1; u >= sc.first(s); --u) {
+          const Unit& x = sc.unit(u);
+          bwd = sc.compute(x.bwd_s, c.n_bwd, u, chunk(k));
+          if (mb == 0 && k == 0) c.bwd0[static_cast<std::size_t>(u)] = bwd;
+          if (!ckpt) {
+            acts[kk].after_bwd(u, chunk(k), bwd);
+            continue;
+          }
+          const std::int64_t incoming = u + 1 < n_units ? x.output : 0;
+          c.g.alloc(bwd, c.dev, x.peak_bwd + 2 * incoming, MemCategory::activations, c.label(c.n_workspace, u, chunk(k)));
+          c.g.set_free_at(held[static_cast<std::size_t>(u)], bwd);
+          if (u + 1 == n_units) c.g.set_free_at(loss[kk], bwd);
+        }
+        if (restored != kNone) c.g.set_free_at(restored, bwd);
+        if (s > 0) {  // the slice input's gradient (and, kept, that input) waits for the previous slice
+          const std::int64_t out = sc.input_of(sc.first(s));
+          wait[kk] = c.g.alloc(sc.mark(sc.first(s), chunk(k)), c.dev, (ckpt ? 1 : 2) * out, MemCategory::activations,
+                               c.label(c.n_saved, sc.first(s) - 1, chunk(k)), kNone);
+        }
       }
-      TaskId reduced = last;
-      if (c.n > 1 && last_mb) {
-        reduced = c.g.add_task(c.comm, collective_time(c.cluster, CollOp::all_reduce, static_cast<double>(p * c.b.reduce), c.n),
-                               c.label(c.n_all_reduce, s), {last}, c.n_cat_comm);
+      for (int u = sc.first(s); u < sc.end(s); ++u) {
+        const std::int64_t p = sc.unit(u).params;
+        if (p == 0) continue;
+        if (c.n > 1 && last_mb) {
+          sc.chain(c.g.add_task(c.comm, collective_time(c.cluster, CollOp::all_reduce, static_cast<double>(p * c.b.reduce), c.n),
+                                c.label(c.n_all_reduce, u), {}, c.n_cat_comm));
+        }
+        const TaskId d2h = sc.copy(CopyDir::d2h, p * c.b.grad, u, chunk(0));
+        c.g.set_free_at(grad[static_cast<std::size_t>(u)], d2h);
+        grad[static_cast<std::size_t>(u)] = kNone;
+        grads_home.push_back(d2h);
       }
-      const TaskId out = d2h(static_cast<double>(p * c.b.grad), s, mb, reduced);
-      c.g.set_free_at(dev_params, out);
-      if (dev_grads != kNone) c.g.set_free_at(dev_grads, out);
-      grads_home[static_cast<std::size_t>(s)] = out;
-      prev = last;
+      c.g.set_free_at(dev_params, sc.prev);
     }
   }
   const TaskId step = c.g.add_task(
       c.host_opt, host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(c.total_params), c.plan.flat_params),
       c.label(c.n_optimizer), {}, c.n_cat_optimizer);
   for (TaskId t : grads_home) c.g.add_dep(step, t);
+  c.g.add_dep(step, sc.prev);
 }
 
 }  // namespace zeroplan::sim::lowering

@@ -41,6 +41,9 @@ struct UnitProfile {
   Figure time_bwd_spread_s;  // spread (p90 - p10) of backward time; optional, default 0
   Figure bytes_peak_fwd;     // transient peak during forward above what was live before it
   Figure bytes_peak_bwd;     // transient peak during backward above what was live before it
+  // The last unit is measured with the task's loss (profiler.h): its forward peak before the loss ran,
+  // what a recompute of the unit allocates; optional, value 0 and absent from the JSON otherwise.
+  Figure bytes_peak_fwd_without_loss;
   Figure flops_fwd;
   Figure flops_bwd;
   // Summed kernel durations of one forward / backward (CUDA with CUPTI only; the time_*_s above

@@ -4,6 +4,7 @@
 //   std::vector<int> b = pipeline_balance(plan, model);   // units per stage, e.g. {25, 24, 24, 25}
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "zeroplan/profiles/model_profile.h"
@@ -25,5 +26,11 @@ std::vector<int> pipeline_balance(const Plan& plan, const ModelProfile& model);
 // The contiguous split of `weights` into `parts` blocks (each >= 1 item) minimising the largest block sum.
 // REQUIRES: 1 <= parts <= weights.size(), weights >= 0.
 std::vector<int> balanced_blocks(const std::vector<double>& weights, int parts);
+
+// fairscale OffloadModel's slices: the first unit of each of (at most) `slices` groups of consecutive
+// units, balanced by parameter count (a slice closes once the running count reaches its share), then
+// the unit count: {0, 3, 7, n}. The simulator and the executor slice a model with this one function.
+// REQUIRES: slices >= 1, unit_params non-empty, every count >= 0.
+std::vector<int> offload_model_slice_starts(const std::vector<std::int64_t>& unit_params, int slices);
 
 }  // namespace zeroplan

@@ -164,7 +164,8 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 //  - offload.grads requires offload.optimizer (the host optimizer consumes them)
 //  - offload.activations_ratio in [0, 1]
 //  - offload_model (when enabled): slices >= 1, microbatches >= 1 dividing micro_batch, zero_stage 0
-//    (so no offload.params/grads/optimizer: it owns parameter placement), pipeline_stages 1
+//    (so no offload.params/grads/optimizer: it owns parameter placement), pipeline_stages 1,
+//    checkpointing none, activations_ratio 0, no LocalSGD/SlowMo/AdaScale
 //  - checkpointing units: >= 0, strictly increasing, non-empty in "units" mode
 //  - checkpoint_offload requires checkpointing (not "none") and no offload_model
 //  - localsgd_frequency >= 0; localsgd (> 1) requires zero_stage 0 (every rank keeps full replicas)

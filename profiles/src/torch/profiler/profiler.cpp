@@ -292,6 +292,10 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   const std::int64_t live0 = dev.memory.begin_phase();
   const double fwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
   torch::Tensor y = unit.forward(x_copy);
+  if (loss) {  // what a recompute of the unit (no loss) allocates
+    dev.synchronize();
+    m.bytes_peak_fwd_without_loss = static_cast<double>(dev.memory.peak() - live0);
+  }
   torch::Tensor g_loss = loss ? output_grad(y) : torch::Tensor();
   dev.synchronize();
   const std::int64_t live1 = dev.memory.live();
@@ -608,6 +612,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     u.flops_fwd = figure(&UnitMeasurement::flops_fwd);
     u.flops_bwd = figure(&UnitMeasurement::flops_bwd);
     if (r.kernel_time_fwd_s > 0) u.kernel_time_fwd_s = figure(&UnitMeasurement::kernel_time_fwd_s);
+    if (r.bytes_peak_fwd_without_loss > 0)
+      u.bytes_peak_fwd_without_loss = figure(&UnitMeasurement::bytes_peak_fwd_without_loss);
     if (r.kernel_time_bwd_s > 0) u.kernel_time_bwd_s = figure(&UnitMeasurement::kernel_time_bwd_s);
     for (const zoo::BorrowedParam& b : model.units[i].borrowed) {
       const auto owned = model.units[static_cast<std::size_t>(b.owner_unit)].module->named_parameters();
