@@ -166,6 +166,18 @@ std::vector<GridPlan> fidelity_grid(int nproc, int global_batch) {
   };
   add("g17", 2, 1, sixteen("bf16"));
   add("g18", 3, 1, sixteen("fp16"));
+  // fairscale OffloadModel: the model states on the host, 2 slices visiting the device; then checkpointed
+  // slices with the micro batch in 2 chunks.
+  auto offload_model = [](int chunks, bool ckpt) {
+    return [chunks, ckpt](Plan& p) {
+      p.offload_model.enabled = true;
+      p.offload_model.slices = 2;
+      p.offload_model.microbatches = p.micro_batch % chunks == 0 ? chunks : 1;
+      p.offload_model.checkpoint_activation = ckpt;
+    };
+  };
+  add("g19", 0, 1, offload_model(1, false));
+  add("g20", 0, 1, offload_model(2, true));
   return out;
 }
 

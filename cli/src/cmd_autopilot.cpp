@@ -177,10 +177,20 @@ int run_autopilot(Args& a, const Globals& g) {
   std::string opts;
   for (const auto& [k, v] : overrides) opts += (opts.empty() ? "" : ",") + k + "=" + v;
   const RunSetup setup{a, g, profile, budgeted, opts};
+  // A 16-bit plan is predicted from a profile at its dtype (its loss stays fp32, which scaling the fp32
+  // profile would halve), taken once per dtype.
+  std::map<std::string, ModelProfile> at_dtype;
+  auto profile_for = [&](const Plan& p) -> const ModelProfile& {
+    const std::string& d = p.precision.compute_dtype;
+    if (d == "fp32") return profile;
+    if (!at_dtype.contains(d)) at_dtype.emplace(d, profile_step(a, g, overrides, out, d));
+    return at_dtype.at(d);
+  };
   int n = 0;
   for (auto& t : trials) {
     ++n;
-    run_trial(t, out / (t.label == "default" ? std::string("default") : fmt::format("plan{}", n)), setup, budget);
+    run_trial(t, out / (t.label == "default" ? std::string("default") : fmt::format("plan{}", n)),
+              RunSetup{a, g, profile_for(t.plan), budgeted, opts}, budget);
   }
   std::optional<PriceRuns> price;
   if (a.allow_approximate_averaging) price = price_step(RunSetup{a, g, profile, cluster, opts}, out);
@@ -246,7 +256,7 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--rounds", a->rounds, "With --grid: run the grid this many times, every plan once per round, and "
                  "judge each plan on its median round (the spread is reported)")
       ->capture_default_str()->check(CLI::Range(1, 20))->needs("--grid");
-  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g18)")
+  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g20)")
       ->delimiter(',')->needs("--grid")
       ->check(CLI::IsMember(autopilot::grid_labels()));
   return [a, &globals] { return autopilot::run_autopilot(*a, globals); };

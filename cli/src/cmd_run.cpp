@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <fstream>
 #include <memory>
@@ -47,6 +48,8 @@ struct RunArgs {
   bool progress = false;
   int threads = 0;                // 0: OMP_NUM_THREADS if set, else the cores shared by the local ranks
   int ranks_per_node = 0;         // 0: the launcher's LOCAL_WORLD_SIZE
+  std::string checkpoint_dir, resume;
+  int checkpoint_every = 0;
   std::vector<std::string> argv;  // the full command line, for the launcher
 };
 
@@ -72,6 +75,22 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   o.ranks_per_node = a.ranks_per_node;
   if (o.warmup_steps >= o.steps)
     throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", o.warmup_steps, o.steps));
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.checkpoint_every = a.checkpoint_every;
+  o.resume_dir = a.resume;
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+    throw ExitError(kBadInput, fmt::format("--checkpoint-every {} needs --checkpoint-dir", o.checkpoint_every));
+  if (const std::string why = exec::checkpoint_refusal(o); !why.empty())
+    throw ExitError(kBadInput, "checkpoints: " + why);
+  if (!o.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.checkpoint_dir, ec);
+    if (!std::filesystem::is_directory(o.checkpoint_dir))
+      throw ExitError(kBadInput, fmt::format("--checkpoint-dir {}: not a folder that can be created ({})", o.checkpoint_dir,
+                                             ec ? ec.message() : "a file is in the way"));
+  }
+  if (!o.resume_dir.empty() && exec::newest_checkpoint(o.resume_dir) < 0)
+    throw ExitError(kBadInput, fmt::format("--resume {}: no checkpoint there (no step-<N>/manifest.json)", o.resume_dir));
   return o;
 }
 
@@ -210,6 +229,15 @@ Action add_run(CLI::App& app, const Globals& globals) {
                  "Ranks that share a node, numbered node by node (default: LOCAL_WORLD_SIZE); LocalSGD reduces "
                  "gradients within a node and averages parameters across nodes: 1 makes every rank a node")
       ->check(non_negative());
+  app.add_option("--checkpoint-dir", a->checkpoint_dir,
+                 "Save checkpoints here (each rank its shard, then a manifest): every --checkpoint-every steps "
+                 "and after the last step");
+  app.add_option("--checkpoint-every", a->checkpoint_every,
+                 "Steps between checkpoints (counted from the training's step 0, across resumes)")
+      ->check(non_negative());
+  app.add_option("--resume", a->resume,
+                 "Continue from the newest checkpoint in this folder (its step, states and data order; at stages "
+                 "1-3 on any number of ranks)");
   app.add_option("-o,--output", a->output, "Write the RunRecord here")->check(output_path());
   return [a, &app, &globals] {
     a->argv = globals.argv;

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The fidelity grid's averaging and 16-bit rows: `zeroplan autopilot --grid --grid-plans g15,g16,g17,g18`
+# The fidelity grid's averaging, 16-bit and OffloadModel rows: `zeroplan autopilot --grid --grid-plans g15,...,g20`
 # runs LocalSGD every 2 steps (g15) and SlowMo on top of it (g16) with each rank its own node (`run
 # --ranks-per-node 1`, predicted on a cluster of one device per node), stage 2 in bf16 (g17) and stage 3
 # in fp16 with a dynamic loss scale (g18), each predicted from a profile at its dtype. Every peak within
 # 3% of its prediction, SlowMo's slow momentum and previous parameters (8 bytes per parameter) predicted
 # and measured, the LocalSGD runs averaged parameters without reducing gradients (one node per rank: no
-# gradient all-reduce phase), the 16-bit runs in their dtype.
+# gradient all-reduce phase), the 16-bit runs in their dtype; OffloadModel (g19: 2 slices; g20: checkpointed
+# slices, 2 chunks) with the model states on the host and less on the device than the replicas of g15.
 #   grid_rows.sh ZEROPLAN
 set -euo pipefail
 zp=$1
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export XDG_CACHE_HOME=$out/cache
 "$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 4 --warmup 1 \
-    --grid --grid-plans g15,g16,g17,g18 -o "$out/ap"
+    --grid --grid-plans g15,g16,g17,g18,g19,g20 -o "$out/ap"
 python3 - "$out/ap" <<'PY'
 import json, os, sys
 ap = sys.argv[1]
 rows = {r["label"]: r for r in json.load(open(os.path.join(ap, "fidelity.json")))["rows"]}
-assert sorted(rows) == ["g15", "g16", "g17", "g18"], f"grid plans {sorted(rows)}"
+assert sorted(rows) == ["g15", "g16", "g17", "g18", "g19", "g20"], f"grid plans {sorted(rows)}"
 for label, r in rows.items():
     err = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
     assert abs(err) <= 0.03, f"{label}: peak predicted {r['predicted_peak_bytes']} measured {r['measured_peak_bytes']}"
@@ -36,5 +37,10 @@ params = sum(u["params"] * u.get("count", 1) for u in profile["units"])
 for kind in ("predicted_peak_bytes", "measured_peak_bytes"):
     slow = rows["g16"][kind] - rows["g15"][kind]
     assert abs(slow - 8 * params) <= 0.02 * 8 * params, f"{kind}: SlowMo adds {slow}, expected {8 * params}"
+for label in ("g19", "g20"):  # OffloadModel: the states on the host, slices on the device
+    rec = json.load(open(os.path.join(ap, "grid", label, "run_record.json")))
+    assert rec["plan"]["offload_model"]["enabled"], rec["plan"]
+    assert min(p["host_peak_bytes"] for p in rec["peaks"]) >= 16 * params, f"{label}: host {rec['peaks']}"
+    assert rows[label]["measured_peak_bytes"] < rows["g15"]["measured_peak_bytes"], f"{label}: no less on the device"
 print("grid rows ok:", {k: (r["predicted_peak_bytes"], r["measured_peak_bytes"]) for k, r in rows.items()})
 PY

@@ -31,6 +31,7 @@ using pieces::ParamResidency;
 using pieces::Precision;
 using pieces::ReplicaSync;
 using pieces::AdaScale;
+using pieces::Checkpoint;
 using pieces::OffloadModel;
 using pieces::UnitRT;
 
@@ -70,6 +71,7 @@ class Executor::Impl {
       replicas_ = std::make_unique<ReplicaSync>(*c_, *params_, *grads_);
       if (plan.adascale) adascale_ = std::make_unique<AdaScale>(*c_);
       if (plan.offload_model.enabled) offload_model_ = std::make_unique<OffloadModel>(*c_, *params_, *grads_);
+      checkpoint_ = std::make_unique<Checkpoint>(*c_, *params_, *optimizer_, *precision_);
     });
   }
 
@@ -83,6 +85,15 @@ class Executor::Impl {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     guarded([&] { out = params_->full_copy(); });
     return out;
+  }
+
+  void save_checkpoint(const std::string& dir, std::int64_t step) {
+    guarded([&] { checkpoint_->save(dir, step); });
+  }
+  std::int64_t load_checkpoint(const std::string& dir) {
+    std::int64_t step = 0;
+    guarded([&] { step = checkpoint_->load(dir); });
+    return step;
   }
 
   std::int64_t optimizer_shard_numel() const { return optimizer_->stepped_numel(); }
@@ -195,6 +206,13 @@ class Executor::Impl {
     }
   }
 
+  // The model's input on the device; floating inputs (images) in the compute dtype, as the profiler feeds
+  // them (16-bit weights compute on 16-bit inputs; token ids stay integers).
+  torch::Tensor model_input(torch::Tensor t) const {
+    if (t.is_floating_point() && t.scalar_type() != c_->dt.compute) return t.to(dev_.torch_device(), c_->dt.compute);
+    return t.to(dev_.torch_device());
+  }
+
   // The loss in fp32 (autocast's rule for losses) from the logits in their compute dtype, and the logits'
   // gradient times `scale`, in their dtype; the fp32 copy and its gradient are freed with the loss (as the
   // profiler measures the last unit). Adds the loss to loss_sum.
@@ -277,7 +295,7 @@ class Executor::Impl {
     c.at("all", "data");
     for (int k = 0; k < K; ++k) {
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + j) * c.plan.micro_batch + k * chunk, chunk);
-      x[static_cast<std::size_t>(k)] = std::exchange(batch.input, torch::Tensor()).to(dev_.torch_device());
+      x[static_cast<std::size_t>(k)] = model_input(std::exchange(batch.input, torch::Tensor()));
       target[static_cast<std::size_t>(k)] = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
       if (ckpt) {
         auto [h, shape] = to_host(x[static_cast<std::size_t>(k)], 0, k);
@@ -370,7 +388,7 @@ class Executor::Impl {
       zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
       // The batch's own references go (on a CPU device `to` is the same tensor): the input lives as long
       // as the first unit keeps it.
-      torch::Tensor input = std::exchange(batch.input, torch::Tensor()).to(dev_.torch_device());
+      torch::Tensor input = model_input(std::exchange(batch.input, torch::Tensor()));
       torch::Tensor target = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
       torch::Tensor gz = loss_gradient(forward(std::move(input), k), std::move(target), scale, k, loss_sum);
       backward(std::move(gz), k, k == m - 1);  // the logits' gradient dies with the last unit's backward
@@ -400,6 +418,7 @@ class Executor::Impl {
   std::unique_ptr<ReplicaSync> replicas_;
   std::unique_ptr<AdaScale> adascale_;  // when plan.adascale
   std::unique_ptr<OffloadModel> offload_model_;  // when plan.offload_model.enabled: its own schedule
+  std::unique_ptr<Checkpoint> checkpoint_;
 };
 
 Executor::Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder,
@@ -408,6 +427,8 @@ Executor::Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Devi
 Executor::~Executor() = default;
 StepStats Executor::step(std::int64_t step) { return impl_->step(step); }
 std::vector<std::pair<std::string, torch::Tensor>> Executor::full_parameters() { return impl_->full_parameters(); }
+void Executor::save_checkpoint(const std::string& dir, std::int64_t step) { impl_->save_checkpoint(dir, step); }
+std::int64_t Executor::load_checkpoint(const std::string& dir) { return impl_->load_checkpoint(dir); }
 std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_shard_numel(); }
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }

@@ -22,6 +22,13 @@ void LossScaler::set_growth_interval(int steps) {
 double LossScaler::scale() const { return scale_.item<double>(); }
 int LossScaler::clean_steps() const { return growth_tracker_.item<int>(); }
 
+void LossScaler::load_state(double scale, int clean_steps) {
+  if (!enabled()) return;
+  torch::NoGradGuard no_grad;
+  scale_.fill_(scale);
+  growth_tracker_.fill_(clean_steps);
+}
+
 bool LossScaler::unscale_and_check(const std::vector<torch::Tensor>& grads, Communicator* comm) {
   if (!enabled()) return false;
   torch::NoGradGuard no_grad;

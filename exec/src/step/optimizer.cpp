@@ -81,6 +81,32 @@ void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::ve
   }
 }
 
+std::vector<std::string> FlatOptimizer::state_kinds() const {
+  if (kind_of(config_.name) != Kind::sgd) return {"exp_avg", "exp_avg_sq"};
+  return config_.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+}
+
+torch::Tensor FlatOptimizer::state(std::size_t kind) const {
+  const std::vector<torch::Tensor>& segs = kind == 0 ? exp_avg_ : exp_avg_sq_;
+  return torch::cat(segs);
+}
+
+void FlatOptimizer::set_state(std::size_t kind, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor>& segs = kind == 0 ? exp_avg_ : exp_avg_sq_;
+  std::int64_t at = 0;
+  for (auto& s : segs) {
+    s.copy_(flat.narrow(0, at, s.numel()));
+    at += s.numel();
+  }
+  TORCH_INTERNAL_ASSERT(at == flat.numel(), "optimizer state of ", flat.numel(), " elements for ", at);
+}
+
+void FlatOptimizer::set_steps(std::int64_t steps) {
+  step_ = steps;
+  for (auto& s : state_step_) s.fill_(static_cast<double>(steps));
+}
+
 AdaScaleGain::AdaScaleGain(double samples) : samples_(samples), smoothing_(std::max(1.0 - samples / 1000.0, 0.0)) {}
 
 double AdaScaleGain::update(double sum_sample_sqr, double mean_sqr) {

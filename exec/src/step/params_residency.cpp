@@ -11,6 +11,13 @@ namespace zeroplan::exec::pieces {
 
 ParamResidency::ParamResidency(Ctx& c) : c_(c), sharded_(c.plan.zero_stage == 3) {
   torch::NoGradGuard no_grad;
+  // Floating buffers (BatchNorm's running statistics) in the parameters' dtype, as module.to(dtype) and
+  // the profiler make them: a 16-bit BatchNorm takes its statistics in its own dtype.
+  for (auto& U : c.units) {
+    for (auto& b : U.module->buffers()) {
+      if (b.is_floating_point() && b.scalar_type() != c.dt.param) b.set_data(b.to(c.dt.param));
+    }
+  }
   const auto n = static_cast<std::size_t>(c.unit_count());
   gathered_.assign(n, 1);
   gathers_.resize(n);

@@ -16,6 +16,8 @@
 //   ReplicaSync     LocalSGD and SlowMo: which ranks reduce gradients each step, the periodic parameter
 //                   average and the slow momentum update                                  (localsgd.cpp)
 //   AdaScale        fairscale's AdaScale gain from the gradient variance across ranks       (adascale.cpp)
+//   Checkpoint      this rank's shard of the model and optimizer states to disk and back, resharded
+//                   when the number of ranks changed                                     (checkpoint.cpp)
 //   OffloadModel    fairscale OffloadModel: slices of consecutive units visit the device one at a time,
 //                   their gradients carried to the host; the micro batch in chunks, slice-boundary
 //                   activations on the host with checkpoint_activation             (offload_model.cpp)
@@ -281,6 +283,9 @@ class OptimizerStep {
   // state untouched.
   bool step(double lr_scale = 1.0);
   std::int64_t stepped_numel() const { return stepped_; }
+  // Checkpoints (checkpoint.cpp): the master shard (undefined without one) and the optimizer.
+  torch::Tensor& master() { return master_; }
+  FlatOptimizer& optimizer() { return *optimizer_; }
 
  private:
   void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
@@ -334,6 +339,28 @@ class AdaScale {
   AdaScaleGain gain_;
   torch::Tensor local_sqr_;  // this step, fp64
   std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
+};
+
+// The newest step of `dir` that has a manifest (-1: none): checkpoint.cpp.
+std::int64_t newest_checkpoint_step(const std::string& dir);
+
+class Checkpoint {
+ public:
+  Checkpoint(Ctx& c, ParamResidency& params, OptimizerStep& opt, Precision& precision);
+  // Collective: every rank writes its shard of the states after `step` steps into dir/step-<step>/, then
+  // rank 0 the manifest (a checkpoint exists exactly when its manifest does).
+  void save(const std::string& dir, std::int64_t step);
+  // This rank's states from dir's newest checkpoint, resharded for this run's ranks and zero stage;
+  // returns its step. Throws ExecError naming what does not match (units, dtype, optimizer).
+  std::int64_t load(const std::string& dir);
+
+ private:
+  int shards() const;  // chunks per unit in this run's layout: the ranks at stages 1-3, else 1
+  torch::Tensor owned_params();
+  Ctx& c_;
+  ParamResidency& params_;
+  OptimizerStep& opt_;
+  Precision& precision_;
 };
 
 // fairscale OffloadModel (zero stage 0): parameters, gradients and optimizer state live on the host

@@ -63,6 +63,8 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   ExecOptions exec_options;
   exec_options.ranks_per_node = options.ranks_per_node;
   Executor executor(model, options.plan, comm, *device, recorder, exec_options);
+  // A resumed run continues the training: the checkpoint's states, and its step for the data.
+  const std::int64_t first_step = options.resume_dir.empty() ? 0 : executor.load_checkpoint(options.resume_dir);
   device->reset_peak();
   device->host_pool().reset_peak();
   recorder.set_peak_probe([&device] { return device->peak_bytes(); });
@@ -72,11 +74,13 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   const std::size_t n_units = model.units.size();
   std::vector<std::vector<double>> unit_fwd(n_units), unit_bwd(n_units);  // per unit: per measured step
   CpuTimes cpu_from;
+  // Peaks of the training steps only: a checkpoint's save is left out of them (peaks before it kept).
+  std::int64_t device_peak = 0, host_peak = 0;
   for (int s = 0; s < options.steps; ++s) {
     const bool warmup = s < options.warmup_steps;
     if (s == options.warmup_steps) cpu_from = read_cpu_times();
     recorder.begin_step(s, warmup);
-    StepStats st = executor.step(s);
+    StepStats st = executor.step(first_step + s);
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
@@ -91,8 +95,16 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
       }
     }
     if (options.progress && comm.rank() == 0) {
-      std::fprintf(stderr, "step %d/%d%s  loss %.4f (rank 0)  %.3f s\n", s + 1, options.steps,
-                   warmup ? " (warm-up)" : "", st.loss, st.time_s);
+      std::fprintf(stderr, "step %lld (%d/%d)%s  loss %.4f (rank 0)  %.3f s\n", static_cast<long long>(first_step + s), s + 1,
+                   options.steps, warmup ? " (warm-up)" : "", st.loss, st.time_s);
+    }
+    const bool due = options.checkpoint_every > 0 && (first_step + s + 1) % options.checkpoint_every == 0;
+    if (!options.checkpoint_dir.empty() && (due || s + 1 == options.steps)) {  // and after the last step
+      device_peak = std::max(device_peak, device->peak_bytes());
+      host_peak = std::max(host_peak, device->host_pool().peak_bytes());
+      executor.save_checkpoint(options.checkpoint_dir, first_step + s + 1);
+      device->reset_peak();
+      device->host_pool().reset_peak();
     }
   }
   const CpuTimes cpu_to = read_cpu_times();
@@ -109,8 +121,8 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     if (unit_fwd[u].empty()) continue;
     result.units.push_back({model.units[u].name, percentile(unit_fwd[u], 50), percentile(unit_bwd[u], 50)});
   }
-  result.device_peak_bytes = device->peak_bytes();
-  result.host_peak_bytes = device->host_pool().peak_bytes();
+  result.device_peak_bytes = std::max(device_peak, device->peak_bytes());
+  result.host_peak_bytes = std::max(host_peak, device->host_pool().peak_bytes());
   result.device_peak_at = recorder.peak_at();
   device->set_limit(0);
 
@@ -131,6 +143,13 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     if (!out) throw ExecError("cannot write trace " + result.trace_path);
   }
   return result;
+}
+
+std::string checkpoint_refusal(const RunOptions& o) {
+  if (o.checkpoint_dir.empty() && o.resume_dir.empty()) return "";
+  if (o.plan.localsgd()) return detail::format("localsgd_frequency {}: every rank keeps its own replica between averages", o.plan.localsgd_frequency);
+  if (o.plan.adascale) return "adascale: its gain's running averages are not checkpointed";
+  return "";
 }
 
 RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>& ranks_in) {

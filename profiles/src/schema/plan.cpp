@@ -376,16 +376,6 @@ void validate(const Plan& p) {
       plan_error("offload_model requires zero_stage 0 (got " + num(p.zero_stage) + ")");
     if (p.pipeline_stages != 1)
       plan_error("offload_model requires pipeline_stages 1 (got " + num(p.pipeline_stages) + ")");
-    // OffloadModel schedules its own activations (checkpoint_activation) and reduces every step.
-    if (p.checkpointing.mode != Checkpointing::Mode::none)
-      plan_error("offload_model requires checkpointing none (OffloadModel checkpoints whole slices: "
-                 "offload_model.checkpoint_activation)");
-    if (p.offload.activations_ratio > 0)
-      plan_error("offload_model requires offload.activations_ratio 0 (got " + num(p.offload.activations_ratio) +
-                 "): OffloadModel keeps its own activations");
-    if (p.localsgd() || p.adascale)
-      plan_error(std::string("offload_model requires synchronous data parallelism (got ") +
-                 (p.adascale ? "adascale" : "localsgd_frequency " + num(p.localsgd_frequency)) + ")");
   }
 
   // Activation checkpointing.
@@ -406,6 +396,17 @@ void validate(const Plan& p) {
   if (p.checkpoint_offload && p.offload_model.enabled)
     plan_error("checkpoint_offload requires offload_model off (OffloadModel keeps its own activations: "
                "offload_model.checkpoint_activation)");
+  if (p.offload_model.enabled) {  // OffloadModel schedules its own activations and reduces every step
+    if (p.checkpointing.mode != Checkpointing::Mode::none)
+      plan_error("offload_model requires checkpointing none (OffloadModel checkpoints whole slices: "
+                 "offload_model.checkpoint_activation)");
+    if (p.offload.activations_ratio > 0)
+      plan_error("offload_model requires offload.activations_ratio 0 (got " + num(p.offload.activations_ratio) +
+                 "): OffloadModel keeps its own activations");
+    if (p.localsgd() || p.adascale)
+      plan_error(std::string("offload_model requires synchronous data parallelism (got ") +
+                 (p.adascale ? "adascale" : "localsgd_frequency " + num(p.localsgd_frequency)) + ")");
+  }
 
   // LocalSGD and SlowMo.
   if (p.localsgd_frequency < 0)

@@ -34,7 +34,13 @@ std::int64_t recompute_workspace(const std::vector<Unit>& units, std::size_t i) 
   return std::max<std::int64_t>(0, x.peak_recompute - x.saved + input);
 }
 
-std::int64_t Activations::fwd_workspace(int u) const { return forward_workspace(c_.units, static_cast<std::size_t>(u)); }
+// Unit 0's input, the model's, was live before its forward as every later unit's input was (and is in
+// its saved bytes once the forward ran): its forward holds it on top of the profiled peak. (A pipeline
+// stage's first unit: its received activation, allocated by the pipeline piece.)
+std::int64_t Activations::fwd_workspace(int u) const {
+  const std::int64_t model_input = u == 0 && c_.stage < 0 ? c_.input0 : 0;
+  return forward_workspace(c_.units, static_cast<std::size_t>(u)) + model_input;
+}
 
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (pending_.empty()) {
@@ -103,9 +109,10 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
     const TaskId re = c_.compute_task(x.fwd_s, c_.n_recompute, u, mb);
     c_.g.add_dep(re, params_ready);
     c_.g.add_dep(re, input_back);
-    // The recompute runs on the kept input (already allocated, so not again in the saved bytes): a
-    // forward's workspace, plus the output's gradient, already waiting.
-    const std::int64_t input = u > 0 ? c_.units[i - 1].output : 0;
+    // The recompute runs on the kept input (already allocated, so not again in the saved bytes, which
+    // count every unit's input, the model's included): a forward's workspace, plus the output's
+    // gradient, already waiting.
+    const std::int64_t input = u > 0 ? c_.units[i - 1].output : c_.input0;
     c_.g.alloc(re, c_.dev, recompute_workspace(c_.units, i) + incoming_grad(u), MemCategory::activations,
                c_.label(c_.n_workspace, u, mb));
     offloaded_[i] = c_.g.alloc(re, c_.dev, std::max<std::int64_t>(0, x.saved - input), MemCategory::activations,

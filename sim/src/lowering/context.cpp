@@ -83,8 +83,11 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   if (!model.input_shape.empty() && model.batch > 0) {
     std::int64_t numel = 1;
     for (const std::int64_t d : model.input_shape) numel *= d;
-    const int elem = model.seq_len > 0 && model.image_size == 0 ? 8 : 4;
-    input0 = numel / model.batch * plan.micro_batch * elem;
+    // Token ids are int64; images come in the compute dtype (the executor casts them, as the profiler).
+    const int elem = model.seq_len > 0 && model.image_size == 0 ? 8 : b.compute;
+    // OffloadModel runs the micro batch in chunks (as expand_units sizes the units).
+    const int batch = plan.offload_model.enabled ? plan.micro_batch / plan.offload_model.microbatches : plan.micro_batch;
+    input0 = numel / model.batch * batch * elem;
   }
   if (cluster.device.kind == "cpu") rng_state_bytes = 5056;
   if (!measured_on_device_kind(model, cluster)) {

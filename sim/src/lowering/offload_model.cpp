@@ -78,7 +78,7 @@ void schedule_offload_model(Ctx& c) {
   sc.starts = offload_model_slice_starts(params, c.plan.offload_model.slices);
   const int K = sc.K, S = sc.slices(), n_units = sc.n_units;
   const bool ckpt = sc.ckpt;
-  const std::int64_t in0 = c.input0 / K;  // one chunk of the model's input
+  const std::int64_t in0 = c.input0;  // one chunk of the model's input
   auto at = [K](int s, int k) { return static_cast<std::size_t>(s * K + k); };
 
   std::vector<AllocId> grad(static_cast<std::size_t>(n_units), kNone);  // per unit: its device gradient
@@ -189,7 +189,8 @@ void schedule_offload_model(Ctx& c) {
             const TaskId re = sc.compute(x.fwd_s, c.n_recompute, u, chunk(k));
             c.g.alloc(re, c.dev, recompute_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations,
                       c.label(c.n_workspace, u, chunk(k)));
-            const std::int64_t keep = u == sc.first(s) ? std::max<std::int64_t>(0, x.saved - sc.input_of(u)) : x.saved;
+            // The restored input is held already (the saved bytes count every unit's input).
+            const std::int64_t keep = u == sc.first(s) ? std::max<std::int64_t>(0, x.saved - b) : x.saved;
             held[static_cast<std::size_t>(u)] = c.g.alloc(re, c.dev, keep, MemCategory::activations, c.label(c.n_saved, u, chunk(k)), kNone);
           }
         }

@@ -267,6 +267,26 @@ const Rule kRules[] = {
      },
      "plan: checkpoint_offload requires offload_model off (OffloadModel keeps its own activations: "
      "offload_model.checkpoint_activation)"},
+    {"OffloadModelWithCheckpointing",
+     [](Plan& p) {
+       p.checkpointing.mode = Checkpointing::Mode::all;
+       p.offload_model.enabled = true;
+     },
+     "plan: offload_model requires checkpointing none (OffloadModel checkpoints whole slices: "
+     "offload_model.checkpoint_activation)"},
+    {"OffloadModelWithActivationOffload",
+     [](Plan& p) {
+       p.offload.activations_ratio = 0.5;
+       p.offload_model.enabled = true;
+     },
+     "plan: offload_model requires offload.activations_ratio 0 (got 0.5): OffloadModel keeps its own activations"},
+    {"OffloadModelWithAdaScale",
+     [](Plan& p) {
+       p.optimizer.name = "sgd";
+       p.adascale = true;
+       p.offload_model.enabled = true;
+     },
+     "plan: offload_model requires synchronous data parallelism (got adascale)"},
     {"LocalSgdNegative", [](Plan& p) { p.localsgd_frequency = -1; }, "plan: localsgd_frequency must be >= 0 (got -1)"},
     {"LocalSgdWarmupNegative",
      [](Plan& p) {

@@ -64,6 +64,12 @@ class Executor {
   // across ranks and microbatches). Throws OutOfDeviceMemory, CommError.
   StepStats step(std::int64_t step);
 
+  // Checkpoints (collective): this rank's shard of the parameters, master and optimizer state, RNG,
+  // buffers and loss scale into dir/step-<step>/ (then rank 0's manifest); and from dir's newest
+  // checkpoint, resharded for this run's ranks, returning its step. Throws ExecError.
+  void save_checkpoint(const std::string& dir, std::int64_t step);
+  std::int64_t load_checkpoint(const std::string& dir);
+
   // Every parameter, full and in unit order ("unit.name" names); collective at stage 3.
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters();
 

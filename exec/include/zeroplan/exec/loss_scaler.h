@@ -39,6 +39,7 @@ class LossScaler {
   // Dynamic: grows or backs off the scale after a step per `skipped` (unscale_and_check's answer).
   void update(bool skipped);
   int clean_steps() const;  // consecutive steps without inf/NaN since the last change of the scale
+  void load_state(double scale, int clean_steps);  // a checkpoint's (mode none: ignored)
 
  private:
   LossScale::Mode mode_;

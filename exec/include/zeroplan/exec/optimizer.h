@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "zeroplan/profiles/plan.h"
@@ -31,6 +32,12 @@ class FlatOptimizer {
 
   std::int64_t state_numel() const;  // all states of all segments (the step counters not included)
   std::int64_t steps() const { return step_; }
+  // Checkpoints: the state kinds ("exp_avg", "exp_avg_sq"; SGD with momentum "momentum"; none), each as
+  // one tensor over the segments back to back (a copy), and loading them back; the step count.
+  std::vector<std::string> state_kinds() const;
+  torch::Tensor state(std::size_t kind) const;
+  void set_state(std::size_t kind, const torch::Tensor& flat);  // REQUIRES: flat has every segment's elements
+  void set_steps(std::int64_t steps);
 
  private:
   Optimizer config_;

@@ -37,7 +37,18 @@ struct RunOptions {
   bool keep_parameters = false;     // RunResult::parameters (tests)
   int threads = 0;                  // intra-op threads of this rank (0: leave torch's setting)
   int ranks_per_node = 0;           // consecutive ranks per node (LocalSGD's groups); 0: all on one node
+  // Checkpoints: every `checkpoint_every` steps (counted from step 0 of the training, across resumes)
+  // into checkpoint_dir; resume_dir: start from its newest checkpoint (its step, states and data order).
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  std::string resume_dir;
 };
+
+// Why `options` cannot checkpoint or resume ("" when it can): LocalSGD keeps a replica per rank, SlowMo
+// and AdaScale state that checkpoints do not hold.
+std::string checkpoint_refusal(const RunOptions& options);
+// The newest step of `dir` that has a checkpoint (step-<N>/manifest.json), -1 when none (checkpoint.cpp).
+std::int64_t newest_checkpoint(const std::string& dir);
 
 struct RunResult {
   int rank = 0;

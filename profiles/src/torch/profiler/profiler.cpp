@@ -190,9 +190,9 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 // With dev.trace and `traced`, each phase is a span of the trace.
 std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
                                     const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss,
-                                    const TracedPhase* traced = nullptr) {
+                                    const TracedPhase* traced = nullptr, bool input_grad = true) {
   torch::Tensor x = input.detach();
-  if (x.is_floating_point()) x.requires_grad_(true);
+  if (x.is_floating_point() && input_grad) x.requires_grad_(true);
   reset_grads(grad_params);
   ProfilerTrace* trace = traced != nullptr ? dev.trace : nullptr;
   double ts_us = 0;
@@ -238,7 +238,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
                                                   const std::vector<torch::Tensor>& grad_params,
                                                   const ProfileOptions& options, Devices& dev,
                                                   const LossFn& loss = {}, bool time_it = true,
-                                                  const TracedPhase* traced = nullptr) {
+                                                  const TracedPhase* traced = nullptr, bool input_grad = true) {
   UnitMeasurement m;
   for (const auto& p : unit.parameters()) {
     m.params += p.numel();
@@ -248,7 +248,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   m.input_shape = shape_of(input);
 
   torch::Tensor x = input.detach();
-  if (x.is_floating_point()) x.requires_grad_(true);
+  if (x.is_floating_point() && input_grad) x.requires_grad_(true);
   auto clear = [&] {
     reset_grads(grad_params);
     if (x.requires_grad()) x.mutable_grad() = torch::Tensor();
@@ -352,7 +352,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   // Timed passes.
   std::vector<double> fwd, bwd;
   for (int i = 0; i < options.repeats; ++i) {
-    auto [f, b] = time_once(unit, x, grad_params, dev, loss);
+    auto [f, b] = time_once(unit, x, grad_params, dev, loss, nullptr, input_grad);
     fwd.push_back(f);
     bwd.push_back(b);
   }
@@ -506,7 +506,10 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
         row_inputs.push_back(x);
         if (loss) losses.push_back(loss);
         const TracedPhase phase{model.units[i].name, static_cast<int>(i), b, -1};
-        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss, /*time_it=*/false, &phase);
+        // The model's input never needs a gradient in a training step (the executor differentiates only
+        // against later units' inputs): the first unit's backward computes none.
+        auto [m, out] = measure(*model.units[i].module, x, all_params, options, dev, loss, /*time_it=*/false, &phase,
+                                /*input_grad=*/i > 0);
         row.push_back(std::move(m));
         x = out;
       } catch (const c10::Error& e) {
@@ -529,7 +532,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
           const LossFn none;
           const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], r};
           auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev,
-                                  i + 1 == nu ? losses[bi] : none, &phase);
+                                  i + 1 == nu ? losses[bi] : none, &phase, /*input_grad=*/i > 0);
           fwd[bi * nu + i].push_back(f);
           bwd[bi * nu + i].push_back(g);
         }
@@ -550,7 +553,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
         for (int r = 0; r < options.repeats; ++r) {
           const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], options.repeats + r};
           auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none,
-                                  &phase);
+                                  &phase, /*input_grad=*/i > 0);
           fwd[k].push_back(f);
           bwd[k].push_back(g);
         }

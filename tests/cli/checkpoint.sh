@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Checkpoint and resume through `zeroplan run` (the README's commands):
+#   kill-safe: a rank killed in the middle of saving step 4 (fault injection) ends the run with exit 3 and
+#   leaves step 4 without a manifest; --resume then starts from step 2, and its losses are an
+#   uninterrupted run's steps 2-3 bit for bit (stage 3, 2 ranks);
+#   the README's pair: 2 ranks at stage 3 checkpoint every 5 steps, one rank resumes at step 10 with 2
+#   microbatches (the same samples), its losses those of 15 uninterrupted steps on 2 ranks;
+#   one line, exit 1: --resume of a folder without a checkpoint, --checkpoint-every without a folder,
+#   checkpoints with LocalSGD, a checkpoint of another model.
+#   checkpoint.sh ZEROPLAN PYTHON
+set -euo pipefail
+zp=$1; py=$2
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+cd "$out"
+fail() { echo "FAIL: $*"; exit 1; }
+export OMP_NUM_THREADS=1
+gpt=(--model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --threads 1)
+same_losses() {  # A FROM B: losses of A equal B's from index FROM on, as many as A has
+  "$py" - "$@" <<'PY' || fail "losses of $1 differ from $3's from step $2"
+import json, sys
+a = json.load(open(sys.argv[1]))["losses"]; b = json.load(open(sys.argv[3]))["losses"]; k = int(sys.argv[2])
+print(sys.argv[1], a); print(sys.argv[3], b[k:k + len(a)])
+sys.exit(0 if a == b[k:k + len(a)] else 1)
+PY
+}
+
+"$zp" -q run --nproc 2 "${gpt[@]}" --steps 4 -o full.json || fail "uninterrupted run"
+set +e
+ZEROPLAN_FAULT_KILL_IN_SAVE=4 "$zp" -q run --nproc 2 "${gpt[@]}" --steps 4 --checkpoint-dir ck --checkpoint-every 2 \
+  2>killed.txt
+code=$?
+set -e
+cat killed.txt
+[ "$code" -eq 3 ] || fail "a rank killed while saving: exit $code, expected 3"
+[ -f ck/step-2/manifest.json ] || fail "step 2 has no manifest"
+[ ! -e ck/step-4/manifest.json ] || fail "step 4 has a manifest though a rank died saving it"
+"$zp" -q run --nproc 2 "${gpt[@]}" --steps 2 --resume ck -o resumed.json || fail "resume from step 2"
+same_losses resumed.json 2 full.json
+
+# The README's commands: 2 ranks -> 1 rank.
+"$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --steps 15 -o full15.json || fail "15 steps"
+"$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --steps 10 \
+    --checkpoint-dir ckpt --checkpoint-every 5 -o run-first.json || fail "README: first run"
+[ -f ckpt/step-5/manifest.json ] && [ -f ckpt/step-10/manifest.json ] || fail "checkpoints 5 and 10 missing"
+"$zp" -q run --model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --set microbatches=2 \
+    --steps 5 --resume ckpt -o run-resumed.json || fail "README: resumed on one rank"
+same_losses run-resumed.json 10 full15.json
+
+# One line, exit 1.
+expect_bad() {  # EXPECTED-TEXT COMMAND...
+  local want=$1; shift
+  set +e
+  local msg; msg=$("$@" 2>&1); local code=$?
+  set -e
+  echo "$msg"
+  [ "$code" -eq 1 ] || fail "$*: exit $code, expected 1"
+  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$*: more than one line"
+  case "$msg" in *"$want"*) ;; *) fail "message: $msg" ;; esac
+}
+mkdir empty
+expect_bad "--resume empty: no checkpoint there" "$zp" run "${gpt[@]}" --steps 1 --resume empty
+expect_bad "--checkpoint-every 2 needs --checkpoint-dir" "$zp" run "${gpt[@]}" --steps 1 --checkpoint-every 2
+expect_bad "checkpoints: localsgd_frequency 2" "$zp" run --model gpt --preset gpt2-tiny --steps 1 \
+  --set localsgd_frequency=2 --checkpoint-dir ck2
+expect_bad "the checkpoint's unit count 6 != this run's 5" "$zp" run --model gpt --preset gpt2-tiny --opt layers=3 \
+  --set zero_stage=3 --steps 1 --resume ckpt
+echo "checkpoint: ok"
