@@ -312,7 +312,8 @@ const Rule kRules[] = {
     {"AllocatorFactor", [](ClusterProfile& c) { c.allocator_overhead_factor = 0.9; },
      "cluster: allocator_overhead_factor must be >= 1 (got 0.9)"},
     {"ProvenanceSource", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].source = "vendor"; },
-     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"probe\", \"estimate\", "
+     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"microbenchmark\", \"probe\", "
+     "\"estimate\", "
      "\"calibration\" (got \"vendor\")"},
     {"CalibrationCompute", [](ClusterProfile& c) { c.calibration.compute_time_scale = 0; },
      "cluster: calibration.compute_time_scale must be > 0 (got 0.0)"},
