@@ -20,6 +20,7 @@ int dtype_bytes(std::string_view dtype) {
 int param_tensors(const UnitProfile& unit) {
   if (unit.params == 0) return 0;
   if (unit.type == "TransformerBlock") return 12;
+  if (unit.type == "Attention" || unit.type == "MLP") return 6;  // a block's halves: LayerNorm + 2 linears
   if (unit.type == "ResNetStage") return 30;
   if (unit.type == "Embedding") return 2;
   return 2;  // weight and bias

@@ -368,6 +368,48 @@ TEST(ComputeOps, TheStepUsesTheOpsAndSaysSo) {
   EXPECT_NEAR(pred.units[1].fwd_s, t.fwd_s, 1e-12);
 }
 
+TEST(ComputeOps, SubBlockUnitsSplitTheBlockExactly) {
+  AnalyticGptOptions o;
+  o.layers = 3;
+  o.hidden = 1024;
+  o.heads = 16;
+  o.seq = 512;
+  o.vocab = 1000;
+  o.batch = 2;
+  o.dtype = "bf16";
+  const ModelProfile whole = analytic_gpt(o);
+  o.sub_blocks = true;
+  const ModelProfile split = analytic_gpt(o);
+  ASSERT_EQ(split.units.size(), 2u + 2 * 3);
+  EXPECT_EQ(split.units[1].name, "block0.attn");
+  EXPECT_EQ(split.units[2].name, "block0.mlp");
+  EXPECT_EQ(split.units[6].name, "block2.mlp");
+  EXPECT_EQ(split.total_params(), whole.total_params());
+  const UnitProfile& block = whole.units[1];
+  const UnitProfile& attn = split.units[1];
+  const UnitProfile& mlp = split.units[2];
+  const double h = 1024;
+  EXPECT_EQ(attn.params, 4 * 1024 * 1024 + 6 * 1024);
+  EXPECT_EQ(mlp.params, 8 * 1024 * 1024 + 7 * 1024);
+  EXPECT_DOUBLE_EQ(attn.bytes_saved.value + mlp.bytes_saved.value, block.bytes_saved.value);
+  EXPECT_DOUBLE_EQ(mlp.bytes_saved.value, 512.0 * 2 * h * (10 * 2 + 1));
+  EXPECT_DOUBLE_EQ(attn.flops_fwd.value + mlp.flops_fwd.value, block.flops_fwd.value);
+  EXPECT_DOUBLE_EQ(attn.flops_bwd.value + mlp.flops_bwd.value, block.flops_bwd.value);
+  ASSERT_EQ(attn.ops.size() + mlp.ops.size(), block.ops.size());
+  EXPECT_EQ(attn.ops.back().name, "residual1");
+  EXPECT_EQ(mlp.ops.front().name, "layernorm2");
+  // The halves' times add up to the block's.
+  const ClusterProfile c = a100_ops();
+  const ComputeTime tb = unit_compute_time(whole, 1, c, 2, "bf16");
+  const ComputeTime ta = unit_compute_time(split, 1, c, 2, "bf16"), tm = unit_compute_time(split, 2, c, 2, "bf16");
+  EXPECT_NEAR(ta.fwd_s + tm.fwd_s, tb.fwd_s, 1e-15);
+  EXPECT_NEAR(ta.bwd_s + tm.bwd_s, tb.bwd_s, 1e-15);
+  // At stage 3 the gathered unit is half a block: the device peak falls.
+  Plan p = testing::mixed_plan(8, 3, 2);
+  p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
+  EXPECT_LT(simulate(split, c, p).device.peak_bytes, simulate(whole, c, p).device.peak_bytes);
+}
+
 TEST(ComputeOps, AnalyticGptOpsCarryTheBlockFlops) {
   // The GEMMs and the (unmasked) attention of a block add up to 24bsh^2 + 4bs^2h, the profile's FLOPs.
   AnalyticGptOptions o;

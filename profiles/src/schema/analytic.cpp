@@ -189,7 +189,43 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
                 memory_op("loss", TV, 12 * TV, 3, TV, 12 * TV, 2)};
   }
 
-  for (UnitProfile* u : {&embed, &block, &head}) {
+  // Sub-block units: each layer as its attention half then its MLP half, one entry per layer each (the
+  // halves alternate, which a repeat count cannot say). Params, saved bytes, FLOPs and ops split as the
+  // block's: attention 4h^2 + 6h, saves its LayerNorm and QKV inputs, Q, K, V, the projection's input
+  // (6e bytes per token and channel) and a dropout mask, plus the scores (or flash's log-sum-exp); MLP
+  // 8h^2 + 7h, saves its LayerNorm and fc1 inputs, the GELU and fc2 inputs (4h each: 10e) and a mask.
+  std::vector<UnitProfile> blocks;
+  if (o.sub_blocks) {
+    const double sbh = sd * bd * hd, a = static_cast<double>(o.heads);
+    const double scores = o.flash_attention ? 4 * a * sd * bd : a * sd * sd * bd * (2.0 * e + 1);
+    for (std::int64_t l = 0; l < o.layers; ++l) {
+      UnitProfile attn = block, mlp = block;
+      attn.name = fmt::format("block{}.attn", l);
+      attn.type = "Attention";
+      attn.count = 1;
+      attn.params = 4 * h * h + 6 * h;
+      attn.bytes_saved = prop(sbh * (6.0 * e + 1) + scores);
+      attn.flops_fwd = prop(8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd);
+      attn.flops_bwd = prop(2 * (8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd));
+      attn.ops.assign(block.ops.begin(), block.ops.begin() + 6);
+      mlp.name = fmt::format("block{}.mlp", l);
+      mlp.type = "MLP";
+      mlp.count = 1;
+      mlp.params = 8 * h * h + 7 * h;
+      mlp.bytes_saved = prop(sbh * (10.0 * e + 1));
+      mlp.flops_fwd = prop(16 * bd * sd * hd * hd);
+      mlp.flops_bwd = prop(32 * bd * sd * hd * hd);
+      mlp.ops.assign(block.ops.begin() + 6, block.ops.end());
+      blocks.push_back(std::move(attn));
+      blocks.push_back(std::move(mlp));
+    }
+  } else {
+    blocks.push_back(std::move(block));
+  }
+  std::vector<UnitProfile*> units{&embed};
+  for (UnitProfile& u : blocks) units.push_back(&u);
+  units.push_back(&head);
+  for (UnitProfile* u : units) {
     u->bytes_param = u->params * e;
     p.units.push_back(std::move(*u));
   }

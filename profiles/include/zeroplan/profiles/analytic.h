@@ -10,6 +10,10 @@
 //          e = 4 gives s*b*h*(66 + 9*a*s/h)
 //   head   (Head)             final LayerNorm 2h (+ V*h when not tied); FLOPs forward 2*b*s*h*V,
 //          backward 2x; saves the LayerNorm input and output (2*e*b*s*h); output e*b*s*V (logits)
+// With sub_blocks each layer is two units, "block<l>.attn" (Attention: LayerNorm, QKV, attention,
+// projection, dropout, residual add; params 4h^2 + 6h; saved s*b*h*(6e + 1) + the scores' a*s^2*b*(2e + 1)
+// or flash's 4*a*s*b; FLOPs 8bsh^2 + 4bs^2h) then "block<l>.mlp" (MLP: LayerNorm, fc1, GELU, fc2, dropout,
+// residual add; params 8h^2 + 7h; saved s*b*h*(10e + 1); FLOPs 16bsh^2): the block's figures split.
 // With flash_attention the block keeps no a*s^2 scores: saved s*b*h*(16e + 2) + 4*a*s*b (the fp32
 // log-sum-exp) bytes.
 // Every unit lists its kernels (UnitProfile::ops, at the reference batch; T = b*s tokens), from which the
@@ -42,6 +46,9 @@ struct AnalyticGptOptions {
   std::string dtype = "fp16";  // "fp32" | "fp16" | "bf16"
   bool tied_embeddings = true;
   bool flash_attention = false;  // fused attention kernel (no s x s scores kept), else unfused
+  // Attention and MLP as separate units (FSDP's auto-wrap of both), "block<l>.attn" then "block<l>.mlp"
+  // per layer, instead of one "block" unit repeated `layers` times.
+  bool sub_blocks = false;
   std::string name = "gpt";    // profile name
 };
 

@@ -18,7 +18,7 @@ int dtype_bytes(std::string_view dtype);
 
 // Parameter tensors of one repetition of a unit. The ModelProfile does not carry it, so it is estimated
 // from the unit type (a transformer block has 12: 2 LayerNorms, QKV, projection, 2 MLP linears, each
-// weight + bias); it only sets launch overheads.
+// weight + bias; its Attention and MLP halves 6 each); it only sets launch overheads.
 int param_tensors(const UnitProfile& unit);
 
 // Where the time of a unit's ops goes (kernel time per category, and launches).
