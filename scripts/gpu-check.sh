@@ -52,15 +52,19 @@ out=${out:-$root/gpu-check-$stamp}
 build_dir=${build_dir:-$root/build-gpu}
 zp="$build_dir/zeroplan"
 
-say() { printf '[gpu-check] %s\n' "$*"; }
-log() { if ((dry_run)); then say "$*"; else say "$*" | tee -a "$out/log.txt"; fi; }
+# Every line goes to stdout and, in a real run, to log.txt (the steps' own output goes there too).
+say() {
+  printf '[gpu-check] %s\n' "$*"
+  if ((!dry_run)) && [ -d "$out" ]; then printf '[gpu-check] %s\n' "$*" >>"$out/log.txt"; fi
+}
+log() { say "$*"; }
 
 # ---- 1. prerequisites ------------------------------------------------------------------------------
 missing=()   # what a real run needs and this machine lacks
 have() { command -v "$1" >/dev/null 2>&1; }
 check() {  # check WHAT OK-COMMAND...: one line per prerequisite
   local what=$1; shift
-  if "$@" >/dev/null 2>&1; then say "ok       $what"; else say "missing  $what"; missing+=("$what"); fi
+  if "$@" >/dev/null 2>&1; then say "ok       $what"; else say "missing  $what"; missing+=("$what;"); fi
 }
 header_in() {  # header_in HEADER: in /usr/include, or in the unpacked .deb prefix
   [ -e "/usr/include/$1" ] || { [ -n "$debs" ] && compgen -G "$debs"/*.deb >/dev/null; }
@@ -99,7 +103,7 @@ if ((!dry_run)); then
     echo "zeroplan_commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
   } >"$out/versions.txt"
   if ((${#missing[@]})); then
-    say "cannot run: missing ${missing[*]}" | tee -a "$out/log.txt"
+    say "cannot run: missing ${missing[*]}"
     exit 1
   fi
 fi
@@ -127,6 +131,7 @@ step() {  # step NAME COMMAND...
   else
     log "step $name: FAILED ($((SECONDS - t0)) s, see log.txt)"
     failed+=("$name")
+    return 1
   fi
 }
 
@@ -165,12 +170,14 @@ precision=(--set precision.param_dtype=bf16 --set precision.compute_dtype=bf16 -
 for entry in "${grid[@]}"; do
   name=${entry%%:*}
   read -r -a sets <<<"${entry#*:}"
+  # A plan's steps stop at its first failure (its row then says "not run"); the next plan still runs.
   step "simulate-$name" "$zp" simulate --model "$out/gpt2-small.json" --cluster "$cluster" --world-size 1 \
-    --global-batch 4 "${precision[@]}" "${sets[@]}" -o "$out/prediction-$name.json"
+    --global-batch 4 "${precision[@]}" "${sets[@]}" -o "$out/prediction-$name.json" &&
   step "run-$name" "$zp" run --device cuda --model gpt --preset gpt2-small --seq 1024 --global-batch 4 \
-    "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup 3 -o "$out/run-$name.json"
+    "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup 3 -o "$out/run-$name.json" &&
   step "compare-$name" "$zp" compare --predicted "$out/prediction-$name.json" --measured "$out/run-$name.json" \
-    -o "$out/comparison-$name.json"
+    -o "$out/comparison-$name.json" ||
+  log "plan $name: stopped at its failed step"
 done
 
 # The table: predicted against measured, per plan (torch version and GPU on top).
@@ -220,9 +227,10 @@ if ((dry_run)); then
   say "dry run done: the real run would write $out"
   exit 0
 fi
-summarize | tee "$out/summary.md" | tee -a "$out/log.txt"
+summarize >"$out/summary.md"
+cat "$out/summary.md" | tee -a "$out/log.txt"
 if ((${#failed[@]})); then
-  say "failed steps: ${failed[*]}" | tee -a "$out/log.txt"
+  say "failed steps: ${failed[*]}"
   exit 2
 fi
-say "all steps passed; results in $out" | tee -a "$out/log.txt"
+say "all steps passed; results in $out"
