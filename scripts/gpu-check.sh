@@ -66,8 +66,14 @@ check() {  # check WHAT OK-COMMAND...: one line per prerequisite
   local what=$1; shift
   if "$@" >/dev/null 2>&1; then say "ok       $what"; else say "missing  $what"; missing+=("$what;"); fi
 }
-header_in() {  # header_in HEADER: in /usr/include, or in the unpacked .deb prefix
-  [ -e "/usr/include/$1" ] || { [ -n "$debs" ] && compgen -G "$debs"/*.deb >/dev/null; }
+header_in() {  # header_in HEADER: in /usr/include, or in one of the --debs packages (unpacked at configure)
+  [ -e "/usr/include/$1" ] && return 0
+  [ -n "$debs" ] || return 1
+  local d
+  for d in "$debs"/*.deb; do
+    [ -e "$d" ] && dpkg-deb -c "$d" 2>/dev/null | grep -q -- "\./usr/include/$1\$" && return 0
+  done
+  return 1
 }
 if ((!dry_run)); then mkdir -p "$out" || exit 1; fi
 say "zeroplan GPU kit ($( ((dry_run)) && echo 'dry run: nothing is built or run' || echo "writing $out"))"
