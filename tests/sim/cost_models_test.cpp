@@ -410,6 +410,42 @@ TEST(ComputeOps, SubBlockUnitsSplitTheBlockExactly) {
   EXPECT_LT(simulate(split, c, p).device.peak_bytes, simulate(whole, c, p).device.peak_bytes);
 }
 
+TEST(ComputeOps, AnalyticOptionsAreReadBackFromTheProfile) {
+  for (bool sub : {false, true}) {
+    for (bool flash : {false, true}) {
+      AnalyticGptOptions o;
+      o.layers = 3;
+      o.hidden = 256;
+      o.heads = 4;
+      o.seq = 128;
+      o.vocab = 1000;
+      o.batch = 2;
+      o.dtype = "bf16";
+      o.tied_embeddings = !sub;
+      o.flash_attention = flash;
+      o.sub_blocks = sub;
+      o.name = "round-trip";
+      const std::optional<AnalyticGptOptions> back = analytic_gpt_options_of(analytic_gpt(o));
+      ASSERT_TRUE(back.has_value()) << sub << flash;
+      EXPECT_EQ(back->layers, 3);
+      EXPECT_EQ(back->hidden, 256);
+      EXPECT_EQ(back->heads, 4);
+      EXPECT_EQ(back->seq, 128);
+      EXPECT_EQ(back->vocab, 1000);
+      EXPECT_EQ(back->batch, 2);
+      EXPECT_EQ(back->dtype, "bf16");
+      EXPECT_EQ(back->tied_embeddings, !sub);
+      EXPECT_EQ(back->flash_attention, flash);
+      EXPECT_EQ(back->sub_blocks, sub);
+    }
+  }
+  // Not exactly an analytic GPT: an edited figure, or no ops (a profile written before them).
+  ModelProfile edited = analytic_gpt(AnalyticGptOptions{});
+  edited.units[1].bytes_saved.value *= 1.01;
+  EXPECT_FALSE(analytic_gpt_options_of(edited).has_value());
+  EXPECT_FALSE(analytic_gpt_options_of(testing::gpt(2, 256, 4, 128)).has_value());
+}
+
 TEST(ComputeOps, AnalyticGptOpsCarryTheBlockFlops) {
   // The GEMMs and the (unmasked) attention of a block add up to 24bsh^2 + 4bs^2h, the profile's FLOPs.
   AnalyticGptOptions o;

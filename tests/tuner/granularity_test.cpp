@@ -68,6 +68,23 @@ TEST(Granularity, SubBlocksFitWhereBlocksCannot) {
   EXPECT_NE(granularity_markdown(r).find("| block | a transformer block | nothing fits |"), std::string::npos);
 }
 
+TEST(Granularity, FromAnAnalyticProfileOnly) {
+  // A profile written by profile --analytic gpt is cut both ways, whichever way it was made.
+  AnalyticGptOptions o = model();
+  o.sub_blocks = true;
+  const TuneOptions opt = TuneOptions{}.set_threads(2).set_explain(false);
+  const GranularityResult r = compare_granularities(analytic_gpt(o), a100(1), constraints(), opt);
+  EXPECT_EQ(r.block.model.expanded_unit_count(), 4 + 2);
+  EXPECT_EQ(r.sub_block.model.expanded_unit_count(), 8 + 2);
+  try {
+    (void)compare_granularities(testing::small_gpt(), a100(1), constraints(), opt);
+    FAIL();
+  } catch (const SchemaError& e) {
+    EXPECT_STREQ(e.what(), "granularity: model \"gpt-small\" (analytic:gpt) is not an analytic GPT profile as `zeroplan "
+                           "profile --analytic gpt` writes it; only those can be cut both ways");
+  }
+}
+
 TEST(Granularity, AnotherFixedStageIsRefused) {
   TuneConstraints c = constraints();
   c.fix("zero_stage", "2");

@@ -31,6 +31,16 @@ GranularityResult compare_granularities(AnalyticGptOptions model, const ClusterP
   return r;
 }
 
+GranularityResult compare_granularities(const ModelProfile& model, const ClusterProfile& cluster,
+                                        TuneConstraints constraints, const TuneOptions& options) {
+  const std::optional<AnalyticGptOptions> o = analytic_gpt_options_of(model);
+  if (!o)
+    throw SchemaError(fmt::format("granularity: model \"{}\" ({}) is not an analytic GPT profile as `zeroplan profile "
+                                  "--analytic gpt` writes it; only those can be cut both ways",
+                                  model.name, model.source));
+  return compare_granularities(*o, cluster, std::move(constraints), options);
+}
+
 std::string granularity_markdown(const GranularityResult& r) {
   std::string md = "| units | gathered at once | samples/s | device peak | exposed communication | plan |\n|---|---|---|---|---|---|\n";
   const auto row = [&](const char* name, const char* gathered, const TuneResult& t) {

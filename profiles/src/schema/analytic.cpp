@@ -233,6 +233,35 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   return p;
 }
 
+std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& p) {
+  if (p.source != "analytic:gpt" || p.units.size() < 3) return std::nullopt;
+  const UnitProfile& embed = p.units.front();
+  const UnitProfile& head = p.units.back();
+  if (embed.type != "Embedding" || head.type != "Head" || embed.output_shape.empty() || head.output_shape.empty())
+    return std::nullopt;
+  AnalyticGptOptions o;
+  o.name = p.name;
+  o.dtype = p.dtype;
+  o.batch = p.batch;
+  o.seq = p.seq_len;
+  o.hidden = embed.output_shape.back();
+  o.vocab = head.output_shape.back();
+  o.tied_embeddings = !head.borrowed.empty();
+  const UnitProfile& first = p.units[1];
+  o.sub_blocks = first.type == "Attention";
+  o.layers = o.sub_blocks ? static_cast<std::int64_t>(p.units.size() - 2) / 2 : first.count;
+  const auto attention = std::find_if(first.ops.begin(), first.ops.end(), [](const UnitOp& op) { return op.kind == "attention"; });
+  if (attention == first.ops.end() || p.batch < 1 || attention->batch % p.batch != 0) return std::nullopt;
+  o.heads = attention->batch / p.batch;
+  o.flash_attention = attention->fused;
+  try {
+    if (!(analytic_gpt(o) == p)) return std::nullopt;
+  } catch (const SchemaError&) {
+    return std::nullopt;
+  }
+  return o;
+}
+
 // ---- the profile table (declared in profiler.h; torch-free, so it lives here) ----
 
 namespace {

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ double gpt_layer_flops_fwd(std::int64_t seq, std::int64_t batch, std::int64_t hi
 
 // Throws SchemaError naming the value for non-positive sizes, heads not dividing hidden, unknown dtype.
 ModelProfile analytic_gpt(const AnalyticGptOptions& options);
+
+// The options an analytic GPT profile was made with (its ops give the heads and the attention kernel),
+// or nullopt when `profile` is not exactly analytic_gpt() of some options (another source, edited
+// figures, no ops).
+std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& profile);
 
 // Bytes per element of "fp32" (4), "fp16" / "bf16" (2); throws SchemaError otherwise.
 int dtype_bytes(const std::string& dtype);

@@ -24,6 +24,10 @@ struct GranularityResult {
 // SchemaError when the constraints are unusable or already fix zero_stage to something else.
 GranularityResult compare_granularities(AnalyticGptOptions model, const ClusterProfile& cluster,
                                         TuneConstraints constraints, const TuneOptions& options = {});
+// The same for a profile made by analytic_gpt() (profile --analytic gpt, either granularity). Throws
+// SchemaError when it is not one.
+GranularityResult compare_granularities(const ModelProfile& model, const ClusterProfile& cluster,
+                                        TuneConstraints constraints, const TuneOptions& options = {});
 
 // A short Markdown table: per granularity, units gathered, the best plan's samples/s, device peak and
 // exposed communication, and which wins.
