@@ -20,6 +20,17 @@ set(ZEROPLAN_TORCH_VERSION "")
 
 if(ZEROPLAN_WITH_TORCH)
   find_package(CLI11 REQUIRED)
+  # ZEROPLAN_TORCH_FROM=<python>: build against the torch already installed in that Python (a GPU machine
+  # with a CUDA torch and no network, scripts/gpu-check.sh) instead of the wheel pinned in .venv; the pin
+  # is then not enforced, and the torch version goes into zeroplan/config.h and every document's
+  # library_versions as always.
+  set(ZEROPLAN_TORCH_FROM "" CACHE FILEPATH "A Python whose installed torch to build against instead of the pinned wheel in .venv")
+  if(ZEROPLAN_TORCH_FROM)
+    set(ZEROPLAN_PYTHON "${ZEROPLAN_TORCH_FROM}" CACHE FILEPATH "Python of the venv holding the torch wheel" FORCE)
+    if(NOT EXISTS "${ZEROPLAN_PYTHON}")
+      message(FATAL_ERROR "zeroplan: ZEROPLAN_TORCH_FROM=${ZEROPLAN_TORCH_FROM} does not exist; give the path of a Python that can import torch")
+    endif()
+  endif()
   set(ZEROPLAN_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python of the venv holding the torch wheel")
   if(NOT EXISTS "${ZEROPLAN_PYTHON}")
     message(FATAL_ERROR "zeroplan: no Python at ${ZEROPLAN_PYTHON}; run scripts/setup.sh (it installs torch==${ZEROPLAN_TORCH_PIN} into .venv), or configure with -DZEROPLAN_WITH_TORCH=OFF")
@@ -38,7 +49,9 @@ if(ZEROPLAN_WITH_TORCH)
   if(_zp_n GREATER 3)
     list(GET _zp_torch_info 3 ZEROPLAN_TORCH_CUDA)
   endif()
-  if(NOT ZEROPLAN_TORCH_VERSION STREQUAL ZEROPLAN_TORCH_PIN)
+  if(NOT ZEROPLAN_TORCH_VERSION STREQUAL ZEROPLAN_TORCH_PIN AND ZEROPLAN_TORCH_FROM)
+    message(WARNING "zeroplan: building against torch ${ZEROPLAN_TORCH_VERSION} (CUDA '${ZEROPLAN_TORCH_CUDA}') from ${ZEROPLAN_PYTHON} (ZEROPLAN_TORCH_FROM), not the torch==${ZEROPLAN_TORCH_PIN} pinned in requirements.txt")
+  elseif(NOT ZEROPLAN_TORCH_VERSION STREQUAL ZEROPLAN_TORCH_PIN)
     message(FATAL_ERROR "zeroplan: torch ${ZEROPLAN_TORCH_VERSION} in ${ZEROPLAN_PYTHON} but requirements.txt pins ${ZEROPLAN_TORCH_PIN}; run scripts/setup.sh")
   endif()
   get_filename_component(ZEROPLAN_SITE_PACKAGES "${ZEROPLAN_TORCH_DIR}" DIRECTORY)

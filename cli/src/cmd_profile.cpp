@@ -50,6 +50,16 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (a.dtype_given) o.dtype = a.options.dtype;  // else the analytic default (fp16 mixed precision)
     auto kv = parse_key_values(a.sets, "--opt");
     if (auto it = kv.find("tied"); it != kv.end()) o.tied_embeddings = it->second != "false" && it->second != "0";
+    if (auto it = kv.find("units"); it != kv.end()) {  // FSDP's wrap: whole blocks, or attention and MLP apart
+      if (it->second != "block" && it->second != "sub-block")
+        throw ExitError(kBadInput, fmt::format("--opt units={}: expected block or sub-block", it->second));
+      o.sub_blocks = it->second == "sub-block";
+    }
+    if (auto it = kv.find("attention"); it != kv.end()) {
+      if (it->second != "unfused" && it->second != "flash")
+        throw ExitError(kBadInput, fmt::format("--opt attention={}: expected unfused or flash", it->second));
+      o.flash_attention = it->second == "flash";
+    }
     if (!a.trace.empty()) throw ExitError(kBadInput, "--trace: an --analytic profile runs nothing to trace");
     profile = analytic_gpt(o);
   } else {

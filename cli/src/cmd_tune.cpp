@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/tuner/constraints.h"
+#include "zeroplan/tuner/granularity.h"
 #include "zeroplan/tuner/max_model.h"
 #include "zeroplan/tuner/report.h"
 #include "zeroplan/tuner/tune.h"
@@ -23,6 +24,7 @@ struct TuneArgs {
   double device_memory_gib = 0;
   int top_k = 10;
   int threads = 0;
+  bool compare_granularity = false;
 };
 
 std::string gib(std::int64_t bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
@@ -86,6 +88,12 @@ int run_tune(TuneArgs& a, const Globals& g) {
   if (!g.quiet) options.set_progress(tuner::stderr_progress_bar());
   if (!a.max_model.empty()) return run_max_model(a, cluster, options, g);
   auto model = read_document<ModelProfile>(a.model);
+  if (a.compare_granularity) {  // before the tune: a model that cannot be cut both ways is one line, exit 1
+    tuner::TuneOptions quiet = options;
+    quiet.set_explain(false).set_progress(nullptr);
+    const tuner::GranularityResult gr = tuner::compare_granularities(model, cluster, a.constraints, quiet);
+    if (!g.quiet) fmt::print(stderr, "unit granularity at zero stage 3:\n{}", tuner::granularity_markdown(gr));
+  }
   tuner::TuneResult result = tuner::tune(model, cluster, a.constraints, options);
   if (!g.quiet) {
     print_ranking(result);
@@ -127,6 +135,9 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_flag("--allow-approximate-averaging", a->constraints.allow_approximate_averaging,
                "Let LocalSGD/SlowMo vary (they change the optimisation)");
   app.add_option("--optimizer", a->constraints.optimizer, "adam | adamw | sgd")->capture_default_str();
+  app.add_flag("--compare-granularity", a->compare_granularity,
+               "With an analytic GPT (profile --analytic gpt): first the best stage-3 plan with block units and with "
+               "attention and MLP as separate units, and which wins");
   app.add_option("--top-k", a->top_k, "Plans in the ranking")->capture_default_str();
   app.add_option("--threads", a->threads, "Search threads (0: all cores)")->capture_default_str();
   app.add_option("-o,--output-dir", a->output_dir, "Write report.md, report.html, tune.json and the exports here")

@@ -1,4 +1,5 @@
-// Compute cost: measured unit times when the profile fits the target, else a roofline.
+// Compute cost: measured unit times when the profile fits the target, else the sum over the unit's ops
+// (op_cost.cpp), else a roofline.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@ int dtype_bytes(std::string_view dtype) {
 int param_tensors(const UnitProfile& unit) {
   if (unit.params == 0) return 0;
   if (unit.type == "TransformerBlock") return 12;
+  if (unit.type == "Attention" || unit.type == "MLP") return 6;  // a block's halves: LayerNorm + 2 linears
   if (unit.type == "ResNetStage") return 30;
   if (unit.type == "Embedding") return 2;
   return 2;  // weight and bias
@@ -51,6 +53,17 @@ ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const C
     t.fwd_s = std::max(0.0, fwd) * scale;
     t.bwd_s = std::max(0.0, bwd) * scale;
     t.from_profile = true;
+    return t;
+  }
+  if (!u.ops.empty()) {
+    const double scale = micro_batch / ref;
+    for (const UnitOp& op : u.ops) {
+      t.fwd_parts += op_time(cluster, op, scale, compute_dtype, false);
+      t.bwd_parts += op_time(cluster, op, scale, compute_dtype, true);
+    }
+    t.fwd_s = t.fwd_parts.total_s();
+    t.bwd_s = t.bwd_parts.total_s();
+    t.from_ops = true;
     return t;
   }
   const double flops_f = u.flops_fwd.at(micro_batch, ref);

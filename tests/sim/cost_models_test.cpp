@@ -3,8 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "fixtures.h"
+#include "zeroplan/profiles/analytic.h"
 #include "zeroplan/sim/errors.h"
+#include "zeroplan/sim/simulate.h"
 
 namespace zeroplan::sim {
 namespace {
@@ -160,6 +164,336 @@ TEST(Compute, NoTimeAndNoFlopsIsAClearError) {
   } catch (const SimError& e) {
     EXPECT_STREQ(e.what(), "simulate: unit 1 \"block\" has no time and no flops");
   }
+}
+
+// ---- compute per op -------------------------------------------------------------------------------
+
+// a100(1) with the per-op model: 108 SMs, 256x128 tiles, a bf16 table, 1.8 TB/s achieved, flash 0.6/0.4.
+ClusterProfile a100_ops() {
+  ClusterProfile c = a100(1);
+  c.device.mem_bw_achieved_bytes_per_s = 1.8e12;
+  c.device.gemm.sm_count = 108;
+  c.device.gemm.tile_m = 256;
+  c.device.gemm.tile_n = 128;
+  c.device.gemm.efficiency["bf16"] = {{0, 0, 0, 0.3}, {1024, 1024, 0, 0.6}, {1024, 1024, 1024, 0.8}};
+  c.device.attention.fused_fwd_efficiency = 0.6;
+  c.device.attention.fused_bwd_efficiency = 0.4;
+  return c;
+}
+
+TEST(ComputeOps, GemmEfficiencyIsTheLastMatchingBucket) {
+  const ClusterProfile c = a100_ops();
+  EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "bf16", 512, 4096, 4096), 0.3);    // m below 1024
+  EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "bf16", 4096, 4096, 512), 0.6);    // k below 1024
+  EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "bf16", 4096, 1024, 1024), 0.8);
+  EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "fp16", 4096, 4096, 4096), 0.5);   // no table: compute_efficiency
+}
+
+TEST(ComputeOps, GemmTileAndWaveQuantisation) {
+  const ClusterProfile c = a100_ops();
+  // 8192 x 4096 x 4096: 32 x 32 = 1024 tiles, ceil(1024 / 108) = 10 waves of 108 tiles.
+  const double waves = 10, eff = 0.8, peak = 312e12;
+  const double expected = 2 * waves * 108 * 256 * 128 * 4096.0 / (peak * eff);
+  EXPECT_DOUBLE_EQ(gemm_time(c, "bf16", 8192, 4096, 4096), expected);
+  // One row more costs a whole row of tiles: 33 x 32 = 1056 tiles, still 10 waves: the same time.
+  EXPECT_DOUBLE_EQ(gemm_time(c, "bf16", 8193, 4096, 4096), expected);
+  // Without the tile model: 2mnk / (peak x efficiency).
+  ClusterProfile plain = c;
+  plain.device.gemm.sm_count = 0;
+  plain.device.gemm.tile_m = plain.device.gemm.tile_n = 0;
+  EXPECT_DOUBLE_EQ(gemm_time(plain, "bf16", 8192, 4096, 4096), 2.0 * 8192 * 4096 * 4096 / (peak * eff));
+  // Smaller than a tile: the tile shrinks to the matrix rounded up to 16: 100 x 300 -> 112 x 128 tiles,
+  // 1 x 3 of them, one wave (k = 4096: bucket 0.3 as m < 1024).
+  EXPECT_DOUBLE_EQ(gemm_time(c, "bf16", 100, 300, 4096), 2.0 * 108 * 112 * 128 * 4096 / (peak * 0.3));
+  // A batched GEMM: 96 products of 2048 x 2048 x 128 (k small: bucket 0.6): 96 x 8 x 16 tiles.
+  const double tiles = 96.0 * 8 * 16, w = std::ceil(tiles / 108);
+  EXPECT_DOUBLE_EQ(gemm_time(c, "bf16", 2048, 2048, 128, 96), 2 * w * 108 * 256 * 128 * 128.0 / (peak * 0.6));
+}
+
+TEST(ComputeOps, ThinGemmIsBoundByItsBytes) {
+  const ClusterProfile c = a100_ops();
+  // k = 8: every operand read or written once dominates.
+  const double m = 16384, n = 16384, k = 8;
+  const double bytes = 2 * (m * k + k * n + m * n);
+  const double math = 2 * std::ceil(64.0 * 128 / 108) * 108 * 256 * 128 * k / (312e12 * 0.6);
+  ASSERT_GT(bytes / 1.8e12, math);
+  EXPECT_DOUBLE_EQ(gemm_time(c, "bf16", m, n, k), bytes / 1.8e12);
+}
+
+TEST(ComputeOps, LinearForwardAndBackwardWithBias) {
+  const ClusterProfile c = a100_ops();
+  UnitOp op;
+  op.kind = "gemm";
+  op.name = "fc1";
+  op.m = 2048;
+  op.n = 4096;
+  op.k = 1024;
+  op.bias = true;
+  // Micro batch twice the profile's: m doubles.
+  const ComputeParts f = op_time(c, op, 2.0, "bf16", false);
+  EXPECT_DOUBLE_EQ(f.gemm_s, gemm_time(c, "bf16", 4096, 4096, 1024));
+  EXPECT_EQ(f.kernels, 1);
+  EXPECT_DOUBLE_EQ(f.launch_s, 5e-6);
+  const ComputeParts b = op_time(c, op, 2.0, "bf16", true);
+  EXPECT_DOUBLE_EQ(b.gemm_s, gemm_time(c, "bf16", 4096, 1024, 4096) + gemm_time(c, "bf16", 1024, 4096, 4096));
+  EXPECT_DOUBLE_EQ(b.memory_s, 2.0 * 4096 * 4096 / 1.8e12);  // the bias gradient: a column sum of dC
+  EXPECT_EQ(b.kernels, 3);
+  EXPECT_DOUBLE_EQ(b.total_s(), b.gemm_s + b.memory_s + 3 * 5e-6);
+}
+
+TEST(ComputeOps, FlashAttentionCausalHalvesTheWork) {
+  const ClusterProfile c = a100_ops();
+  UnitOp op;
+  op.kind = "attention";
+  op.name = "attention";
+  op.m = op.n = 2048;
+  op.k = 128;
+  op.batch = 96;  // micro batch 1 x 96 heads
+  op.fused = true;
+  op.causal = true;
+  const double flops = 4.0 * 96 * 2048 * 2048 * 128 / 2;
+  const ComputeParts f = op_time(c, op, 1.0, "bf16", false);
+  EXPECT_DOUBLE_EQ(f.attention_s, flops / (312e12 * 0.6));
+  EXPECT_EQ(f.kernels, 1);
+  const ComputeParts b = op_time(c, op, 1.0, "bf16", true);
+  EXPECT_DOUBLE_EQ(b.attention_s, 2.5 * flops / (312e12 * 0.4));
+  EXPECT_EQ(b.kernels, 2);
+  // Without a flash figure the largest GEMM bucket's efficiency.
+  ClusterProfile no_flash = c;
+  no_flash.device.attention = {};
+  EXPECT_DOUBLE_EQ(op_time(no_flash, op, 1.0, "bf16", false).attention_s, flops / (312e12 * 0.8));
+}
+
+TEST(ComputeOps, UnfusedAttentionHasTheScoreSoftmaxAsMemoryBound) {
+  const ClusterProfile c = a100_ops();
+  UnitOp op;
+  op.kind = "attention";
+  op.name = "attention";
+  op.m = op.n = 1024;
+  op.k = 64;
+  op.batch = 16;
+  op.dropout = true;
+  const double scale = 2;  // micro batch 2: 32 products
+  const double B = 32, scores = B * 1024 * 1024, e = 2, bw = 1.8e12;
+  const double fwd = gemm_time(c, "bf16", 1024, 1024, 64, B) + gemm_time(c, "bf16", 1024, 64, 1024, B) +
+                     2 * e * scores / bw + (2 * e + 1) * scores / bw;
+  const ComputeParts f = op_time(c, op, scale, "bf16", false);
+  EXPECT_DOUBLE_EQ(f.attention_s, fwd);
+  EXPECT_EQ(f.kernels, 4);
+  const double bwd = gemm_time(c, "bf16", 1024, 64, 1024, B) + gemm_time(c, "bf16", 64, 1024, 1024, B) +
+                     gemm_time(c, "bf16", 1024, 1024, 64, B) + gemm_time(c, "bf16", 1024, 64, 1024, B) +
+                     3 * e * scores / bw + (2 * e + 1) * scores / bw;
+  const ComputeParts b = op_time(c, op, scale, "bf16", true);
+  EXPECT_DOUBLE_EQ(b.attention_s, bwd);
+  EXPECT_EQ(b.kernels, 6);
+  // The softmax alone (no dropout) is a*s^2 elements read and written at the achieved bandwidth.
+  op.dropout = false;
+  EXPECT_DOUBLE_EQ(op_time(c, op, scale, "bf16", false).attention_s,
+                   gemm_time(c, "bf16", 1024, 1024, 64, B) + gemm_time(c, "bf16", 1024, 64, 1024, B) + 2 * e * scores / bw);
+}
+
+TEST(ComputeOps, MemoryBoundOpIsBytesOverAchievedBandwidth) {
+  ClusterProfile c = a100_ops();
+  UnitOp op;
+  op.kind = "memory";
+  op.name = "dropout1";
+  op.elems_fwd = 1e6;
+  op.bytes_fwd = 5e5;
+  op.kernels_fwd = 1;
+  op.elems_bwd = 3e6;
+  op.kernels_bwd = 2;
+  EXPECT_DOUBLE_EQ(op_time(c, op, 4, "bf16", false).memory_s, 4 * (2 * 1e6 + 5e5) / 1.8e12);
+  EXPECT_DOUBLE_EQ(op_time(c, op, 4, "fp32", false).memory_s, 4 * (4 * 1e6 + 5e5) / 1.8e12);
+  const ComputeParts b = op_time(c, op, 1, "bf16", true);
+  EXPECT_DOUBLE_EQ(b.memory_s, 2 * 3e6 / 1.8e12);
+  EXPECT_DOUBLE_EQ(b.launch_s, 2 * 5e-6);
+  // No achieved figure: the datasheet bandwidth.
+  c.device.mem_bw_achieved_bytes_per_s = 0;
+  EXPECT_DOUBLE_EQ(op_time(c, op, 1, "bf16", true).memory_s, 2 * 3e6 / 2e12);
+}
+
+TEST(ComputeOps, AUnitWithOpsIsTheirSumMeasuredTimesStillWin) {
+  const ClusterProfile c = a100_ops();
+  AnalyticGptOptions o;
+  o.layers = 2;
+  o.hidden = 1024;
+  o.heads = 16;
+  o.seq = 1024;
+  o.batch = 2;
+  o.dtype = "bf16";
+  ModelProfile m = analytic_gpt(o);
+  const UnitProfile& block = m.units[1];
+  ASSERT_FALSE(block.ops.empty());
+  ComputeParts f, b;
+  for (const UnitOp& op : block.ops) {
+    f += op_time(c, op, 4.0 / 2, "bf16", false);
+    b += op_time(c, op, 4.0 / 2, "bf16", true);
+  }
+  const ComputeTime t = unit_compute_time(m, 1, c, 4, "bf16");
+  EXPECT_TRUE(t.from_ops);
+  EXPECT_FALSE(t.from_profile);
+  EXPECT_DOUBLE_EQ(t.fwd_s, f.total_s());
+  EXPECT_DOUBLE_EQ(t.bwd_s, b.total_s());
+  EXPECT_DOUBLE_EQ(t.fwd_parts.gemm_s, f.gemm_s);
+  EXPECT_DOUBLE_EQ(t.bwd_parts.memory_s, b.memory_s);
+  EXPECT_EQ(t.fwd_parts.kernels, 4 + 4 + 7);  // 4 GEMMs, unfused attention with dropout, 7 memory-bound
+  // A profile measured on a GPU keeps its times, ops or not.
+  m.measured = true;
+  m.device = "cuda:0";
+  m.units[1].time_fwd_s = Figure::proportional(0.01, 2);
+  m.units[1].time_bwd_s = Figure::proportional(0.02, 2);
+  const ComputeTime measured = unit_compute_time(m, 1, c, 4, "bf16");
+  EXPECT_TRUE(measured.from_profile);
+  EXPECT_DOUBLE_EQ(measured.fwd_s, 0.02);
+  EXPECT_DOUBLE_EQ(measured.bwd_s, 0.04);
+}
+
+TEST(ComputeOps, TheStepUsesTheOpsAndSaysSo) {
+  AnalyticGptOptions o;
+  o.layers = 2;
+  o.hidden = 512;
+  o.heads = 8;
+  o.seq = 256;
+  o.dtype = "bf16";
+  const ModelProfile m = analytic_gpt(o);
+  Plan p = testing::mixed_plan(8, 3);
+  p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
+  const Prediction pred = simulate(m, a100_ops(), p);
+  bool said = false;
+  for (const std::string& note : pred.notes) said = said || note.rfind("compute times summed over each unit's ops", 0) == 0;
+  EXPECT_TRUE(said);
+  // The first block's forward in the trace is the sum of its ops.
+  const ComputeTime t = unit_compute_time(m, 1, a100_ops(), 1, "bf16");
+  ASSERT_GT(pred.units.size(), 2u);
+  EXPECT_NEAR(pred.units[1].fwd_s, t.fwd_s, 1e-12);
+}
+
+TEST(ComputeOps, SubBlockUnitsSplitTheBlockExactly) {
+  AnalyticGptOptions o;
+  o.layers = 3;
+  o.hidden = 1024;
+  o.heads = 16;
+  o.seq = 512;
+  o.vocab = 1000;
+  o.batch = 2;
+  o.dtype = "bf16";
+  const ModelProfile whole = analytic_gpt(o);
+  o.sub_blocks = true;
+  const ModelProfile split = analytic_gpt(o);
+  ASSERT_EQ(split.units.size(), 2u + 2 * 3);
+  EXPECT_EQ(split.units[1].name, "block0.attn");
+  EXPECT_EQ(split.units[2].name, "block0.mlp");
+  EXPECT_EQ(split.units[6].name, "block2.mlp");
+  EXPECT_EQ(split.total_params(), whole.total_params());
+  const UnitProfile& block = whole.units[1];
+  const UnitProfile& attn = split.units[1];
+  const UnitProfile& mlp = split.units[2];
+  const double h = 1024;
+  EXPECT_EQ(attn.params, 4 * 1024 * 1024 + 6 * 1024);
+  EXPECT_EQ(mlp.params, 8 * 1024 * 1024 + 7 * 1024);
+  EXPECT_DOUBLE_EQ(attn.bytes_saved.value + mlp.bytes_saved.value, block.bytes_saved.value);
+  EXPECT_DOUBLE_EQ(mlp.bytes_saved.value, 512.0 * 2 * h * (10 * 2 + 1));
+  EXPECT_DOUBLE_EQ(attn.flops_fwd.value + mlp.flops_fwd.value, block.flops_fwd.value);
+  EXPECT_DOUBLE_EQ(attn.flops_bwd.value + mlp.flops_bwd.value, block.flops_bwd.value);
+  ASSERT_EQ(attn.ops.size() + mlp.ops.size(), block.ops.size());
+  EXPECT_EQ(attn.ops.back().name, "residual1");
+  EXPECT_EQ(mlp.ops.front().name, "layernorm2");
+  // The halves' times add up to the block's.
+  const ClusterProfile c = a100_ops();
+  const ComputeTime tb = unit_compute_time(whole, 1, c, 2, "bf16");
+  const ComputeTime ta = unit_compute_time(split, 1, c, 2, "bf16"), tm = unit_compute_time(split, 2, c, 2, "bf16");
+  EXPECT_NEAR(ta.fwd_s + tm.fwd_s, tb.fwd_s, 1e-15);
+  EXPECT_NEAR(ta.bwd_s + tm.bwd_s, tb.bwd_s, 1e-15);
+  // At stage 3 the gathered unit is half a block: the device peak falls.
+  Plan p = testing::mixed_plan(8, 3, 2);
+  p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
+  EXPECT_LT(simulate(split, c, p).device.peak_bytes, simulate(whole, c, p).device.peak_bytes);
+}
+
+TEST(ComputeOps, AnalyticOptionsAreReadBackFromTheProfile) {
+  for (bool sub : {false, true}) {
+    for (bool flash : {false, true}) {
+      AnalyticGptOptions o;
+      o.layers = 3;
+      o.hidden = 256;
+      o.heads = 4;
+      o.seq = 128;
+      o.vocab = 1000;
+      o.batch = 2;
+      o.dtype = "bf16";
+      o.tied_embeddings = !sub;
+      o.flash_attention = flash;
+      o.sub_blocks = sub;
+      o.name = "round-trip";
+      const std::optional<AnalyticGptOptions> back = analytic_gpt_options_of(analytic_gpt(o));
+      ASSERT_TRUE(back.has_value()) << sub << flash;
+      EXPECT_EQ(back->layers, 3);
+      EXPECT_EQ(back->hidden, 256);
+      EXPECT_EQ(back->heads, 4);
+      EXPECT_EQ(back->seq, 128);
+      EXPECT_EQ(back->vocab, 1000);
+      EXPECT_EQ(back->batch, 2);
+      EXPECT_EQ(back->dtype, "bf16");
+      EXPECT_EQ(back->tied_embeddings, !sub);
+      EXPECT_EQ(back->flash_attention, flash);
+      EXPECT_EQ(back->sub_blocks, sub);
+    }
+  }
+  // Not exactly an analytic GPT: an edited figure, or no ops (a profile written before them).
+  ModelProfile edited = analytic_gpt(AnalyticGptOptions{});
+  edited.units[1].bytes_saved.value *= 1.01;
+  EXPECT_FALSE(analytic_gpt_options_of(edited).has_value());
+  EXPECT_FALSE(analytic_gpt_options_of(testing::gpt(2, 256, 4, 128)).has_value());
+}
+
+TEST(ComputeOps, AnalyticGptOpsCarryTheBlockFlops) {
+  // The GEMMs and the (unmasked) attention of a block add up to 24bsh^2 + 4bs^2h, the profile's FLOPs.
+  AnalyticGptOptions o;
+  o.hidden = 768;
+  o.heads = 12;
+  o.seq = 512;
+  o.batch = 3;
+  const ModelProfile m = analytic_gpt(o);
+  double flops = 0;
+  for (const UnitOp& op : m.units[1].ops) {
+    if (op.kind == "gemm") flops += 2.0 * static_cast<double>(op.batch * op.m * op.n * op.k);
+    if (op.kind == "attention") flops += 4.0 * static_cast<double>(op.batch * op.m * op.n * op.k);
+  }
+  EXPECT_DOUBLE_EQ(flops, gpt_layer_flops_fwd(512, 3, 768));
+  EXPECT_DOUBLE_EQ(flops, m.units[1].flops_fwd.value);
+  // The head's logits GEMM carries its FLOPs too.
+  double head = 0;
+  for (const UnitOp& op : m.units[2].ops)
+    if (op.kind == "gemm") head += 2.0 * static_cast<double>(op.batch * op.m * op.n * op.k);
+  EXPECT_DOUBLE_EQ(head, m.units[2].flops_fwd.value);
+  // Flash attention keeps no s x s scores: the saved bytes lose 5as^2b and gain the 4asb log-sum-exp.
+  AnalyticGptOptions f = o;
+  f.flash_attention = true;
+  const ModelProfile mf = analytic_gpt(f);
+  const double s = 512, b = 3, h = 768, a = 12;
+  EXPECT_DOUBLE_EQ(mf.units[1].bytes_saved.value, s * b * h * 34 + 4 * a * s * b);
+  EXPECT_DOUBLE_EQ(m.units[1].bytes_saved.value, s * b * h * (34 + 5 * a * s / h));
+}
+
+TEST(ComputeOps, LargeGptBlockIsMostlyGemmSmallOneMostlyMemoryAndLaunches) {
+  // Shape dependence, not a fit: a GPT-3-sized block spends most of its time in GEMMs; a tiny one
+  // (h = 128, s = 64) in memory-bound kernels and launches.
+  const ClusterProfile c = a100_ops();
+  AnalyticGptOptions big;
+  big.hidden = 12288;
+  big.heads = 96;
+  big.seq = 2048;
+  big.dtype = "bf16";
+  big.flash_attention = true;
+  const ComputeTime tb = unit_compute_time(analytic_gpt(big), 1, c, 1, "bf16");
+  EXPECT_GT(tb.fwd_parts.gemm_s / tb.fwd_s, 0.7);
+  AnalyticGptOptions tiny;
+  tiny.hidden = 128;
+  tiny.heads = 2;
+  tiny.seq = 64;
+  tiny.dtype = "bf16";
+  const ComputeTime tt = unit_compute_time(analytic_gpt(tiny), 1, c, 1, "bf16");
+  EXPECT_GT((tt.fwd_parts.memory_s + tt.fwd_parts.launch_s) / tt.fwd_s, 0.5);
 }
 
 }  // namespace

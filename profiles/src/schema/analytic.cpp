@@ -30,6 +30,69 @@ double gpt_layer_saved_bytes(std::int64_t seq, std::int64_t batch, std::int64_t 
   return s * b * h * (16 * e + 2) + a * s * s * b * (2 * e + 1);
 }
 
+double gpt_layer_saved_bytes_flash(std::int64_t seq, std::int64_t batch, std::int64_t hidden,
+                                   std::int64_t heads, int bytes_per_element) {
+  const double s = static_cast<double>(seq), b = static_cast<double>(batch);
+  const double h = static_cast<double>(hidden), a = static_cast<double>(heads);
+  return s * b * h * (16.0 * bytes_per_element + 2) + 4 * a * s * b;
+}
+
+namespace {
+UnitOp gemm_op(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias) {
+  UnitOp o;
+  o.kind = "gemm";
+  o.name = name;
+  o.m = m;
+  o.n = n;
+  o.k = k;
+  o.bias = bias;
+  return o;
+}
+UnitOp memory_op(const char* name, double elems_fwd, double bytes_fwd, int kernels_fwd, double elems_bwd,
+                 double bytes_bwd, int kernels_bwd) {
+  UnitOp o;
+  o.kind = "memory";
+  o.name = name;
+  o.elems_fwd = elems_fwd;
+  o.bytes_fwd = bytes_fwd;
+  o.kernels_fwd = kernels_fwd;
+  o.elems_bwd = elems_bwd;
+  o.bytes_bwd = bytes_bwd;
+  o.kernels_bwd = kernels_bwd;
+  return o;
+}
+}  // namespace
+
+std::vector<UnitOp> gpt_block_ops(std::int64_t seq, std::int64_t batch, std::int64_t hidden, std::int64_t heads,
+                                  bool flash_attention) {
+  const std::int64_t T = seq * batch, h = hidden;
+  const double Th = static_cast<double>(T) * static_cast<double>(h);
+  UnitOp attention;
+  attention.kind = "attention";
+  attention.name = "attention";
+  attention.m = seq;
+  attention.n = seq;
+  attention.k = hidden / heads;
+  attention.batch = batch * heads;
+  attention.fused = flash_attention;
+  attention.causal = true;
+  attention.dropout = !flash_attention;  // flash applies dropout inside its kernel
+  return {
+      memory_op("layernorm1", 2 * Th, 0, 1, 3 * Th, 0, 2),
+      gemm_op("qkv", T, 3 * h, h, true),
+      attention,
+      gemm_op("proj", T, h, h, true),
+      memory_op("dropout1", 2 * Th, Th, 1, 2 * Th, Th, 1),
+      memory_op("residual1", 3 * Th, 0, 1, 3 * Th, 0, 1),
+      memory_op("layernorm2", 2 * Th, 0, 1, 3 * Th, 0, 2),
+      gemm_op("fc1", T, 4 * h, h, true),
+      memory_op("gelu", 8 * Th, 0, 1, 12 * Th, 0, 1),
+      gemm_op("fc2", T, h, 4 * h, true),
+      memory_op("dropout2", 2 * Th, Th, 1, 2 * Th, Th, 1),
+      memory_op("residual2", 3 * Th, 0, 1, 3 * Th, 0, 1),
+  };
+}
+
 std::int64_t gpt_layer_params(std::int64_t hidden) { return 12 * hidden * hidden + 13 * hidden; }
 
 double gpt_layer_flops_fwd(std::int64_t seq, std::int64_t batch, std::int64_t hidden) {
@@ -78,6 +141,14 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   embed.output_shape = {b, s, h};
   embed.bytes_saved = prop(8 * bd * sd);
   embed.bytes_output = prop(e * bd * sd * hd);
+  {
+    const double Th = bd * sd * hd;
+    // Token rows and position rows read, their sum written (2 kernels), then dropout; backward: the
+    // rows scatter-added into the gradients (zeroing the dense V*h gradient, which does not grow with
+    // the batch, is not counted).
+    embed.ops = {memory_op("embedding", 3 * Th, 8 * bd * sd, 2, 3 * Th, 8 * bd * sd, 2),
+                 memory_op("embed_dropout", 2 * Th, Th, 1, 2 * Th, Th, 1)};
+  }
 
   UnitProfile block;
   block.name = "block";
@@ -86,7 +157,9 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   block.params = gpt_layer_params(h);
   block.input_shape = {b, s, h};
   block.output_shape = {b, s, h};
-  block.bytes_saved = prop(gpt_layer_saved_bytes(s, b, h, o.heads, e));
+  block.bytes_saved = prop(o.flash_attention ? gpt_layer_saved_bytes_flash(s, b, h, o.heads, e)
+                                             : gpt_layer_saved_bytes(s, b, h, o.heads, e));
+  block.ops = gpt_block_ops(s, b, h, o.heads, o.flash_attention);
   block.bytes_output = prop(e * bd * sd * hd);
   block.flops_fwd = prop(gpt_layer_flops_fwd(s, b, h));
   block.flops_bwd = prop(2 * gpt_layer_flops_fwd(s, b, h));
@@ -108,13 +181,85 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   head.flops_fwd = prop(2 * bd * sd * hd * vd);
   head.flops_bwd = prop(4 * bd * sd * hd * vd);
   if (o.tied_embeddings) head.borrowed.push_back({0, V * h});  // the token embedding's weight
+  {
+    const double Th = bd * sd * hd, TV = bd * sd * vd;
+    // The loss: logits cast to fp32 (read in dtype, 4 bytes written), log-softmax in fp32 (8 bytes);
+    // backward: softmax minus one-hot in fp32 (8 bytes) and the cast back (4 bytes read, dtype written).
+    head.ops = {memory_op("layernorm_f", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm_op("logits", b * s, V, h, false),
+                memory_op("loss", TV, 12 * TV, 3, TV, 12 * TV, 2)};
+  }
 
-  for (UnitProfile* u : {&embed, &block, &head}) {
+  // Sub-block units: each layer as its attention half then its MLP half, one entry per layer each (the
+  // halves alternate, which a repeat count cannot say). Params, saved bytes, FLOPs and ops split as the
+  // block's: attention 4h^2 + 6h, saves its LayerNorm and QKV inputs, Q, K, V, the projection's input
+  // (6e bytes per token and channel) and a dropout mask, plus the scores (or flash's log-sum-exp); MLP
+  // 8h^2 + 7h, saves its LayerNorm and fc1 inputs, the GELU and fc2 inputs (4h each: 10e) and a mask.
+  std::vector<UnitProfile> blocks;
+  if (o.sub_blocks) {
+    const double sbh = sd * bd * hd, a = static_cast<double>(o.heads);
+    const double scores = o.flash_attention ? 4 * a * sd * bd : a * sd * sd * bd * (2.0 * e + 1);
+    for (std::int64_t l = 0; l < o.layers; ++l) {
+      UnitProfile attn = block, mlp = block;
+      attn.name = fmt::format("block{}.attn", l);
+      attn.type = "Attention";
+      attn.count = 1;
+      attn.params = 4 * h * h + 6 * h;
+      attn.bytes_saved = prop(sbh * (6.0 * e + 1) + scores);
+      attn.flops_fwd = prop(8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd);
+      attn.flops_bwd = prop(2 * (8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd));
+      attn.ops.assign(block.ops.begin(), block.ops.begin() + 6);
+      mlp.name = fmt::format("block{}.mlp", l);
+      mlp.type = "MLP";
+      mlp.count = 1;
+      mlp.params = 8 * h * h + 7 * h;
+      mlp.bytes_saved = prop(sbh * (10.0 * e + 1));
+      mlp.flops_fwd = prop(16 * bd * sd * hd * hd);
+      mlp.flops_bwd = prop(32 * bd * sd * hd * hd);
+      mlp.ops.assign(block.ops.begin() + 6, block.ops.end());
+      blocks.push_back(std::move(attn));
+      blocks.push_back(std::move(mlp));
+    }
+  } else {
+    blocks.push_back(std::move(block));
+  }
+  std::vector<UnitProfile*> units{&embed};
+  for (UnitProfile& u : blocks) units.push_back(&u);
+  units.push_back(&head);
+  for (UnitProfile* u : units) {
     u->bytes_param = u->params * e;
     p.units.push_back(std::move(*u));
   }
   validate(p);
   return p;
+}
+
+std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& p) {
+  if (p.source != "analytic:gpt" || p.units.size() < 3) return std::nullopt;
+  const UnitProfile& embed = p.units.front();
+  const UnitProfile& head = p.units.back();
+  if (embed.type != "Embedding" || head.type != "Head" || embed.output_shape.empty() || head.output_shape.empty())
+    return std::nullopt;
+  AnalyticGptOptions o;
+  o.name = p.name;
+  o.dtype = p.dtype;
+  o.batch = p.batch;
+  o.seq = p.seq_len;
+  o.hidden = embed.output_shape.back();
+  o.vocab = head.output_shape.back();
+  o.tied_embeddings = !head.borrowed.empty();
+  const UnitProfile& first = p.units[1];
+  o.sub_blocks = first.type == "Attention";
+  o.layers = o.sub_blocks ? static_cast<std::int64_t>(p.units.size() - 2) / 2 : first.count;
+  const auto attention = std::find_if(first.ops.begin(), first.ops.end(), [](const UnitOp& op) { return op.kind == "attention"; });
+  if (attention == first.ops.end() || p.batch < 1 || attention->batch % p.batch != 0) return std::nullopt;
+  o.heads = attention->batch / p.batch;
+  o.flash_attention = attention->fused;
+  try {
+    if (!(analytic_gpt(o) == p)) return std::nullopt;
+  } catch (const SchemaError&) {
+    return std::nullopt;
+  }
+  return o;
 }
 
 // ---- the profile table (declared in profiler.h; torch-free, so it lives here) ----

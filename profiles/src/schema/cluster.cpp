@@ -29,6 +29,26 @@ ojson write_device(const DeviceSpec& d) {
   j["mem_bw_bytes_per_s"] = d.mem_bw_bytes_per_s;
   j["launch_overhead_s"] = d.launch_overhead_s;
   j["compute_efficiency"] = d.compute_efficiency;
+  if (d.mem_bw_achieved_bytes_per_s > 0) j["mem_bw_achieved_bytes_per_s"] = d.mem_bw_achieved_bytes_per_s;
+  if (!d.gemm.empty()) {
+    ojson g;
+    g["sm_count"] = d.gemm.sm_count;
+    g["tile_m"] = d.gemm.tile_m;
+    g["tile_n"] = d.gemm.tile_n;
+    ojson eff = ojson::object();
+    for (const auto& [dtype, rows] : d.gemm.efficiency) {
+      ojson a = ojson::array();
+      for (const GemmBucket& b : rows)
+        a.push_back(ojson{{"m_min", b.m_min}, {"n_min", b.n_min}, {"k_min", b.k_min}, {"efficiency", b.efficiency}});
+      eff[dtype] = a;
+    }
+    g["efficiency"] = eff;
+    j["gemm"] = g;
+  }
+  if (d.attention != AttentionSpec{}) {
+    j["attention"] = ojson{{"fused_fwd_efficiency", d.attention.fused_fwd_efficiency},
+                           {"fused_bwd_efficiency", d.attention.fused_bwd_efficiency}};
+  }
   return j;
 }
 
@@ -177,6 +197,31 @@ std::filesystem::path shipped_cluster_file(const std::string& name) {
 
 }  // namespace
 
+void read_value(const nlohmann::json& j, GemmBucket& b, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("m_min", b.m_min);
+  r.req("n_min", b.n_min);
+  r.req("k_min", b.k_min);
+  r.req("efficiency", b.efficiency);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, GemmSpec& g, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("sm_count", g.sm_count);
+  r.opt("tile_m", g.tile_m);
+  r.opt("tile_n", g.tile_n);
+  r.opt("efficiency", g.efficiency);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, AttentionSpec& a, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("fused_fwd_efficiency", a.fused_fwd_efficiency);
+  r.opt("fused_bwd_efficiency", a.fused_bwd_efficiency);
+  r.finish();
+}
+
 void read_value(const nlohmann::json& j, DeviceSpec& d, const std::string& path) {
   ObjectReader r(j, path);
   r.req("name", d.name);
@@ -186,6 +231,9 @@ void read_value(const nlohmann::json& j, DeviceSpec& d, const std::string& path)
   r.req("mem_bw_bytes_per_s", d.mem_bw_bytes_per_s);
   r.req("launch_overhead_s", d.launch_overhead_s);
   r.req("compute_efficiency", d.compute_efficiency);
+  r.opt("mem_bw_achieved_bytes_per_s", d.mem_bw_achieved_bytes_per_s);
+  r.opt("gemm", d.gemm);
+  r.opt("attention", d.attention);
   r.finish();
 }
 
@@ -300,6 +348,32 @@ void validate(const ClusterProfile& c) {
   check_non_negative("device.launch_overhead_s", d.launch_overhead_s);
   if (!(d.compute_efficiency > 0 && d.compute_efficiency <= 1))
     cluster_error("device.compute_efficiency must be in (0, 1] (got " + num(d.compute_efficiency) + ")");
+  if (!(d.mem_bw_achieved_bytes_per_s >= 0 && d.mem_bw_achieved_bytes_per_s <= d.mem_bw_bytes_per_s))
+    cluster_error("device.mem_bw_achieved_bytes_per_s must be in [0, mem_bw_bytes_per_s " + num(d.mem_bw_bytes_per_s) +
+                  "] (got " + num(d.mem_bw_achieved_bytes_per_s) + ")");
+  if (d.gemm.sm_count < 0 || d.gemm.tile_m < 0 || d.gemm.tile_n < 0 ||
+      ((d.gemm.sm_count > 0) != (d.gemm.tile_m > 0)) || ((d.gemm.tile_m > 0) != (d.gemm.tile_n > 0)))
+    cluster_error("device.gemm: sm_count, tile_m and tile_n must all be > 0 or all 0 (got " + num(d.gemm.sm_count) + ", " +
+                  num(d.gemm.tile_m) + ", " + num(d.gemm.tile_n) + ")");
+  for (const auto& [dtype, rows] : d.gemm.efficiency) {
+    const std::string at = "device.gemm.efficiency." + dtype;
+    check_enum("device.gemm.efficiency key", dtype, {"fp32", "tf32", "fp16", "bf16"});
+    if (rows.empty() || rows[0].m_min != 0 || rows[0].n_min != 0 || rows[0].k_min != 0)
+      cluster_error(at + " must start with a row whose m_min, n_min and k_min are 0");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const GemmBucket& b = rows[i];
+      const std::string row = at + "[" + std::to_string(i) + "]";
+      if (b.m_min < 0 || b.n_min < 0 || b.k_min < 0)
+        cluster_error(row + ": m_min, n_min and k_min must be >= 0 (got " + num(b.m_min) + ", " + num(b.n_min) + ", " +
+                      num(b.k_min) + ")");
+      if (!(b.efficiency > 0 && b.efficiency <= 1))
+        cluster_error(row + ".efficiency must be in (0, 1] (got " + num(b.efficiency) + ")");
+    }
+  }
+  if (!(d.attention.fused_fwd_efficiency >= 0 && d.attention.fused_fwd_efficiency <= 1))
+    cluster_error("device.attention.fused_fwd_efficiency must be in [0, 1] (got " + num(d.attention.fused_fwd_efficiency) + ")");
+  if (!(d.attention.fused_bwd_efficiency >= 0 && d.attention.fused_bwd_efficiency <= 1))
+    cluster_error("device.attention.fused_bwd_efficiency must be in [0, 1] (got " + num(d.attention.fused_bwd_efficiency) + ")");
 
   const HostSpec& h = c.host;
   check_positive("host.mem_bytes", h.mem_bytes);
@@ -356,7 +430,7 @@ void validate(const ClusterProfile& c) {
     if (!path.empty() && !outside_provenance(top_key_of(path))) paths.insert(path);
   });
   for (const auto& [path, p] : c.provenance) {
-    check_enum("provenance." + path + ".source", p.source, {"datasheet", "paper", "probe", "estimate", "calibration"});
+    check_enum("provenance." + path + ".source", p.source, {"datasheet", "paper", "microbenchmark", "probe", "estimate", "calibration"});
     if (p.citation.empty()) cluster_error("provenance." + path + ".citation is empty");
     if (!paths.count(path)) {
       std::string message = "provenance names " + quote_json(path) + ", which is not a field";

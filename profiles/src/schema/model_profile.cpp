@@ -22,6 +22,33 @@ ojson write_figure(const Figure& f) {
   return j;
 }
 
+ojson write_op(const UnitOp& o) {
+  ojson j;
+  j["kind"] = o.kind;
+  j["name"] = o.name;
+  if (o.kind == "memory") {
+    j["elems_fwd"] = o.elems_fwd;
+    j["elems_bwd"] = o.elems_bwd;
+    j["bytes_fwd"] = o.bytes_fwd;
+    j["bytes_bwd"] = o.bytes_bwd;
+    j["kernels_fwd"] = o.kernels_fwd;
+    j["kernels_bwd"] = o.kernels_bwd;
+    return j;
+  }
+  j["m"] = o.m;
+  j["n"] = o.n;
+  j["k"] = o.k;
+  j["batch"] = o.batch;
+  if (o.kind == "gemm") {
+    j["bias"] = o.bias;
+  } else {
+    j["fused"] = o.fused;
+    j["causal"] = o.causal;
+    j["dropout"] = o.dropout;
+  }
+  return j;
+}
+
 ojson write_unit(const UnitProfile& u) {
   ojson j;
   j["name"] = u.name;
@@ -54,6 +81,7 @@ ojson write_unit(const UnitProfile& u) {
       j["borrowed"].push_back(e);
     }
   }
+  if (!u.ops.empty()) j["ops"] = write_array(u.ops, write_op);
   return j;
 }
 
@@ -120,6 +148,27 @@ void read_value(const nlohmann::json& j, BorrowedParams& b, const std::string& p
   r.finish();
 }
 
+void read_value(const nlohmann::json& j, UnitOp& o, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("kind", o.kind);
+  r.req("name", o.name);
+  r.opt("m", o.m);
+  r.opt("n", o.n);
+  r.opt("k", o.k);
+  r.opt("batch", o.batch);
+  r.opt("bias", o.bias);
+  r.opt("fused", o.fused);
+  r.opt("causal", o.causal);
+  r.opt("dropout", o.dropout);
+  r.opt("elems_fwd", o.elems_fwd);
+  r.opt("elems_bwd", o.elems_bwd);
+  r.opt("bytes_fwd", o.bytes_fwd);
+  r.opt("bytes_bwd", o.bytes_bwd);
+  r.opt("kernels_fwd", o.kernels_fwd);
+  r.opt("kernels_bwd", o.kernels_bwd);
+  r.finish();
+}
+
 void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path) {
   ObjectReader r(j, path);
   r.req("name", u.name);
@@ -144,6 +193,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("kernel_time_fwd_s", u.kernel_time_fwd_s);
   r.opt("kernel_time_bwd_s", u.kernel_time_bwd_s);
   r.opt("borrowed", u.borrowed);
+  r.opt("ops", u.ops);
   r.finish();
 }
 
@@ -217,6 +267,23 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
     check_figure(at + ".flops_fwd", u.flops_fwd);
     check_figure(at + ".flops_bwd", u.flops_bwd);
+    for (std::size_t k = 0; k < u.ops.size(); ++k) {
+      const UnitOp& o = u.ops[k];
+      const std::string ow = at + ".ops[" + std::to_string(k) + "]";
+      if (o.kind != "gemm" && o.kind != "attention" && o.kind != "memory")
+        model_error(ow + ".kind must be \"gemm\", \"attention\" or \"memory\" (got " + quote_json(o.kind) + ")");
+      if (o.kind == "memory") {
+        if (!(o.elems_fwd >= 0 && o.elems_bwd >= 0 && o.bytes_fwd >= 0 && o.bytes_bwd >= 0 && std::isfinite(o.elems_fwd) &&
+              std::isfinite(o.elems_bwd) && std::isfinite(o.bytes_fwd) && std::isfinite(o.bytes_bwd)))
+          model_error(ow + " (" + o.name + "): elems and bytes must be finite and >= 0 (got " + num(o.elems_fwd) + ", " +
+                      num(o.elems_bwd) + ", " + num(o.bytes_fwd) + ", " + num(o.bytes_bwd) + ")");
+        if (o.kernels_fwd < 0 || o.kernels_bwd < 0)
+          model_error(ow + " (" + o.name + "): kernels must be >= 0 (got " + num(o.kernels_fwd) + ", " + num(o.kernels_bwd) + ")");
+      } else if (o.m < 1 || o.n < 1 || o.k < 1 || o.batch < 1) {
+        model_error(ow + " (" + o.name + "): m, n, k and batch must be >= 1 (got " + num(o.m) + ", " + num(o.n) + ", " +
+                    num(o.k) + ", " + num(o.batch) + ")");
+      }
+    }
     for (std::size_t k = 0; k < u.borrowed.size(); ++k) {
       const BorrowedParams& b = u.borrowed[k];
       const std::string bw = at + ".borrowed[" + std::to_string(k) + "]";

@@ -90,7 +90,13 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
     input0 = numel / model.batch * batch * elem;
   }
   if (cluster.device.kind == "cpu") rng_state_bytes = 5056;
-  if (!measured_on_device_kind(model, cluster)) {
+  const bool has_ops = std::any_of(model.units.begin(), model.units.end(), [](const UnitProfile& u) { return !u.ops.empty(); });
+  if (!measured_on_device_kind(model, cluster) && has_ops) {
+    notes.push_back(fmt::format("compute times summed over each unit's ops: GEMMs (tile and wave quantisation, efficiency "
+                                "by shape), attention, memory-bound kernels, launches (profile measured on \"{}\"{}, "
+                                "cluster device kind \"{}\")",
+                                model.device, model.measured ? "" : ", analytic", cluster.device.kind));
+  } else if (!measured_on_device_kind(model, cluster)) {
     notes.push_back(fmt::format("compute times from a roofline of FLOPs where the profile has them (profile measured "
                                 "on \"{}\"{}, cluster device kind \"{}\")",
                                 model.device, model.measured ? "" : ", analytic", cluster.device.kind));

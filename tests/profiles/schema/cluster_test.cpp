@@ -40,7 +40,7 @@ TEST(Cluster, ShippedFilesLoadWithProvenanceForEveryNumber) {
     EXPECT_FALSE(c.shares_cores);
     EXPECT_EQ(to_json_string(c), testing::read_file(file)) << "not in canonical form";
     for (const auto& [path, p] : c.provenance) {
-      if (p.source == "datasheet" || p.source == "paper") {
+      if (p.source == "datasheet" || p.source == "paper" || p.source == "microbenchmark") {
         EXPECT_NE(p.citation.find("https://"), std::string::npos) << path;
       }
     }
@@ -55,14 +55,15 @@ TEST(Cluster, DatasheetValues) {
   EXPECT_EQ(a80.device.peak_flops.at("bf16"), 312e12);
   EXPECT_EQ(a80.device.mem_bw_bytes_per_s, 2039e9);
   EXPECT_EQ(a80.device.mem_bytes, 80LL << 30);
-  EXPECT_EQ(a80.links.intra_node.bw_bytes_per_s, 300e9);  // 600 GB/s both directions
+  // NVLink: nccl-tests busbw (SOURCES.md), below the datasheet's 300 GB/s per direction (600 both ways).
+  EXPECT_EQ(a80.links.intra_node.bw_bytes_per_s, 200e9);
   EXPECT_EQ(resolve_cluster("a100-sxm-40gb").device.mem_bw_bytes_per_s, 1555e9);
   const ClusterProfile h = resolve_cluster("h100-sxm-80gb");
   EXPECT_EQ(h.device.peak_flops.at("fp32"), 67e12);
   EXPECT_EQ(h.device.peak_flops.at("tf32"), 494.7e12);
   EXPECT_EQ(h.device.peak_flops.at("bf16"), 989.4e12);
   EXPECT_EQ(h.device.mem_bw_bytes_per_s, 3.35e12);
-  EXPECT_EQ(h.links.intra_node.bw_bytes_per_s, 450e9);  // 900 GB/s both directions
+  EXPECT_EQ(h.links.intra_node.bw_bytes_per_s, 370e9);  // busbw of the 450 GB/s per direction (900 both ways)
   const ClusterProfile v = resolve_cluster("v100-sxm2-32gb");
   EXPECT_EQ(v.device.peak_flops.at("fp32"), 15.7e12);
   EXPECT_EQ(v.device.peak_flops.at("fp16"), 125e12);
@@ -220,6 +221,18 @@ const Rule kRules[] = {
      "cluster: device.launch_overhead_s must be >= 0 (got -1e-06)"},
     {"Efficiency", [](ClusterProfile& c) { c.device.compute_efficiency = 1.2; },
      "cluster: device.compute_efficiency must be in (0, 1] (got 1.2)"},
+    {"AchievedBw", [](ClusterProfile& c) { c.device.mem_bw_achieved_bytes_per_s = 3e12; },
+     "cluster: device.mem_bw_achieved_bytes_per_s must be in [0, mem_bw_bytes_per_s 2039000000000.0] (got 3000000000000.0)"},
+    {"GemmTileAllOrNone", [](ClusterProfile& c) { c.device.gemm.tile_n = 0; },
+     "cluster: device.gemm: sm_count, tile_m and tile_n must all be > 0 or all 0 (got 108, 256, 0)"},
+    {"GemmFirstRowMatchesAll", [](ClusterProfile& c) { c.device.gemm.efficiency["bf16"][0].k_min = 8; },
+     "cluster: device.gemm.efficiency.bf16 must start with a row whose m_min, n_min and k_min are 0"},
+    {"GemmEfficiencyRange", [](ClusterProfile& c) { c.device.gemm.efficiency["bf16"][1].efficiency = 1.5; },
+     "cluster: device.gemm.efficiency.bf16[1].efficiency must be in (0, 1] (got 1.5)"},
+    {"GemmDtype", [](ClusterProfile& c) { c.device.gemm.efficiency["int8"] = {{0, 0, 0, 0.5}}; },
+     "cluster: device.gemm.efficiency key must be one of \"fp32\", \"tf32\", \"fp16\", \"bf16\" (got \"int8\")"},
+    {"FlashEfficiency", [](ClusterProfile& c) { c.device.attention.fused_bwd_efficiency = 1.5; },
+     "cluster: device.attention.fused_bwd_efficiency must be in [0, 1] (got 1.5)"},
     {"HostMem", [](ClusterProfile& c) { c.host.mem_bytes = 0; }, "cluster: host.mem_bytes must be > 0 (got 0)"},
     {"HostCores", [](ClusterProfile& c) { c.host.cores = 0; }, "cluster: host.cores must be >= 1 (got 0)"},
     {"H2dPinned", [](ClusterProfile& c) { c.host.bw_h2d_pinned_bytes_per_s = 0; },
@@ -312,7 +325,8 @@ const Rule kRules[] = {
     {"AllocatorFactor", [](ClusterProfile& c) { c.allocator_overhead_factor = 0.9; },
      "cluster: allocator_overhead_factor must be >= 1 (got 0.9)"},
     {"ProvenanceSource", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].source = "vendor"; },
-     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"probe\", \"estimate\", "
+     "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"microbenchmark\", \"probe\", "
+     "\"estimate\", "
      "\"calibration\" (got \"vendor\")"},
     {"CalibrationCompute", [](ClusterProfile& c) { c.calibration.compute_time_scale = 0; },
      "cluster: calibration.compute_time_scale must be > 0 (got 0.0)"},
@@ -334,6 +348,42 @@ const Rule kRules[] = {
 
 INSTANTIATE_TEST_SUITE_P(Rules, ClusterRule, ::testing::ValuesIn(kRules),
                          [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+
+TEST(Cluster, GpuTimeModelIsOptional) {
+  // Without the per-op GPU model (every cluster file written before it) nothing of it is written.
+  ClusterProfile c = a100();
+  c.device.gemm = {};
+  c.device.attention = {};
+  c.device.mem_bw_achieved_bytes_per_s = 0;
+  for (const char* path : {"device.gemm.sm_count", "device.gemm.tile_m", "device.gemm.tile_n", "device.gemm.efficiency",
+                           "device.attention", "device.mem_bw_achieved_bytes_per_s"})
+    c.provenance.erase(path);
+  validate(c);
+  const nlohmann::json j = c;
+  EXPECT_FALSE(j["device"].contains("gemm"));
+  EXPECT_FALSE(j["device"].contains("attention"));
+  EXPECT_FALSE(j["device"].contains("mem_bw_achieved_bytes_per_s"));
+  EXPECT_EQ(j.get<ClusterProfile>(), c);
+}
+
+TEST(Cluster, ShippedGpuNumbersComeFromMicrobenchmarksOrSayEstimate) {
+  // Every shipped GPU cluster has the per-op model, and no number of it is fitted to training runs:
+  // its provenance is a datasheet, a paper, a published microbenchmark, or "estimate".
+  for (const char* name : {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb"}) {
+    const ClusterProfile c = resolve_cluster(name);
+    EXPECT_GT(c.device.gemm.sm_count, 0) << name;
+    EXPECT_FALSE(c.device.gemm.efficiency.empty()) << name;
+    EXPECT_GT(c.device.mem_bw_achieved_bytes_per_s, 0) << name;
+    EXPECT_GT(c.device.attention.fused_fwd_efficiency, 0) << name;
+    for (const auto& [path, p] : c.provenance) {
+      EXPECT_NE(p.source, "calibration") << name << " " << path;
+      EXPECT_NE(p.source, "probe") << name << " " << path;
+      if (p.source == "estimate") {
+        EXPECT_NE(p.citation.find("not measured"), std::string::npos) << name << " " << path;
+      }
+    }
+  }
+}
 
 TEST(Cluster, ProvenanceCoversSubtrees) {
   ClusterProfile c = a100();

@@ -99,6 +99,22 @@ TEST(ModelProfile, KernelTimesRoundTripWhenMeasured) {
   expect_error([&] { validate(m); }, "model_profile: units[1] (block).kernel_time_bwd_s must be >= 0 (got -1.0)");
 }
 
+TEST(ModelProfile, OpsAreOptionalAndWrittenOnlyWithTheirKindsKeys) {
+  // A profile without ops (every file written before them) reads as before and writes no "ops".
+  ModelProfile m = sample_model();
+  for (UnitProfile& u : m.units) u.ops.clear();
+  const nlohmann::json j = m;
+  for (const auto& u : j["units"]) EXPECT_FALSE(u.contains("ops"));
+  EXPECT_EQ(j.get<ModelProfile>(), m);
+  // A gemm writes its sizes and bias, a memory op its elements, bytes and kernels.
+  const nlohmann::json s = sample_model();
+  const auto& ops = s["units"][1]["ops"];
+  EXPECT_EQ(ops[0].dump(), R"({"batch":1,"bias":true,"k":64,"kind":"gemm","m":1024,"n":256,"name":"fc1"})");
+  EXPECT_FALSE(ops[2].contains("m"));
+  EXPECT_EQ(ops[2]["kernels_bwd"], 2);
+  EXPECT_TRUE(ops[1]["fused"].get<bool>());
+}
+
 TEST(ModelProfile, StrictKeys) {
   nlohmann::json j = sample_model();
   j["units"][1]["time_fwd"] = j["units"][1]["time_fwd_s"];
@@ -169,6 +185,16 @@ const Rule kRules[] = {
      "model_profile: units[0] (embed).flops_fwd.points must be >= 0 (got -1)"},
     {"FigureR2", [](ModelProfile& m) { m.units[0].bytes_saved.fit.r2 = 1.5; },
      "model_profile: units[0] (embed).bytes_saved.r2 must be <= 1 (got 1.5)"},
+    {"OpKind", [](ModelProfile& m) { m.units[1].ops[0].kind = "conv"; },
+     "model_profile: units[1] (block).ops[0].kind must be \"gemm\", \"attention\" or \"memory\" (got \"conv\")"},
+    {"OpGemmDims", [](ModelProfile& m) { m.units[1].ops[0].k = 0; },
+     "model_profile: units[1] (block).ops[0] (fc1): m, n, k and batch must be >= 1 (got 1024, 256, 0, 1)"},
+    {"OpAttentionBatch", [](ModelProfile& m) { m.units[1].ops[1].batch = 0; },
+     "model_profile: units[1] (block).ops[1] (attention): m, n, k and batch must be >= 1 (got 128, 128, 16, 0)"},
+    {"OpMemoryElems", [](ModelProfile& m) { m.units[1].ops[2].elems_bwd = -1; },
+     "model_profile: units[1] (block).ops[2] (gelu): elems and bytes must be finite and >= 0 (got 524288.0, -1.0, 10.0, 0.0)"},
+    {"OpMemoryKernels", [](ModelProfile& m) { m.units[1].ops[2].kernels_fwd = -1; },
+     "model_profile: units[1] (block).ops[2] (gelu): kernels must be >= 0 (got -1, 2)"},
     {"BorrowedLaterUnit", [](ModelProfile& m) { m.units[2].borrowed[0].unit = 2; },
      "model_profile: units[2] (head).borrowed[0].unit 2 is not an earlier unit (0..1)"},
     {"BorrowedRepeatedOwner", [](ModelProfile& m) { m.units[2].borrowed[0].unit = 1; },

@@ -10,12 +10,28 @@
 //          e = 4 gives s*b*h*(66 + 9*a*s/h)
 //   head   (Head)             final LayerNorm 2h (+ V*h when not tied); FLOPs forward 2*b*s*h*V,
 //          backward 2x; saves the LayerNorm input and output (2*e*b*s*h); output e*b*s*V (logits)
-// Times and transient peaks are 0 and measured = false: the simulator derives times from FLOPs on the
+// With sub_blocks each layer is two units, "block<l>.attn" (Attention: LayerNorm, QKV, attention,
+// projection, dropout, residual add; params 4h^2 + 6h; saved s*b*h*(6e + 1) + the scores' a*s^2*b*(2e + 1)
+// or flash's 4*a*s*b; FLOPs 8bsh^2 + 4bs^2h) then "block<l>.mlp" (MLP: LayerNorm, fc1, GELU, fc2, dropout,
+// residual add; params 8h^2 + 7h; saved s*b*h*(10e + 1); FLOPs 16bsh^2): the block's figures split.
+// With flash_attention the block keeps no a*s^2 scores: saved s*b*h*(16e + 2) + 4*a*s*b (the fp32
+// log-sum-exp) bytes.
+// Every unit lists its kernels (UnitProfile::ops, at the reference batch; T = b*s tokens), from which the
+// simulator sums its time per op (sim cost_models.h op_time):
+//   embed  embedding (elements 3Th and 8bs bytes of ids each way, 2 kernels each way), embed_dropout
+//   block  layernorm1 (2Th; bwd 3Th, 2 kernels), qkv GEMM (T, 3h, h, bias), attention (b*a x s x s x h/a,
+//          causal; fused = flash_attention, else unfused with dropout), proj GEMM (T, h, h, bias),
+//          dropout1 (2Th + Th mask bytes each way), residual1 (3Th each way), layernorm2, fc1 GEMM
+//          (T, 4h, h, bias), gelu (8Th; bwd 12Th), fc2 GEMM (T, h, 4h, bias), dropout2, residual2
+//   head   layernorm_f, logits GEMM (T, V, h), loss (T*V elements + 12 T*V fp32 bytes each way)
+// Times and transient peaks are 0 and measured = false: the simulator derives times from the ops on the
 // target device. Batch figures are proportional (Figure::proportional); device "analytic", threads 1.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "zeroplan/profiles/model_profile.h"
 
@@ -30,12 +46,22 @@ struct AnalyticGptOptions {
   int batch = 1;
   std::string dtype = "fp16";  // "fp32" | "fp16" | "bf16"
   bool tied_embeddings = true;
+  bool flash_attention = false;  // fused attention kernel (no s x s scores kept), else unfused
+  // Attention and MLP as separate units (FSDP's auto-wrap of both), "block<l>.attn" then "block<l>.mlp"
+  // per layer, instead of one "block" unit repeated `layers` times.
+  bool sub_blocks = false;
   std::string name = "gpt";    // profile name
 };
 
 // Saved-activation bytes of one transformer layer (see above). REQUIRES: bytes_per_element 2 or 4.
 double gpt_layer_saved_bytes(std::int64_t seq, std::int64_t batch, std::int64_t hidden,
                              std::int64_t heads, int bytes_per_element);
+// The same with flash attention: s*b*h*(16e + 2) + 4*a*s*b.
+double gpt_layer_saved_bytes_flash(std::int64_t seq, std::int64_t batch, std::int64_t hidden,
+                                   std::int64_t heads, int bytes_per_element);
+// The kernels of one transformer layer at micro batch `batch` (see above).
+std::vector<UnitOp> gpt_block_ops(std::int64_t seq, std::int64_t batch, std::int64_t hidden, std::int64_t heads,
+                                  bool flash_attention);
 // Parameters of one transformer layer: 12h^2 + 13h.
 std::int64_t gpt_layer_params(std::int64_t hidden);
 // Forward FLOPs of one transformer layer: 24*b*s*h^2 + 4*b*s^2*h.
@@ -43,6 +69,11 @@ double gpt_layer_flops_fwd(std::int64_t seq, std::int64_t batch, std::int64_t hi
 
 // Throws SchemaError naming the value for non-positive sizes, heads not dividing hidden, unknown dtype.
 ModelProfile analytic_gpt(const AnalyticGptOptions& options);
+
+// The options an analytic GPT profile was made with (its ops give the heads and the attention kernel),
+// or nullopt when `profile` is not exactly analytic_gpt() of some options (another source, edited
+// figures, no ops).
+std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& profile);
 
 // Bytes per element of "fp32" (4), "fp16" / "bf16" (2); throws SchemaError otherwise.
 int dtype_bytes(const std::string& dtype);

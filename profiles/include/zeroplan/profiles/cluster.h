@@ -13,6 +13,41 @@
 
 namespace zeroplan {
 
+// Achieved GEMM efficiency (achieved / peak FLOP/s) of one shape bucket: GEMMs with m >= m_min,
+// n >= n_min and k >= k_min. A GEMM takes the LAST row of its dtype's list that it matches; the first
+// row of every list has all three minimums 0, so every GEMM matches one.
+struct GemmBucket {
+  std::int64_t m_min = 0;
+  std::int64_t n_min = 0;
+  std::int64_t k_min = 0;
+  double efficiency = 1;  // in (0, 1]
+
+  bool operator==(const GemmBucket&) const = default;
+};
+
+// GEMM time model (NVIDIA "Matrix Multiplication Background" user guide): the output is cut into
+// tile_m x tile_n tiles, one thread block each, run in waves of sm_count; the efficiency table holds
+// what the rest of the kernel achieves by shape. Optional: an empty table means compute_efficiency for
+// every shape, sm_count 0 no tile or wave quantisation.
+struct GemmSpec {
+  int sm_count = 0;
+  std::int64_t tile_m = 0;
+  std::int64_t tile_n = 0;
+  std::map<std::string, std::vector<GemmBucket>> efficiency;  // dtype -> buckets
+
+  bool empty() const { return sm_count == 0 && tile_m == 0 && tile_n == 0 && efficiency.empty(); }
+  bool operator==(const GemmSpec&) const = default;
+};
+
+// Achieved / peak FLOP/s of a fused (flash) attention kernel, forward and backward; 0: the largest
+// GEMM bucket's efficiency. Optional.
+struct AttentionSpec {
+  double fused_fwd_efficiency = 0;
+  double fused_bwd_efficiency = 0;
+
+  bool operator==(const AttentionSpec&) const = default;
+};
+
 struct DeviceSpec {
   std::string name;                              // "NVIDIA H100 SXM5 80GB", "cpu (AMD EPYC 7B13)"
   std::string kind;                              // "cuda" | "cpu"
@@ -21,6 +56,10 @@ struct DeviceSpec {
   double mem_bw_bytes_per_s = 0;                 // device memory bandwidth
   double launch_overhead_s = 0;                  // fixed cost per kernel (or per op on CPU)
   double compute_efficiency = 1;                 // achieved / peak for large GEMMs (roofline), in (0, 1]
+  // Optional: what memory-bound kernels achieve (a STREAM-like copy); 0: mem_bw_bytes_per_s.
+  double mem_bw_achieved_bytes_per_s = 0;
+  GemmSpec gemm;                                 // optional (see GemmSpec)
+  AttentionSpec attention;                       // optional (see AttentionSpec)
 
   bool operator==(const DeviceSpec&) const = default;
 };
@@ -87,7 +126,9 @@ struct CollectiveFit {
 };
 
 struct Provenance {
-  std::string source;    // "datasheet" | "paper" | "probe" | "estimate" | "calibration"
+  // "datasheet" | "paper" | "microbenchmark" (a published microbenchmark result: nccl-tests,
+  // bandwidthTest, cuBLAS, STREAM) | "probe" | "estimate" | "calibration"
+  std::string source;
   std::string citation;  // URL and section, or "measured by zeroplan probe on 2025-01-31"
 
   bool operator==(const Provenance&) const = default;

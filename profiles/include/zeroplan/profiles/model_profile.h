@@ -23,6 +23,29 @@ struct BorrowedParams {
   bool operator==(const BorrowedParams&) const = default;
 };
 
+// One kernel-level operation of a unit, for the per-op time model of units without measured times (the
+// analytic GPT lists them). Sizes are at the profile's reference batch and scale linearly with the micro
+// batch: a GEMM's m (its rows are tokens), an attention's batch, a memory-bound op's elements and bytes.
+//   gemm       `batch` independent products C[m,n] = A[m,k] B[k,n] (a linear layer: m tokens, n outputs,
+//              k inputs); backward dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m); `bias`: the bias add is
+//              fused in the epilogue, its gradient is a column sum of dC (m x n elements, memory-bound)
+//   attention  softmax(Q K^T) V for `batch` = micro batch x heads, m = query length, n = key length,
+//              k = head dim; `fused`: one flash kernel (causal skips the masked half), else unfused
+//              (two batched GEMMs, the m x n score softmax and dropout as memory-bound kernels)
+//   memory     elements read + written in the compute dtype (elems_*) plus dtype-independent bytes
+//              (bytes_*: dropout masks, fp32 loss tensors), in kernels_* launches
+struct UnitOp {
+  std::string kind;  // "gemm" | "attention" | "memory"
+  std::string name;  // "qkv", "fc1", "attention", "layernorm1"
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;  // gemm, attention
+  bool bias = false;                            // gemm
+  bool fused = false, causal = false, dropout = false;  // attention
+  double elems_fwd = 0, elems_bwd = 0, bytes_fwd = 0, bytes_bwd = 0;  // memory
+  int kernels_fwd = 0, kernels_bwd = 0;                               // memory
+
+  bool operator==(const UnitOp&) const = default;
+};
+
 struct UnitProfile {
   std::string name;                  // "block", "embed", "layer3"
   std::string type;                  // "Embedding", "TransformerBlock", "Linear", "Head", "ResNetStage"
@@ -51,6 +74,7 @@ struct UnitProfile {
   Figure kernel_time_fwd_s;
   Figure kernel_time_bwd_s;
   std::vector<BorrowedParams> borrowed;  // optional, default none
+  std::vector<UnitOp> ops;               // optional, default none: the unit's kernels (see UnitOp)
 
   bool operator==(const UnitProfile&) const = default;
 };

@@ -18,23 +18,69 @@ int dtype_bytes(std::string_view dtype);
 
 // Parameter tensors of one repetition of a unit. The ModelProfile does not carry it, so it is estimated
 // from the unit type (a transformer block has 12: 2 LayerNorms, QKV, projection, 2 MLP linears, each
-// weight + bias); it only sets launch overheads.
+// weight + bias; its Attention and MLP halves 6 each); it only sets launch overheads.
 int param_tensors(const UnitProfile& unit);
+
+// Where the time of a unit's ops goes (kernel time per category, and launches).
+struct ComputeParts {
+  double gemm_s = 0;
+  double attention_s = 0;
+  double memory_s = 0;  // memory-bound kernels (LayerNorm, softmax, GELU, dropout, adds, casts)
+  double launch_s = 0;  // kernels x device.launch_overhead_s
+  int kernels = 0;
+  double total_s() const { return gemm_s + attention_s + memory_s + launch_s; }
+  ComputeParts& operator+=(const ComputeParts& o);
+};
 
 struct ComputeTime {
   double fwd_s = 0;
   double bwd_s = 0;
-  bool from_profile = false;  // measured times used (else roofline)
+  bool from_profile = false;  // measured times used (else a model)
+  bool from_ops = false;      // summed over the unit's ops (then fwd_parts and bwd_parts say where)
+  ComputeParts fwd_parts;
+  ComputeParts bwd_parts;
 };
 
 // One repetition of `unit` at `micro_batch` in `compute_dtype`. Uses the profile's measured times when
 // the profile was measured on the cluster's device kind (cpu / cuda), scaled by the ratio of peak FLOP/s
-// when the compute dtype differs from the profiled one; otherwise a roofline:
+// when the compute dtype differs from the profiled one. Otherwise, when the unit lists its ops
+// (UnitProfile::ops), the sum of op_time over them. Otherwise a roofline:
 //   t = max(flops / (peak_flops[dtype] x compute_efficiency), bytes / mem_bw) + kernels x launch_overhead
 // with bytes = parameters in dtype + output + saved activations (backward: twice that), kernels =
 // param_tensors (backward: twice). Throws SimError when the unit has neither times nor FLOPs.
 ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const ClusterProfile& cluster,
                               double micro_batch, std::string_view compute_dtype);
+
+// ---- compute per op (units without measured times that list their ops) ------------------------------
+// e = dtype_bytes(dtype); bw = device.mem_bw_achieved_bytes_per_s, or mem_bw_bytes_per_s when 0;
+// peak = peak_flops[dtype] (fp32 when the dtype has none).
+
+// Achieved efficiency of an (m, n, k) GEMM in `dtype`: the last row of device.gemm.efficiency[dtype] with
+// m >= m_min, n >= n_min, k >= k_min; device.compute_efficiency when the device has no table for dtype.
+double gemm_efficiency(const DeviceSpec& device, std::string_view dtype, double m, double n, double k);
+
+// Kernel time of `batch` GEMMs C[m,n] = A[m,k] B[k,n] (no launch), with tile and wave quantisation:
+//   tm = min(tile_m, m rounded up to 16), tn = min(tile_n, n rounded up to 16)   (a smaller tile for a
+//        smaller matrix)
+//   tiles = batch x ceil(m / tm) x ceil(n / tn),  waves = ceil(tiles / sm_count)
+//   math  = 2 x waves x sm_count x tm x tn x k / (peak x gemm_efficiency(m, n, k))
+//           (no tile model, sm_count 0: 2 x batch x m x n x k / (peak x gemm_efficiency))
+//   t     = max(math, e x batch x (m k + k n + m n) / bw)
+double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m, double n, double k, double batch = 1);
+
+// Time of one op forward or backward, its sizes scaled by `batch_scale` (micro batch / profile batch):
+//   gemm       fwd gemm_time(m, n, k), 1 kernel; bwd gemm_time(m, k, n) + gemm_time(k, n, m), 2 kernels,
+//              + with bias: the column sum e x m x n / bw, 1 kernel
+//   attention  fused: flops = 4 x batch x m x n x k, halved when causal; fwd max(flops / (peak x
+//              fused_fwd_efficiency), e x batch x (2mk + 2nk) / bw), 1 kernel; bwd max(2.5 flops /
+//              (peak x fused_bwd_efficiency), 2 x that many bytes / bw), 2 kernels (efficiency 0: the
+//              largest GEMM bucket's). Unfused: the GEMMs (m, n, k) and (m, k, n) as above, the softmax
+//              e x batch x m x n x (fwd 2, bwd 3) / bw, dropout (e x 2 + 1) x batch x m x n / bw each
+//              way; kernels fwd 3 (+1 dropout), bwd 5 (+1 dropout). All of it counts as attention.
+//   memory     (e x elems + bytes) / bw, kernels_fwd / kernels_bwd kernels
+// Each kernel adds device.launch_overhead_s (ComputeParts::launch_s).
+ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double batch_scale, std::string_view dtype,
+                     bool backward);
 
 // True when `model` was measured on the kind of device `cluster` has.
 bool measured_on_device_kind(const ModelProfile& model, const ClusterProfile& cluster);

@@ -1,0 +1,129 @@
+// Compute cost per op: GEMMs with tile and wave quantisation and a shape-bucketed efficiency, attention
+// (fused or unfused), memory-bound kernels by bytes, and a launch per kernel (see cost_models.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "zeroplan/sim/cost_models.h"
+
+namespace zeroplan::sim {
+
+ComputeParts& ComputeParts::operator+=(const ComputeParts& o) {
+  gemm_s += o.gemm_s;
+  attention_s += o.attention_s;
+  memory_s += o.memory_s;
+  launch_s += o.launch_s;
+  kernels += o.kernels;
+  return *this;
+}
+
+namespace {
+
+double peak(const DeviceSpec& d, std::string_view dtype) {
+  if (auto it = d.peak_flops.find(std::string(dtype)); it != d.peak_flops.end()) return it->second;
+  return d.peak_flops.at("fp32");
+}
+
+double achieved_bw(const DeviceSpec& d) {
+  return d.mem_bw_achieved_bytes_per_s > 0 ? d.mem_bw_achieved_bytes_per_s : d.mem_bw_bytes_per_s;
+}
+
+constexpr double kHuge = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+double gemm_efficiency(const DeviceSpec& device, std::string_view dtype, double m, double n, double k) {
+  const auto it = device.gemm.efficiency.find(std::string(dtype));
+  if (it == device.gemm.efficiency.end() || it->second.empty()) return device.compute_efficiency;
+  double eff = it->second.front().efficiency;
+  for (const GemmBucket& b : it->second)
+    if (m >= static_cast<double>(b.m_min) && n >= static_cast<double>(b.n_min) && k >= static_cast<double>(b.k_min))
+      eff = b.efficiency;
+  return eff;
+}
+
+double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m, double n, double k, double batch) {
+  const DeviceSpec& d = cluster.device;
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  const double rate = peak(d, dtype) * gemm_efficiency(d, dtype, m, n, k);
+  double math = 0;
+  const GemmSpec& g = d.gemm;
+  if (g.sm_count > 0 && g.tile_m > 0 && g.tile_n > 0) {
+    // A matrix smaller than the tile gets a smaller tile (cuBLAS has them): the tile shrinks to the
+    // matrix rounded up to 16 rows or columns.
+    const auto round16 = [](double x) { return 16 * std::ceil(x / 16); };
+    const double tm = std::min(static_cast<double>(g.tile_m), round16(m));
+    const double tn = std::min(static_cast<double>(g.tile_n), round16(n));
+    const double tiles = batch * std::ceil(m / tm) * std::ceil(n / tn);
+    const double waves = std::ceil(tiles / g.sm_count);
+    math = 2 * waves * g.sm_count * tm * tn * k / rate;
+  } else {
+    math = 2 * batch * m * n * k / rate;
+  }
+  const double e = dtype_bytes(dtype);
+  const double mem = e * batch * (m * k + k * n + m * n) / achieved_bw(d);
+  return std::max(math, mem);
+}
+
+ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double batch_scale, std::string_view dtype,
+                     bool backward) {
+  const DeviceSpec& d = cluster.device;
+  const double e = dtype_bytes(dtype);
+  const double bw = achieved_bw(d);
+  ComputeParts p;
+  if (op.kind == "gemm") {
+    const double m = static_cast<double>(op.m) * batch_scale, n = static_cast<double>(op.n);
+    const double k = static_cast<double>(op.k), b = static_cast<double>(op.batch);
+    if (!backward) {
+      p.gemm_s = gemm_time(cluster, dtype, m, n, k, b);
+      p.kernels = 1;
+    } else {
+      p.gemm_s = gemm_time(cluster, dtype, m, k, n, b) + gemm_time(cluster, dtype, k, n, m, b);
+      p.kernels = 2;
+      if (op.bias) {
+        p.memory_s = e * b * m * n / bw;
+        p.kernels += 1;
+      }
+    }
+  } else if (op.kind == "attention") {
+    const double m = static_cast<double>(op.m), n = static_cast<double>(op.n), k = static_cast<double>(op.k);
+    const double b = static_cast<double>(op.batch) * batch_scale;
+    if (op.fused) {
+      const double flops = 4 * b * m * n * k * (op.causal ? 0.5 : 1.0);
+      const double bytes = e * b * (2 * m * k + 2 * n * k);
+      const double largest = gemm_efficiency(d, dtype, kHuge, kHuge, kHuge);
+      const double eff_f = d.attention.fused_fwd_efficiency > 0 ? d.attention.fused_fwd_efficiency : largest;
+      const double eff_b = d.attention.fused_bwd_efficiency > 0 ? d.attention.fused_bwd_efficiency : largest;
+      if (!backward) {
+        p.attention_s = std::max(flops / (peak(d, dtype) * eff_f), bytes / bw);
+        p.kernels = 1;
+      } else {
+        p.attention_s = std::max(2.5 * flops / (peak(d, dtype) * eff_b), 2 * bytes / bw);
+        p.kernels = 2;
+      }
+    } else {
+      const double scores = b * m * n;
+      const double dropout = op.dropout ? (2 * e + 1) * scores / bw : 0.0;
+      if (!backward) {
+        p.attention_s = gemm_time(cluster, dtype, m, n, k, b) + gemm_time(cluster, dtype, m, k, n, b) +
+                        2 * e * scores / bw + dropout;
+        p.kernels = 3 + (op.dropout ? 1 : 0);
+      } else {
+        p.attention_s = gemm_time(cluster, dtype, m, k, n, b) + gemm_time(cluster, dtype, k, n, m, b) +
+                        gemm_time(cluster, dtype, m, n, k, b) + gemm_time(cluster, dtype, n, k, m, b) +
+                        3 * e * scores / bw + dropout;
+        p.kernels = 5 + (op.dropout ? 1 : 0);
+      }
+    }
+  } else {  // memory
+    const double elems = backward ? op.elems_bwd : op.elems_fwd;
+    const double bytes = backward ? op.bytes_bwd : op.bytes_fwd;
+    p.memory_s = (e * elems + bytes) * batch_scale / bw;
+    p.kernels = backward ? op.kernels_bwd : op.kernels_fwd;
+  }
+  p.launch_s = p.kernels * d.launch_overhead_s;
+  return p;
+}
+
+}  // namespace zeroplan::sim

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh --dry-run (the GPU kit on a CPU machine, as CI runs it): exits 0, prints every step
+# a real run takes (configure against the machine's torch, build, the *_CUDA tests, the two GPU profiles,
+# simulate/run/compare for each plan of the single-GPU grid, the summary) and the torch version, creates
+# nothing, and refuses bad arguments in one line with exit 1.
+#   gpu_check_dry_run.sh SCRIPT
+set -euo pipefail
+kit=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; echo "--- output"; cat "$tmp/stdout"; exit 1; }
+
+"$kit" --dry-run --out "$tmp/out" --build-dir "$tmp/build" >"$tmp/stdout" 2>"$tmp/stderr" || fail "dry run exited $?"
+out=$(cat "$tmp/stdout")
+expect() { grep -qE -- "$1" <<<"$out" || fail "no line matching: $1"; }
+expect '^\[gpu-check\] torch [^ ]+ \(CUDA [^ ]+\) from '
+expect '^\[gpu-check\] GPU: '
+expect '^\[gpu-check\] (ok|missing) +a Python that imports torch'
+expect '^\[gpu-check\] step configure .*-DZEROPLAN_TORCH_FROM=.*-DZEROPLAN_WITH_CUDA=ON'
+expect '^\[gpu-check\] step build .*cmake --build'
+expect '^\[gpu-check\] step cuda-tests .*ctest .*-R _CUDA'
+expect '^\[gpu-check\] step profile-gpt2-small .* profile --model gpt --preset gpt2-small .*--device cuda'
+expect '^\[gpu-check\] step profile-resnet50 .* profile --model resnet --preset resnet50 .*--device cuda'
+for plan in s0 s1 s1-offload s0-ckpt s1-offload-ckpt; do
+  expect "^\[gpu-check\] step simulate-$plan .* simulate .*--world-size 1"
+  expect "^\[gpu-check\] step run-$plan .* run --device cuda"
+  expect "^\[gpu-check\] step compare-$plan .* compare "
+done
+expect 'step simulate-s1-offload .*offload.optimizer=true'
+expect 'step run-s0-ckpt .*checkpointing=all'
+expect '^\[gpu-check\] step summary'
+expect '^\[gpu-check\] configure check: (ok|skipped)'
+expect '^\[gpu-check\] dry run done'
+[ ! -e "$tmp/out" ] || fail "the dry run created its output folder"
+[ ! -e "$tmp/build" ] || fail "the dry run created its build folder"
+
+# Bad arguments: one line, exit 1.
+set +e
+"$kit" --dry-run --bogus >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "--bogus exited $rc, not 1"
+grep -q 'unknown argument "--bogus"' "$tmp/stderr" || fail "--bogus: $(cat "$tmp/stderr")"
+set +e
+"$kit" --dry-run --jobs 0 >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "--jobs 0 exited $rc, not 1"
+echo "ok"
