@@ -182,6 +182,20 @@ class C10dCommunicator final : public Communicator {
     return issue("broadcast", tensor.nbytes(), [&] { return pg_->broadcast(tensors, opts); }, {});
   }
 
+  std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) override {
+    TORCH_CHECK(tensor.is_contiguous(), "send needs a contiguous tensor");
+    TORCH_CHECK(dst >= 0 && dst < world_ && dst != rank_, "send to rank ", dst, " of ", world_, " from rank ", rank_);
+    std::vector<at::Tensor> tensors{tensor};
+    return issue("send", tensor.nbytes(), [&] { return pg_->send(tensors, dst, tag); }, {});
+  }
+
+  std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) override {
+    TORCH_CHECK(tensor.is_contiguous(), "recv needs a contiguous tensor");
+    TORCH_CHECK(src >= 0 && src < world_ && src != rank_, "recv from rank ", src, " of ", world_, " on rank ", rank_);
+    std::vector<at::Tensor> tensors{tensor};
+    return issue("recv", tensor.nbytes(), [&] { return pg_->recv(tensors, src, tag); }, {});
+  }
+
   void barrier() override {
     c10d::BarrierOptions opts;
     opts.timeout = options_.timeout;
