@@ -10,6 +10,8 @@
 //          stage's forward just before its backward;
 //   1f1b:  (PipeDream-flush) min(p - s - 1, m) forwards, then a forward and a backward in turn, then
 //          the backwards left: at most p - s microbatches in flight on stage s.
+// The order and the checkpointed microbatches are profiles' pipeline_order and pipeline_checkpointed,
+// which the executor's pipeline piece (exec/src/step/pipeline.cpp) runs too.
 // The backward of a microbatch starts at the stage's last unit when its output's gradient has arrived.
 #include <fmt/format.h>
 
@@ -23,28 +25,6 @@
 namespace zeroplan::sim::lowering {
 
 namespace {
-
-struct Op {
-  bool forward;
-  int mb;
-};
-
-std::vector<Op> stage_order(const std::string& schedule, int p, int s, int m) {
-  std::vector<Op> ops;
-  if (schedule == "gpipe") {
-    for (int j = 0; j < m; ++j) ops.push_back({true, j});
-    for (int j = 0; j < m; ++j) ops.push_back({false, j});
-    return ops;
-  }
-  const int warmup = std::min(p - s - 1, m);
-  for (int j = 0; j < warmup; ++j) ops.push_back({true, j});
-  for (int i = 0; i < m - warmup; ++i) {
-    ops.push_back({true, warmup + i});
-    ops.push_back({false, i});
-  }
-  for (int j = m - warmup; j < m; ++j) ops.push_back({false, j});
-  return ops;
-}
 
 // Whether every replica's ranks of stages s and s + 1 are on one node (stage-major ranks).
 bool same_node(int s, int dp, int devices_per_node) {
@@ -91,7 +71,8 @@ class Pipeline {
     }
     for (int s = 0; s < p_; ++s) {
       Stage& st = stages_[static_cast<std::size_t>(s)];
-      for (const Op& op : stage_order(c_.plan.pipeline.schedule, p_, s, m_)) (op.forward ? forward(st, op.mb) : backward(st, op.mb));
+      for (const PipelineOp& op : pipeline_order(c_.plan.pipeline.schedule, p_, s, m_))
+        (op.forward ? forward(st, op.microbatch) : backward(st, op.microbatch));
       optimizer_step(*st.v, *st.grads);
       // The Prediction's unit timings (first microbatch), in the whole model's indices.
       for (std::size_t u = 0; u < st.v->units.size(); ++u) {
@@ -106,10 +87,7 @@ class Pipeline {
   }
 
  private:
-  bool checkpointed(int mb) const {
-    const std::string& mode = c_.plan.pipeline.checkpoint;
-    return mode == "always" || (mode == "except_last" && mb + 1 < m_);
-  }
+  bool checkpointed(int mb) const { return pipeline_checkpointed(c_.plan, mb); }
 
   void forward(Stage& st, int mb) {
     Ctx& v = *st.v;
