@@ -209,8 +209,7 @@ TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
 // each knob marked run: no is named when a plan uses it, and only those.
 TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
-      "pipeline_stages",      "pipeline.balance", "pipeline.schedule", "pipeline.checkpoint", "offload.activations_ratio",
-      "offload_model.enabled", "offload_model.slices",
+      "offload.activations_ratio", "offload_model.enabled", "offload_model.slices",
       "offload_model.checkpoint_activation", "offload_model.microbatches"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
