@@ -47,7 +47,7 @@ struct Stage {
 
 class Pipeline {
  public:
-  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m) {}
+  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m), n_tied_(c.g.intern("tied gradient sent")) {}
 
   std::vector<PipelineStage> run() {
     const std::vector<int> balance = pipeline_balance(c_.plan, c_.model);
@@ -131,6 +131,12 @@ class Pipeline {
         acts.on_fwd(u, mb, re);
       }
     }
+    // A replica of a weight owned on an earlier stage: its gradient is copied and sent to the owner after
+    // the unit's backward (every microbatch at zero stage 2, which reduces every microbatch; else the
+    // accumulated one after the last), the copy held until the stage's backward of the microbatch is done.
+    AllocId tied_copy = kNone;
+    TaskId tied_task = kNone;
+    int tied_unit = -1;
     for (int u = units - 1; u >= 0; --u) {
       const TaskId params_ready = st.params->before_bwd(u, mb);
       const TaskId acts_ready = acts.before_bwd(u, mb, params_ready);
@@ -142,11 +148,26 @@ class Pipeline {
       st.out.work.push_back(bwd);
       if (u + 1 == units) st.bwd_last[static_cast<std::size_t>(mb)] = bwd;
       if (u == 0) st.bwd_first[static_cast<std::size_t>(mb)] = bwd;
+      const Unit& x = v.units[static_cast<std::size_t>(u)];
+      TaskId copy = kNone;
+      if (x.replica_params > 0 && (c_.plan.zero_stage >= 2 || mb + 1 == m_)) {
+        // The copy is made once the backward is done, before the unit's gradient is reduced.
+        copy = v.g.add_task(v.compute, 0.0, v.label(n_tied_, u, mb), {bwd}, c_.n_cat_compute);
+        tied_copy = v.g.alloc(copy, v.dev, x.replica_params * v.b.grad, MemCategory::grads, v.label(n_tied_, u, mb), kNone);
+        tied_task = copy;
+        tied_unit = u;
+      }
       const TaskId done = st.grads->after_bwd(u, mb, bwd);
+      if (copy != kNone && done != bwd) v.g.add_dep(done, copy);
       acts.after_bwd(u, mb, bwd);
       st.params->after_bwd(u, mb, done);
       v.bwd[static_cast<std::size_t>(u)] = done;
       if (done != bwd) st.out.work.push_back(done);  // the gradient's accumulation (stage 2)
+    }
+    // Held until the stage's backward of the microbatch is done (the first unit's reduction issued).
+    if (tied_copy != kNone) {
+      const bool no_reduction_task = tied_unit == 0 && v.bwd[0] == st.bwd_first[static_cast<std::size_t>(mb)];
+      v.g.set_free_at(tied_copy, no_reduction_task ? tied_task : v.bwd[0]);
     }
     st.grads->finish_microbatch(mb);
   }
@@ -180,6 +201,7 @@ class Pipeline {
 
   Ctx& c_;
   const int p_, m_;
+  const NameId n_tied_;
   std::vector<Stage> stages_;
 };
 
