@@ -219,8 +219,8 @@ class Executor::Impl {
       grad = unit_backward(u, grad, micro);
       // Gathered parameters go before the gradient is reduce-scattered (FSDP reshards first).
       params_->after_bwd(u);
-      pipe_->tied_grads_out(u, *grads_);  // tied weights across pipeline stages: to the owner,
-      pipe_->tied_grads_in(u, *grads_);   // and added to the owner's
+      pipe_->tied_grads_out(u, *grads_, last_micro);  // tied weights across pipeline stages: to the owner,
+      pipe_->tied_grads_in(u, *grads_, last_micro);   // and added to the owner's
       grads_->after_bwd(u, micro, last_micro);
     }
     return grad;

@@ -381,10 +381,10 @@ class Pipeline {
   void send_output(int mb, const torch::Tensor& y);      // to the next stage
   torch::Tensor recv_grad(int mb);                       // the gradient of what send_output sent
   void send_grad(int mb, const torch::Tensor& g);        // the gradient of what recv_input returned
-  // Tied weights: a borrower's replica gradient of this microbatch goes to its owner (and is zeroed
-  // here); the owner adds it to its own before the unit's gradient is reduced.
-  void tied_grads_out(int u, GradSync& grads);
-  void tied_grads_in(int u, GradSync& grads);
+  // Tied weights: a borrower's replica gradient goes to its owner (and is zeroed here); the owner adds it
+  // to its own before the unit's gradient is reduced (stages 0-1: once, on the last microbatch).
+  void tied_grads_out(int u, GradSync& grads, bool last_micro);
+  void tied_grads_in(int u, GradSync& grads, bool last_micro);
   void tied_params_after_step(ParamResidency& params);   // the owner's updated weights to the replicas
   double share_loss(double loss);                        // the last stage's loss, on every stage
   void finish_step();                                    // every send waited
@@ -393,6 +393,7 @@ class Pipeline {
   int tag(int kind, int mb, int k = 0) const { return kind * 1000000 + mb * 64 + k; }
   int peer(int stage) const { return stage * dp_size_ + replica_; }
   int stage_of(int unit) const;
+  bool tied_due(bool last_micro) const;
   struct Tie {
     int local_unit = 0;       // this stage's unit: the owner's or the borrower's
     std::int64_t offset = 0;  // of the weight in that unit's flat parameter
@@ -415,6 +416,8 @@ class Pipeline {
   std::vector<std::unique_ptr<Work>> act_sends_;         // per microbatch: waited once its gradient came back
   std::unique_ptr<Work> grad_send_;                      // one in flight
   torch::Tensor grad_sent_;
+  std::unique_ptr<Work> tied_send_;                      // one in flight
+  torch::Tensor tied_sent_;
   std::vector<std::unique_ptr<Work>> other_sends_;       // waited at the end of the step
   std::vector<torch::Tensor> other_sent_;
 };

@@ -131,9 +131,16 @@ torch::Tensor Pipeline::recv_grad(int mb) {
   const auto j = static_cast<std::size_t>(mb);
   torch::Tensor g = torch::empty(sent_shape_[j], torch::TensorOptions().dtype(sent_dtype_[j]).device(c_->dev.torch_device()));
   world_.recv(g, peer(stage_ + 1), tag(kGrad, mb))->wait();
-  // The next stage had this microbatch's activations: their send is done.
-  if (act_sends_[j]) act_sends_[j]->wait();
-  act_sends_[j].reset();
+  // The next stage ran every forward it orders before this backward: those activations' sends are done
+  // (waiting returns at once), and their buffers go now, not at the end of the step.
+  for (const PipelineOp& op : pipeline_order(plan_.pipeline.schedule, stages_, stage_ + 1, plan_.microbatches)) {
+    if (!op.forward && op.microbatch == mb) break;
+    auto& w = act_sends_[static_cast<std::size_t>(op.microbatch)];
+    if (op.forward && w) {
+      w->wait();
+      w.reset();
+    }
+  }
   return g;
 }
 
@@ -142,23 +149,37 @@ void Pipeline::send_grad(int mb, const torch::Tensor& g) {
   if (grad_send_) grad_send_->wait();
   grad_sent_ = g.contiguous();
   grad_send_ = world_.send(grad_sent_, peer(stage_ - 1), tag(kGrad, mb));
-}
-
-void Pipeline::tied_grads_out(int u, GradSync& grads) {
-  for (const Tie& t : ties_) {
-    if (t.owner || t.local_unit != u) continue;
-    torch::NoGradGuard no_grad;
-    torch::Tensor g = grads.region(u).narrow(0, t.offset, t.numel);
-    torch::Tensor copy = g.clone();
-    g.zero_();
-    other_sends_.push_back(world_.send(copy, peer(t.other_stage), tag(kTiedGrad, 0, t.k)));
-    other_sent_.push_back(copy);
+  // Stage 2: this microbatch's tied-weight gradient reaches its owner once the stages before have run
+  // their backward of it (they have every gradient they need): its copy goes now.
+  if (tied_send_) {
+    tied_send_->wait();
+    tied_send_.reset();
+    tied_sent_ = torch::Tensor();
   }
 }
 
-void Pipeline::tied_grads_in(int u, GradSync& grads) {
+// Stages 0-1 accumulate the replica's gradient over the microbatches where it lies (the full gradient
+// buffer) and send it once, after the last microbatch's backward of the borrower (after every forward of
+// the stage: no microbatch's activations wait beside the copy); the owner adds it before its last
+// microbatch's reduction. Stage 2 reduces every microbatch: each microbatch's gradient goes, at most one
+// in flight.
+bool Pipeline::tied_due(bool last_micro) const { return plan_.zero_stage >= 2 || last_micro; }
+
+void Pipeline::tied_grads_out(int u, GradSync& grads, bool last_micro) {
   for (const Tie& t : ties_) {
-    if (!t.owner || t.local_unit != u) continue;
+    if (t.owner || t.local_unit != u || !tied_due(last_micro)) continue;
+    torch::NoGradGuard no_grad;
+    if (tied_send_) tied_send_->wait();
+    torch::Tensor g = grads.region(u).narrow(0, t.offset, t.numel);
+    tied_sent_ = g.clone();
+    g.zero_();
+    tied_send_ = world_.send(tied_sent_, peer(t.other_stage), tag(kTiedGrad, 0, t.k));
+  }
+}
+
+void Pipeline::tied_grads_in(int u, GradSync& grads, bool last_micro) {
+  for (const Tie& t : ties_) {
+    if (!t.owner || t.local_unit != u || !tied_due(last_micro)) continue;
     torch::NoGradGuard no_grad;
     c_->cur_phase = "recv tied gradients";
     torch::Tensor g = grads.region(u).narrow(0, t.offset, t.numel);
@@ -203,6 +224,9 @@ void Pipeline::finish_step() {
   if (grad_send_) grad_send_->wait();
   grad_send_.reset();
   grad_sent_ = torch::Tensor();
+  if (tied_send_) tied_send_->wait();
+  tied_send_.reset();
+  tied_sent_ = torch::Tensor();
   for (auto& w : other_sends_) w->wait();
   other_sends_.clear();
   other_sent_.clear();
