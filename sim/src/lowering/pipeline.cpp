@@ -183,19 +183,27 @@ class Pipeline {
     const ResourceId bwd_link = c_.g.add_resource(fmt::format("p2p.s{}>s{}", s + 1, s), ResourceKind::comm);
     const NameId act = c_.g.intern("send activations"), grad = c_.g.intern("send gradients");
     const NameId received = c_.g.intern("received activations"), received_grad = c_.g.intern("received gradients");
+    const NameId sent_grad = c_.g.intern("sent gradients");
     const int last = static_cast<int>(a.v->units.size()) - 1;
     for (int j = 0; j < m_; ++j) {
       const auto mb = static_cast<std::size_t>(j);
       const TaskId send = c_.g.add_task(fwd_link, t, a.v->label(act, last, j), {a.fwd_last[mb]}, c_.n_cat_comm);
       if (a.kept_output[mb] != kNone) c_.g.set_free_at(a.kept_output[mb], send);
       c_.g.add_dep(b.fwd_first[mb], send);
-      // The received input lives until the first unit's forward ends (it is in that unit's saved bytes
-      // from then on); a checkpointed microbatch keeps it until the stage's backward is done.
-      c_.g.alloc(send, b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
+      // Sends are rendezvous, as Gloo's are: the receiver's buffer is allocated when it asks for the data,
+      // at the start of the forward or backward that needs it (the executor's recv), not when the sender
+      // is done. The received input lives until the first unit's forward ends (it is in that unit's saved
+      // bytes from then on); a checkpointed microbatch keeps it until the stage's backward is done.
+      c_.g.alloc(b.fwd_first[mb], b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
                  checkpointed(j) ? b.bwd_first[mb] : b.fwd_first[mb]);
       const TaskId back = c_.g.add_task(bwd_link, t, b.v->label(grad, 0, j), {b.bwd_first[mb]}, c_.n_cat_comm);
       c_.g.add_dep(a.bwd_last[mb], back);
-      c_.g.alloc(back, a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j), a.bwd_last[mb]);
+      c_.g.alloc(a.bwd_last[mb], a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j),
+                 a.bwd_last[mb]);
+      // The sender keeps the gradient it sent until its next backward's is sent (one in flight; the last
+      // to the end of the step).
+      c_.g.alloc(back, b.v->dev, bytes, MemCategory::activations, b.v->label(sent_grad, 0, j),
+                 j + 1 < m_ ? b.bwd_first[mb + 1] : kNone);
     }
   }
 
