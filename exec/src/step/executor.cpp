@@ -287,7 +287,10 @@ class Executor::Impl {
       }
       torch::Tensor g;
       double t0 = c.rec.now_s();
+      std::vector<torch::Tensor> kept_buffers;  // BatchNorm-style statistics the recompute updates again
       if (ckpt) {
+        for (const UnitRT& U : c.units)
+          for (const auto& b : U.module->buffers()) kept_buffers.push_back(b.clone());
         torch::Tensor now_rng = dev_.rng_state();
         dev_.set_rng_state(rng[j]);
         torch::Tensor x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
@@ -300,6 +303,12 @@ class Executor::Impl {
       t0 = c.rec.now_s();
       torch::Tensor g_in = backward(std::move(g), k, k == m - 1);
       grads_->finish_microbatch();
+      if (!kept_buffers.empty()) {
+        torch::NoGradGuard no_grad;
+        std::size_t i = 0;
+        for (const UnitRT& U : c.units)
+          for (auto& b : U.module->buffers()) b.copy_(kept_buffers[i++]);
+      }
       busy_s += c.rec.now_s() - t0;
       span_s = c.rec.now_s() - t_step;
       if (!pp.first()) pp.send_grad(k, g_in);
