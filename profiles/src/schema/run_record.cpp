@@ -188,10 +188,8 @@ ojson to_ordered_json(const RunRecord& r) {
   if (!r.lr_gains.empty()) j["lr_gains"] = r.lr_gains;
   j["fallbacks"] = r.fallbacks;
   j["trace_paths"] = r.trace_paths;
-  if (!r.stages.empty()) {
-    j["stages"] = write_array(r.stages, write_stage);
-    j["bubble_fraction"] = r.bubble_fraction;
-  }
+  if (!r.stages.empty()) j["stages"] = write_array(r.stages, write_stage);
+  if (!r.stages.empty() || r.bubble_fraction != 0) j["bubble_fraction"] = r.bubble_fraction;
   j["plan"] = to_ordered_json(r.plan);
   return j;
 }
