@@ -285,6 +285,13 @@ TEST(ExecutorGlooParity, PipelineTwoStagesTwoReplicas) {
                                      {2, 2, "1f1b", "never", 4, 2}},
                         {2, 2});
 }
+// Four stages of one unit each on 4 ranks: activations pass through stages that neither start nor end
+// the model, and the tied embedding goes between stages 0 and 3, which are not neighbours.
+TEST(ExecutorGlooParity, PipelineFourStages) {
+  check_pipeline_parity(gpt_tiny(), {{4, 1, "gpipe", "except_last"}, {4, 1, "gpipe", "always"}, {4, 1, "1f1b", "never"},
+                                     {4, 1, "1f1b", "never", 4, 2}},
+                        {1, 1, 1, 1});
+}
 
 TEST(ExecutorGlooParity, MlpOddParameterCountEveryPlan) { check_parity(mlp_odd(), parity_plans(), 0); }
 TEST(ExecutorGlooParity, DelayBeforeCollectives) {
