@@ -5,11 +5,14 @@
 // the stage's input, where its output and gradients go, which microbatches are checkpointed
 // (pipeline_checkpointed: the whole stage keeps its input only and recomputes before the backward) and
 // the loss, which only the last stage computes and sends to the others.
-// Sends never block the schedule: an activation's send is waited once its gradient came back (the next
-// stage had it then), a gradient's before the next one is sent, the rest at the end of the step.
+// Sends are rendezvous (Gloo moves the data when the receiver asks) and never block the schedule: an
+// activation's send is released once a gradient came back whose backward the next stage orders after that
+// activation's forward, a gradient's when the next one is sent, the rest at the end of the step. The
+// simulator allocates received buffers when the receiver asks and holds a sent gradient as long.
 // Tied weights across stages (the GPT head's use of the token embedding): the borrowing stage keeps a
-// replica as its own parameter (so it has its gradient and optimizer state, as the simulator counts);
-// its gradient of each microbatch is sent to the owner, which adds it to its own before reducing, and the
+// replica as its own parameter (its gradient and optimizer state, as the simulator counts); its gradient
+// goes to the owner, which adds it to its own before reducing (ZeRO 0-1: once, accumulated over the
+// microbatches; ZeRO 2, which reduces every microbatch: every microbatch, one copy in flight), and the
 // owner's updated weight is copied into the replica after every step: one weight, one update.
 #include "pieces.h"
 #include "strformat.h"
