@@ -394,6 +394,7 @@ class Pipeline {
   int peer(int stage) const { return stage * dp_size_ + replica_; }
   int stage_of(int unit) const;
   bool tied_due(bool last_micro) const;
+  void waited(const char* what, double t0_s, int mb = -1);
   struct Tie {
     int local_unit = 0;       // this stage's unit: the owner's or the borrower's
     std::int64_t offset = 0;  // of the weight in that unit's flat parameter

@@ -102,14 +102,21 @@ void Pipeline::attach(Ctx& c, const zoo::Model& model) {
   }
 }
 
+// A receive, on the trace's comm lane and in the step's "pipeline_wait" phase: how long this stage waited.
+void Pipeline::waited(const char* what, double t0_s, int mb) {
+  c_->rec.span(Lane::comm, what, t0_s, c_->rec.now_s(), "pipeline_wait", -1, mb);
+}
+
 torch::Tensor Pipeline::recv_input(int mb) {
   c_->cur_phase = "recv activations";
+  const double t0 = c_->rec.now_s();
   torch::Tensor header = torch::empty({kHeader}, torch::kInt64);
   world_.recv(header, peer(stage_ - 1), tag(kActHeader, mb))->wait();
   const auto* h = header.data_ptr<std::int64_t>();
   std::vector<std::int64_t> shape(h + 2, h + 2 + h[0]);
   torch::Tensor x = torch::empty(shape, torch::TensorOptions().dtype(static_cast<torch::ScalarType>(h[1])).device(c_->dev.torch_device()));
   world_.recv(x, peer(stage_ - 1), tag(kAct, mb))->wait();
+  waited("recv activations", t0, mb);
   return x;
 }
 
@@ -133,7 +140,9 @@ torch::Tensor Pipeline::recv_grad(int mb) {
   c_->cur_phase = "recv gradients";
   const auto j = static_cast<std::size_t>(mb);
   torch::Tensor g = torch::empty(sent_shape_[j], torch::TensorOptions().dtype(sent_dtype_[j]).device(c_->dev.torch_device()));
+  const double t0 = c_->rec.now_s();
   world_.recv(g, peer(stage_ + 1), tag(kGrad, mb))->wait();
+  waited("recv gradients", t0, mb);
   // The next stage ran every forward it orders before this backward: those activations' sends are done
   // (waiting returns at once), and their buffers go now, not at the end of the step.
   for (const PipelineOp& op : pipeline_order(plan_.pipeline.schedule, stages_, stage_ + 1, plan_.microbatches)) {
@@ -187,7 +196,9 @@ void Pipeline::tied_grads_in(int u, GradSync& grads, bool last_micro) {
     c_->cur_phase = "recv tied gradients";
     torch::Tensor g = grads.region(u).narrow(0, t.offset, t.numel);
     torch::Tensor in = torch::empty_like(g);
+    const double t0 = c_->rec.now_s();
     world_.recv(in, peer(t.other_stage), tag(kTiedGrad, 0, t.k))->wait();
+    waited("recv tied gradients", t0);
     g.add_(in);
   }
 }
@@ -200,7 +211,9 @@ void Pipeline::tied_params_after_step(ParamResidency& params) {
     if (t.owner) {
       other_sends_.push_back(world_.send(w, peer(t.other_stage), tag(kTiedParam, 0, t.k)));
     } else {
+      const double t0 = c_->rec.now_s();
       world_.recv(w, peer(t.other_stage), tag(kTiedParam, 0, t.k))->wait();
+      waited("recv tied weights", t0);
     }
   }
 }
@@ -216,7 +229,9 @@ double Pipeline::share_loss(double loss) {
     }
     return loss;
   }
+  const double t0 = c_->rec.now_s();
   world_.recv(t, peer(stages_ - 1), tag(kLoss, 0))->wait();
+  waited("recv loss", t0);
   return t.item<double>();
 }
 
