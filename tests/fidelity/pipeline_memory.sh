@@ -18,6 +18,9 @@ import json, sys
 c = json.load(open(sys.argv[1])); c["devices_per_node"] = 4; json.dump(c, open(sys.argv[2], "w"))
 PY
 "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 -o "$out/profile.json"
+# 16-bit plans are judged against a profile at their dtype (as fidelity.memory does).
+"$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 1 --dtype bf16 -o "$out/profile_bf16.json"
+bf16="precision.param_dtype=bf16 precision.compute_dtype=bf16 precision.reduce_dtype=bf16"
 # world size | plan
 plans=(
   "2|pipeline_stages=2 pipeline.balance=[2,2] micro_batch=2 microbatches=4 pipeline.checkpoint=never"
@@ -31,6 +34,8 @@ plans=(
   "4|pipeline_stages=2 pipeline.balance=[2,2] micro_batch=1 microbatches=4 pipeline.schedule=1f1b pipeline.checkpoint=never zero_stage=2"
   "4|pipeline_stages=2 pipeline.balance=[2,2] micro_batch=2 microbatches=2 pipeline.checkpoint=always zero_stage=2"
   "4|pipeline_stages=2 pipeline.balance=[3,1] micro_batch=1 microbatches=4 pipeline.schedule=1f1b pipeline.checkpoint=never zero_stage=0"
+  "2|pipeline_stages=2 pipeline.balance=[2,2] micro_batch=2 microbatches=4 pipeline.checkpoint=never $bf16"
+  "4|pipeline_stages=2 pipeline.balance=[2,2] micro_batch=1 microbatches=4 pipeline.schedule=1f1b pipeline.checkpoint=never zero_stage=2 $bf16"
 )
 status=0
 for i in "${!plans[@]}"; do
@@ -38,7 +43,8 @@ for i in "${!plans[@]}"; do
   sets=()
   for kv in $plan; do sets+=(--set "$kv"); done
   cluster=$out/cluster.json; [ "$world" -gt 2 ] && cluster=$out/cluster4.json
-  "$zp" -q simulate --model "$out/profile.json" --cluster "$cluster" --world-size "$world" --global-batch 8 \
+  profile=$out/profile.json; case "$plan" in *bf16*) profile=$out/profile_bf16.json ;; esac
+  "$zp" -q simulate --model "$profile" --cluster "$cluster" --world-size "$world" --global-batch 8 \
       "${sets[@]}" -o "$out/pred$i.json"
   "$zp" -q run --nproc "$world" "${model[@]}" --profile "$out/profile.json" --world-size "$world" --global-batch 8 \
       "${sets[@]}" --steps 2 --warmup 1 -o "$out/run$i.json"
