@@ -102,6 +102,13 @@ Trial make_trial(std::string label, const Plan& plan, const Prediction& predicti
   Trial t;
   t.label = std::move(label);
   t.plan = plan;
+  // Pipeline stages run with the simulator's balance, as units per stage (the executor has no profile).
+  if (plan.pipeline_stages > 1 && plan.pipeline.balance.mode != PipelineBalance::Mode::units &&
+      static_cast<int>(prediction.stages.size()) == plan.pipeline_stages) {
+    t.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
+    t.plan.pipeline.balance.units.clear();
+    for (const auto& s : prediction.stages) t.plan.pipeline.balance.units.push_back(s.units);
+  }
   t.prediction = prediction;
   return t;
 }

@@ -28,12 +28,15 @@
 #include "zeroplan/exec/rendezvous.h"
 #include "zeroplan/exec/run.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/pipeline.h"
 
 namespace zeroplan::cli {
 namespace {
 
 struct RunArgs {
   std::string model = "gpt", preset, output, trace;
+  std::string profile;  // ModelProfile: resolves a time or memory pipeline balance into units per stage
   std::vector<std::string> model_opts;
   std::string torchscript;
   std::vector<int64_t> input_shape;
@@ -65,6 +68,18 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   if (!a.torchscript.empty() && a.input_shape.empty())
     throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   o.plan = plan_from_args(a.plan);
+  if (o.plan.pipeline_stages > 1 && o.plan.pipeline.balance.mode != PipelineBalance::Mode::units) {
+    if (a.profile.empty())
+      throw ExitError(kBadInput, fmt::format("pipeline_stages {} with pipeline.balance by {}: give the model's profile "
+                                             "(--profile FILE, the one simulate read) or the units per stage "
+                                             "(--set pipeline.balance=[n0,n1,...])",
+                                             o.plan.pipeline_stages,
+                                             o.plan.pipeline.balance.mode == PipelineBalance::Mode::time ? "time" : "memory"));
+    const auto profile = read_document<ModelProfile>(a.profile);
+    validate(o.plan, profile);
+    o.plan.pipeline.balance.units = pipeline_balance(o.plan, profile);
+    o.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
+  }
   o.steps = a.steps;
   o.warmup_steps = a.warmup;
   o.device = a.device;
@@ -204,6 +219,9 @@ Action add_run(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<RunArgs>();
   app.add_option("--model", a->model, "Built-in model")->capture_default_str();
   app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
+  app.add_option("--profile", a->profile,
+                 "ModelProfile of the model: splits a pipelined plan's units by its balance (time or memory), as simulate does")
+      ->check(CLI::ExistingFile);
   app.add_option("--opt", a->model_opts, "Model option key=value, e.g. --opt layers=4");
   add_torchscript_options(app, a->torchscript, a->input_shape, a->task);
   app.add_option("--plan", a->plan.file, "Plan file (default: DDP, no offload)")->check(CLI::ExistingFile);

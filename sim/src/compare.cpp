@@ -308,10 +308,17 @@ Comparison compare(const Prediction& p, const RunRecord& r, const CompareOptions
   }
   c.metrics.push_back(make_metric("step_time_s", p.step_time_s, measured_step_s));
   add_phases(p, r, o, c.metrics);
+  // Pipelined plans: each rank against its own stage's prediction (ranks are stage-major: rank / dp).
+  const bool staged = r.plan.pipeline_stages > 1 && static_cast<int>(p.stages.size()) == r.plan.pipeline_stages;
+  const int dp = std::max(1, r.plan.data_parallel_size());
   for (const char* pool : {"device", "host"}) {
     const bool device = pool[0] == 'd';
-    const std::int64_t predicted = device ? p.device.peak_bytes : p.host.peak_bytes;
     for (const RankPeak& peak : r.peaks) {
+      std::int64_t predicted = device ? p.device.peak_bytes : p.host.peak_bytes;
+      if (staged) {
+        const StagePrediction& st = p.stages[static_cast<std::size_t>(std::min(peak.rank / dp, r.plan.pipeline_stages - 1))];
+        predicted = device ? st.device.peak_bytes : st.host_peak_bytes;
+      }
       const std::int64_t measured = device ? peak.device_peak_bytes : peak.host_peak_bytes;
       const bool gating = predicted >= o.memory_floor_bytes || measured >= o.memory_floor_bytes;
       Metric m = make_metric(fmt::format("{}_peak_bytes.rank{}", pool, peak.rank), static_cast<double>(predicted),

@@ -163,6 +163,26 @@ TEST(Compare, MemoryHasItsOwnTolerance) {
   EXPECT_THROW(compare(prediction(), record(), CompareOptions{}.set_memory_tolerance(0)), SchemaError);
 }
 
+// A pipelined plan: each rank's peak against its own stage's (stage-major ranks: rank / dp), not the largest.
+TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
+  Prediction p = prediction();
+  RunRecord r = record();
+  for (Plan* plan : {&p.plan, &r.plan}) {
+    plan->pipeline_stages = 2;
+    plan->microbatches = 4;
+    plan->micro_batch = 2;
+  }
+  p.stages.resize(2);
+  p.stages[0].device.peak_bytes = 300 * kMiB;
+  p.stages[1].device.peak_bytes = 400 * kMiB;
+  r.peaks = {{0, 300 * kMiB, 0, ""}, {1, 400 * kMiB, 0, ""}};
+  const Comparison c = compare(p, r);
+  EXPECT_DOUBLE_EQ(metric(c, "device_peak_bytes.rank0").predicted, 300.0 * kMiB);
+  EXPECT_DOUBLE_EQ(metric(c, "device_peak_bytes.rank0").rel_error, 0);
+  EXPECT_DOUBLE_EQ(metric(c, "device_peak_bytes.rank1").rel_error, 0);
+  EXPECT_EQ(c.verdict, "pass");
+}
+
 TEST(Compare, PhasesAreInformationalUnlessAsked) {
   RunRecord r = record();
   r.phase_times_s["all_reduce"] = 0.06;  // collectives twice as slow, step time unchanged

@@ -11,7 +11,10 @@ Export export_plan(const Plan& plan) {
   e.file = "plan.json";
   e.text = to_json_string(plan);
   const std::vector<std::string> not_run = unsupported_knobs(plan, Component::run);
-  if (not_run.empty())
+  if (not_run.empty() && plan.pipeline_stages > 1 && plan.pipeline.balance.mode != PipelineBalance::Mode::units)
+    e.notes.emplace_back("zeroplan simulate --plan plan.json predicts it; zeroplan run --plan plan.json --profile "
+                         "PROFILE runs it (the model's profile splits the units into stages as simulate does)");
+  else if (not_run.empty())
     e.notes.emplace_back("zeroplan simulate --plan plan.json predicts it; zeroplan run --plan plan.json runs it");
   else
     e.notes.push_back("zeroplan simulate --plan plan.json predicts it; zeroplan run does not run it yet (" +

@@ -76,7 +76,8 @@ class C10dCommunicator final : public Communicator {
       throw CommError(fmt::format("rank {}: {} ranks cannot be split into groups of {}", rank_, world_, group_size));
     }
     const int group = rank_ / group_size;
-    return make_group_(fmt::format("zeroplan/group{}x{}/", group, group_size), rank_ % group_size, group_size);
+    // Numbered like duplicate(): a later split (the next executor in the same job) gets keys of its own.
+    return make_group_(fmt::format("zeroplan/group{}x{}.{}/", group, group_size, splits_++), rank_ % group_size, group_size);
   }
 
   std::unique_ptr<Communicator> duplicate() override {
@@ -182,6 +183,20 @@ class C10dCommunicator final : public Communicator {
     return issue("broadcast", tensor.nbytes(), [&] { return pg_->broadcast(tensors, opts); }, {});
   }
 
+  std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) override {
+    TORCH_CHECK(tensor.is_contiguous(), "send needs a contiguous tensor");
+    TORCH_CHECK(dst >= 0 && dst < world_ && dst != rank_, "send to rank ", dst, " of ", world_, " from rank ", rank_);
+    std::vector<at::Tensor> tensors{tensor};
+    return issue("send", tensor.nbytes(), [&] { return pg_->send(tensors, dst, tag); }, {});
+  }
+
+  std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) override {
+    TORCH_CHECK(tensor.is_contiguous(), "recv needs a contiguous tensor");
+    TORCH_CHECK(src >= 0 && src < world_ && src != rank_, "recv from rank ", src, " of ", world_, " on rank ", rank_);
+    std::vector<at::Tensor> tensors{tensor};
+    return issue("recv", tensor.nbytes(), [&] { return pg_->recv(tensors, src, tag); }, {});
+  }
+
   void barrier() override {
     c10d::BarrierOptions opts;
     opts.timeout = options_.timeout;
@@ -242,6 +257,7 @@ class C10dCommunicator final : public Communicator {
 
   MakeGroup make_group_;
   int duplicates_ = 0;                 // duplicate() calls so far: each names its own store prefix
+  int splits_ = 0;                     // split() calls so far, likewise
   C10dCommunicator* notes_to_ = this;  // a duplicate's fallbacks go to the group it duplicates
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::string backend_;

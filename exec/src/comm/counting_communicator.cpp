@@ -11,6 +11,8 @@ const char* to_string(Collective c) {
     case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kBroadcast: return "broadcast";
     case Collective::kBarrier: return "barrier";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
   }
   return "?";
 }
@@ -39,6 +41,8 @@ CollectiveCounts CountingCommunicator::counts() const {
       case Collective::kReduceScatter: ++c.reduce_scatter; c.bytes_reduce_scatter += call.bytes; break;
       case Collective::kBroadcast: ++c.broadcast; c.bytes_broadcast += call.bytes; break;
       case Collective::kBarrier: ++c.barrier; break;
+      case Collective::kSend: ++c.send; c.bytes_send += call.bytes; break;
+      case Collective::kRecv: ++c.recv; c.bytes_recv += call.bytes; break;
     }
   }
   return c;
@@ -89,6 +93,16 @@ std::unique_ptr<Work> CountingCommunicator::broadcast(torch::Tensor& tensor, int
 void CountingCommunicator::barrier() {
   record(Collective::kBarrier, 0);
   inner_->barrier();
+}
+
+std::unique_ptr<Work> CountingCommunicator::send(const torch::Tensor& tensor, int dst, int tag) {
+  record(Collective::kSend, static_cast<int64_t>(tensor.nbytes()));
+  return inner_->send(tensor, dst, tag);
+}
+
+std::unique_ptr<Work> CountingCommunicator::recv(torch::Tensor& tensor, int src, int tag) {
+  record(Collective::kRecv, static_cast<int64_t>(tensor.nbytes()));
+  return inner_->recv(tensor, src, tag);
 }
 
 std::unique_ptr<Communicator> CountingCommunicator::split(int group_size) {

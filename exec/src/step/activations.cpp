@@ -15,7 +15,7 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   (void)micro;
   State& s = state_[static_cast<std::size_t>(u)];
   UnitRT& U = c_.unit(u);
-  torch::Tensor in = (u > 0 && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
+  torch::Tensor in = ((u > 0 || c_.input_grad) && x.is_floating_point()) ? x.detach().requires_grad_(true) : x;
   torch::Tensor out;
   ComputeScope compute(c_.dt, c_.dev.torch_device().type());
   if (U.checkpoint) {

@@ -1,46 +1,87 @@
 // The executor's shared state: the units with their flat parameters, shard layouts and borrowed weights.
+#include <algorithm>
+
 #include "pieces.h"
 #include "strformat.h"
 #include "zeroplan/exec/exec_errors.h"
 
 namespace zeroplan::exec::pieces {
 
-Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks)
+Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks, const StageUnits& stage)
     : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()),
-      dt(dtypes_of(p)) {
+      first_unit(stage.first), input_grad(stage.input_grad), dt(dtypes_of(p)) {
   ranks_per_node = node_ranks > 0 ? node_ranks : world;
   if (world % ranks_per_node != 0) {
     throw ExecError(detail::format("ranks per node {} does not divide the {} ranks", ranks_per_node, world));
   }
   // Stages 1-3 lay every unit out in world equal chunks, one per rank (padded); stage 0 keeps one.
   const int shards = plan.zero_stage >= 1 ? world : 1;
-  units.resize(model.units.size());
-  for (std::size_t u = 0; u < model.units.size(); ++u) {
-    const zoo::Unit& src = model.units[u];
+  const int total = static_cast<int>(model.units.size());
+  const int count = stage.count < 0 ? total - stage.first : stage.count;
+  if (stage.first < 0 || count < 1 || stage.first + count > total) {
+    throw ExecError(detail::format("stage units [{}, {}) outside the model's {} units", stage.first, stage.first + count, total));
+  }
+  units.resize(static_cast<std::size_t>(count));
+  std::vector<const c10::TensorImpl*> replicated;  // weights of other stages this stage holds a copy of
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const int global = first_unit + static_cast<int>(u);
+    const zoo::Unit& src = model.units[static_cast<std::size_t>(global)];
     UnitRT& U = units[u];
     U.name = src.name;
     U.module = src.module;
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (const auto& item : src.module->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
+    // A weight owned on an earlier stage: this unit's own copy, after its parameters.
+    std::vector<std::pair<int, std::string>> tied;
+    for (const auto& b : src.borrowed) {
+      if (b.owner_unit >= first_unit) continue;
+      const auto& owner = model.units[static_cast<std::size_t>(b.owner_unit)];
+      const auto owner_params = owner.module->named_parameters(true);
+      const torch::Tensor* t = owner_params.find(b.owner_name);
+      if (t == nullptr) {
+        throw ExecError(detail::format("unit {} borrows {} from unit {}, which has no such parameter", src.name,
+                                       b.owner_name, b.owner_unit));
+      }
+      named.emplace_back("tied." + owner.name + "." + b.owner_name, *t);
+      replicated.push_back(t->unsafeGetTensorImpl());
+      tied.emplace_back(b.owner_unit, b.owner_name);
+    }
     U.flat = FlatParams(named);
+    for (const auto& [owner, name] : tied) {
+      const ParamSlot* slot = U.flat.find("tied." + model.units[static_cast<std::size_t>(owner)].name + "." + name);
+      U.replicas.push_back({owner, name, slot->offset, slot->numel});
+    }
     U.layout = make_shard_layout(U.flat.numel(), shards);
     U.base = padded_total;
     U.shard_base = shard_total;
     padded_total += U.layout.padded_numel();
     shard_total += U.layout.shard_numel;
-    U.checkpoint = plan.checkpointing.applies_to(static_cast<int>(u));
+    U.checkpoint = plan.checkpointing.applies_to(global);
     U.pinned = (u == 0);
     for (const auto& b : src.borrowed) {
-      if (b.owner_unit < 0 || b.owner_unit >= static_cast<int>(u)) {
+      if (b.owner_unit < first_unit) continue;  // a replica (above)
+      if (b.owner_unit >= global) {
         throw ExecError(detail::format("unit {} borrows from unit {}, which does not come before it", src.name, b.owner_unit));
       }
-      const ParamSlot* slot = units[static_cast<std::size_t>(b.owner_unit)].flat.find(b.owner_name);
+      const int owner = b.owner_unit - first_unit;
+      const ParamSlot* slot = units[static_cast<std::size_t>(owner)].flat.find(b.owner_name);
       if (slot == nullptr) {
         throw ExecError(detail::format("unit {} borrows {} from unit {}, which has no such parameter", src.name,
                                        b.owner_name, b.owner_unit));
       }
-      U.borrows.push_back({b.owner_unit, slot->offset, slot->numel, slot->param});
-      units[static_cast<std::size_t>(b.owner_unit)].pinned = true;
+      U.borrows.push_back({owner, slot->offset, slot->numel, slot->param});
+      units[static_cast<std::size_t>(owner)].pinned = true;
+    }
+  }
+  // The other stages' parameters are not this rank's: released (their modules keep empty tensors).
+  if (count < total) {
+    torch::NoGradGuard no_grad;
+    for (int g = 0; g < total; ++g) {
+      if (g >= first_unit && g < first_unit + count) continue;
+      for (auto& t : model.units[static_cast<std::size_t>(g)].module->parameters(true)) {
+        if (std::find(replicated.begin(), replicated.end(), t.unsafeGetTensorImpl()) != replicated.end()) continue;
+        t.set_data(torch::empty({0}, t.options()));
+      }
     }
   }
   if (!dt.master) return;

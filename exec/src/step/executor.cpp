@@ -33,6 +33,7 @@ using pieces::ReplicaSync;
 using pieces::AdaScale;
 using pieces::Checkpoint;
 using pieces::OffloadModel;
+using pieces::Pipeline;
 using pieces::UnitRT;
 
 // The step driver: for each microbatch, forward over the units then backward in reverse, asking the
@@ -61,11 +62,20 @@ class Executor::Impl {
                                      "gradients from every rank",
                                      plan.localsgd_frequency));
     }
+    if (plan.pipeline_stages > 1 && plan.adascale) {
+      throw ExecError(detail::format("plan: adascale with pipeline_stages {}: AdaScale's gain needs the whole "
+                                     "gradient on every rank", plan.pipeline_stages));
+    }
     guarded([&] {
-      c_ = std::make_unique<Ctx>(model, plan, comm, dev, rec, opt.ranks_per_node);
+      pipe_ = std::make_unique<Pipeline>(plan, static_cast<int>(model.units.size()), comm);
+      const bool piped = plan.pipeline_stages > 1;
+      c_ = std::make_unique<Ctx>(model, plan, pipe_->dp(), dev, rec, piped ? 0 : opt.ranks_per_node, pipe_->units());
+      pipe_->attach(*c_, model);
       params_ = std::make_unique<ParamResidency>(*c_);
       grads_ = std::make_unique<GradSync>(*c_);
-      acts_ = std::make_unique<Activations>(*c_);
+      // One microbatch's activations at a time, or with pipeline stages every microbatch's (the schedule
+      // keeps several alive).
+      for (int k = 0; k < (piped ? plan.microbatches : 1); ++k) acts_.push_back(std::make_unique<Activations>(*c_));
       precision_ = std::make_unique<Precision>(*c_);
       optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_, *precision_);
       replicas_ = std::make_unique<ReplicaSync>(*c_, *params_, *grads_);
@@ -84,8 +94,12 @@ class Executor::Impl {
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     guarded([&] { out = params_->full_copy(); });
+    // A pipeline stage's replicas of tied weights are the owner's (on its stage).
+    std::erase_if(out, [](const auto& p) { return p.first.find(".tied.") != std::string::npos; });
     return out;
   }
+  int first_unit() const { return c_->first_unit; }
+  int pipeline_stage() const { return c_->plan.pipeline_stages > 1 ? pipe_->stage() : -1; }
 
   void save_checkpoint(const std::string& dir, std::int64_t step) {
     guarded([&] { checkpoint_->save(dir, step); });
@@ -125,16 +139,38 @@ class Executor::Impl {
 
   // Takes the input: once unit 0 ran, only what that unit keeps of it holds it (its saved tensors, or
   // a checkpointed unit's kept input, on the host with checkpoint_offload).
-  torch::Tensor forward(torch::Tensor x, int micro) {
+  Activations& acts(int micro) { return *acts_[static_cast<std::size_t>(micro) % acts_.size()]; }
+
+  // `phase` "recompute": a pipeline stage's checkpointed microbatch rebuilt before its backward.
+  torch::Tensor forward(torch::Tensor x, int micro, const char* phase = "forward") {
     Ctx& c = *c_;
+    for (int u = 0; u < c.unit_count(); ++u) {
+      c.at(c.unit(u).name, phase);
+      params_->before_fwd(u, micro);
+      const double t0 = c.rec.now_s();
+      torch::Tensor out = acts(micro).forward(u, x, micro);
+      dev_.synchronize();
+      c.rec.span(Lane::compute, std::string(phase) + " " + c.unit(u).name, t0, c.rec.now_s(), phase, u, micro);
+      x = out.detach();
+      params_->after_fwd(u);
+    }
+    return x;
+  }
+
+  // A pipeline stage's checkpointed forward (fairscale Pipe's checkpoint): no graph, nothing kept.
+  torch::Tensor forward_no_graph(torch::Tensor x, int micro) {
+    Ctx& c = *c_;
+    torch::NoGradGuard no_grad;
     for (int u = 0; u < c.unit_count(); ++u) {
       c.at(c.unit(u).name, "forward");
       params_->before_fwd(u, micro);
       const double t0 = c.rec.now_s();
-      torch::Tensor out = acts_->forward(u, x, micro);
+      {
+        pieces::ComputeScope compute(c.dt, dev_.torch_device().type());
+        x = c.unit(u).module->forward(x);
+      }
       dev_.synchronize();
       c.rec.span(Lane::compute, "forward " + c.unit(u).name, t0, c.rec.now_s(), "forward", u, micro);
-      x = out.detach();
       params_->after_fwd(u);
     }
     return x;
@@ -185,25 +221,53 @@ class Executor::Impl {
   // Unit u's backward: gradients of its parameters (and of the weights it borrows) accumulate where
   // GradSync keeps them; returns the gradient of its input (undefined for the model's input).
   torch::Tensor unit_backward(int u, const torch::Tensor& grad, int micro) {
-    torch::Tensor out = acts_->output_for_backward(u, micro);
+    torch::Tensor out = acts(micro).output_for_backward(u, micro);
     const double t0 = c_->rec.now_s();
     torch::Tensor grad_in =
-        differentiate(u, std::move(out), acts_->input(u), grad, [this](int owner) { return grads_->region(owner); });
-    acts_->after_bwd(u);
+        differentiate(u, std::move(out), acts(micro).input(u), grad, [this](int owner) { return grads_->region(owner); });
+    acts(micro).after_bwd(u);
     dev_.synchronize();
     c_->rec.span(Lane::compute, "backward " + c_->unit(u).name, t0, c_->rec.now_s(), "backward", u, micro);
     return grad_in;
   }
 
-  void backward(torch::Tensor grad, int micro, bool last_micro) {
+  // Returns the gradient of the first unit's input (a pipeline stage sends it to the one before).
+  torch::Tensor backward(torch::Tensor grad, int micro, bool last_micro) {
     for (int u = c_->unit_count() - 1; u >= 0; --u) {
       c_->at(c_->unit(u).name, "backward");
       params_->before_bwd(u, micro);
       grad = unit_backward(u, grad, micro);
       // Gathered parameters go before the gradient is reduce-scattered (FSDP reshards first).
       params_->after_bwd(u);
+      pipe_->tied_grads_out(u, *grads_, last_micro);  // tied weights across pipeline stages: to the owner,
+      pipe_->tied_grads_in(u, *grads_, last_micro);   // and added to the owner's
       grads_->after_bwd(u, micro, last_micro);
     }
+    return grad;
+  }
+
+  // The loss of one microbatch from the last unit's output, its gradient scaled by `scale`: the loss in
+  // fp32 (autocast's rule for losses) from the logits in their compute dtype; the gradient comes back in
+  // that dtype, the fp32 copy and its gradient freed with the loss (as the profiler measures the last unit).
+  torch::Tensor loss_grad(torch::Tensor last, const torch::Tensor& target, int k, double scale, double& loss_sum) {
+    Ctx& c = *c_;
+    c.at(c.units.back().name, "loss");
+    const double t0 = c.rec.now_s();
+    torch::Tensor z = last.detach().requires_grad_(true);
+    last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
+    torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
+    loss_sum += loss.item<double>();
+    torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
+    // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
+    c.rec.span(Lane::compute, "loss", t0, c.rec.now_s(), "forward", c.unit_count() - 1, k);
+    return gz;
+  }
+
+  zoo::Batch data(std::int64_t step, int k) {
+    Ctx& c = *c_;
+    c.at("all", "data");
+    const std::int64_t mb = c.plan.micro_batch;
+    return c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * c.plan.microbatches + k) * mb, mb);
   }
 
   // The model's input on the device; floating inputs (images) in the compute dtype, as the profiler feeds
@@ -211,24 +275,6 @@ class Executor::Impl {
   torch::Tensor model_input(torch::Tensor t) const {
     if (t.is_floating_point() && t.scalar_type() != c_->dt.compute) return t.to(dev_.torch_device(), c_->dt.compute);
     return t.to(dev_.torch_device());
-  }
-
-  // The loss in fp32 (autocast's rule for losses) from the logits in their compute dtype, and the logits'
-  // gradient times `scale`, in their dtype; the fp32 copy and its gradient are freed with the loss (as the
-  // profiler measures the last unit). Adds the loss to loss_sum.
-  torch::Tensor loss_gradient(torch::Tensor last, torch::Tensor target, double scale, int micro, double& loss_sum) {
-    Ctx& c = *c_;
-    c.at(c.units.back().name, "loss");
-    const double t0 = c.rec.now_s();
-    torch::Tensor z = last.detach().requires_grad_(true);
-    last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the caller
-    torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
-    target = torch::Tensor();
-    loss_sum += loss.item<double>();
-    torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
-    // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
-    c.rec.span(Lane::compute, "loss", t0, c.rec.now_s(), "forward", c.unit_count() - 1, micro);
-    return gz;
   }
 
   // One unit's forward (or recompute) inside OffloadModel's schedule: the input a leaf when grad mode is
@@ -328,8 +374,8 @@ class Executor::Impl {
           }
         } else {
           grad[static_cast<std::size_t>(k)] =
-              loss_gradient(std::move(cur), std::exchange(target[static_cast<std::size_t>(k)], torch::Tensor()), scale,
-                            micro(k), loss_sum);
+              loss_grad(std::move(cur), target[static_cast<std::size_t>(k)], micro(k), scale, loss_sum);
+          target[static_cast<std::size_t>(k)] = torch::Tensor();
         }
         cur = torch::Tensor();
       }
@@ -368,11 +414,90 @@ class Executor::Impl {
     }
   }
 
+  // A pipeline stage's step: the schedule's forwards and backwards in the Pipeline piece's order, the
+  // stage's input from the stage before (the data on the first), its output to the one after (the loss
+  // on the last), then the data-parallel step of the stage's units.
+  StepStats run_pipeline_step(std::int64_t step) {
+    Ctx& c = *c_;
+    Pipeline& pp = *pipe_;
+    const double t_step = c.rec.now_s();
+    const int m = c.plan.microbatches;
+    grads_->zero();
+    replicas_->begin_step(step);
+    double loss_sum = 0, busy_s = 0, span_s = 0;
+    const double loss_scale = precision_->loss_scale();
+    const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
+    std::vector<torch::Tensor> kept_in(static_cast<std::size_t>(m)), rng(static_cast<std::size_t>(m)),
+        gz(static_cast<std::size_t>(m));
+    auto target = [&](int k) { return data(step, k).target.to(dev_.torch_device()); };
+    for (const PipelineOp& op : pp.order()) {
+      const int k = op.microbatch;
+      const auto j = static_cast<std::size_t>(k);
+      const bool ckpt = pp.checkpointed(k);
+      if (op.forward) {
+        torch::Tensor x = pp.first() ? model_input(data(step, k).input) : pp.recv_input(k);
+        const double t0 = c.rec.now_s();
+        if (ckpt) {
+          kept_in[j] = x;
+          rng[j] = dev_.rng_state();
+          x = forward_no_graph(std::move(x), k);
+        } else {
+          x = forward(std::move(x), k);
+        }
+        if (pp.last() && !ckpt) gz[j] = loss_grad(std::move(x), target(k), k, scale, loss_sum);
+        busy_s += c.rec.now_s() - t0;
+        if (!pp.last()) pp.send_output(k, x);
+        continue;
+      }
+      torch::Tensor g;
+      double t0 = c.rec.now_s();
+      std::vector<torch::Tensor> kept_buffers;  // BatchNorm-style statistics the recompute updates again
+      if (ckpt) {
+        for (const UnitRT& U : c.units)
+          for (const auto& b : U.module->buffers()) kept_buffers.push_back(b.clone());
+        torch::Tensor now_rng = dev_.rng_state();
+        dev_.set_rng_state(rng[j]);
+        torch::Tensor x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
+        dev_.set_rng_state(now_rng);
+        rng[j] = torch::Tensor();
+        if (pp.last()) gz[j] = loss_grad(std::move(x), target(k), k, scale, loss_sum);
+      }
+      busy_s += c.rec.now_s() - t0;
+      g = pp.last() ? std::exchange(gz[j], torch::Tensor()) : pp.recv_grad(k);
+      t0 = c.rec.now_s();
+      torch::Tensor g_in = backward(std::move(g), k, k == m - 1);
+      grads_->finish_microbatch();
+      if (!kept_buffers.empty()) {
+        torch::NoGradGuard no_grad;
+        std::size_t i = 0;
+        for (const UnitRT& U : c.units)
+          for (auto& b : U.module->buffers()) b.copy_(kept_buffers[i++]);
+      }
+      busy_s += c.rec.now_s() - t0;
+      span_s = c.rec.now_s() - t_step;
+      if (!pp.first()) pp.send_grad(k, g_in);
+    }
+    grads_->finish_step();
+    StepStats stats;
+    stats.loss_scale = loss_scale;
+    stats.skipped = !optimizer_->step(1.0);
+    precision_->after_step(stats.skipped);
+    pp.tied_params_after_step(*params_);
+    stats.loss = pp.share_loss(loss_sum / m);
+    pp.finish_step();
+    dev_.synchronize();
+    stats.time_s = c.rec.now_s() - t_step;
+    stats.pipeline_busy_s = busy_s;
+    stats.pipeline_span_s = span_s;
+    stats.phase_s = c.rec.end_step();
+    return stats;
+  }
+
   StepStats run_step(std::int64_t step) {
+    if (c_->plan.pipeline_stages > 1) return run_pipeline_step(step);
     Ctx& c = *c_;
     const double t_step = c.rec.now_s();
     const int m = c.plan.microbatches;
-    const std::int64_t mb = c.plan.micro_batch;
     grads_->zero();
     replicas_->begin_step(step);
     if (adascale_) adascale_->begin_step();
@@ -384,13 +509,12 @@ class Executor::Impl {
       offload_model_microbatch(step, k, scale / c.plan.offload_model.microbatches, loss_sum);
     }
     for (int k = 0; k < m && !offload_model_; ++k) {
-      c.at("all", "data");
-      zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + k) * mb, mb);
+      zoo::Batch batch = data(step, k);
       // The batch's own references go (on a CPU device `to` is the same tensor): the input lives as long
       // as the first unit keeps it.
       torch::Tensor input = model_input(std::exchange(batch.input, torch::Tensor()));
       torch::Tensor target = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
-      torch::Tensor gz = loss_gradient(forward(std::move(input), k), std::move(target), scale, k, loss_sum);
+      torch::Tensor gz = loss_grad(forward(std::move(input), k), target, k, scale, loss_sum);
       backward(std::move(gz), k, k == m - 1);  // the logits' gradient dies with the last unit's backward
       grads_->finish_microbatch();
     }
@@ -412,7 +536,8 @@ class Executor::Impl {
   std::unique_ptr<Ctx> c_;
   std::unique_ptr<ParamResidency> params_;
   std::unique_ptr<GradSync> grads_;
-  std::unique_ptr<Activations> acts_;
+  std::unique_ptr<Pipeline> pipe_;  // pipeline stages (with one stage: the whole model, the world)
+  std::vector<std::unique_ptr<Activations>> acts_;
   std::unique_ptr<Precision> precision_;
   std::unique_ptr<OptimizerStep> optimizer_;
   std::unique_ptr<ReplicaSync> replicas_;
@@ -434,5 +559,7 @@ int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }
 bool Executor::views_valid() const { return impl_->views_valid(); }
 LossScaler& Executor::loss_scaler() { return impl_->loss_scaler(); }
+int Executor::first_unit() const { return impl_->first_unit(); }
+int Executor::pipeline_stage() const { return impl_->pipeline_stage(); }
 
 }  // namespace zeroplan::exec

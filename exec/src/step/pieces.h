@@ -21,6 +21,9 @@
 //   OffloadModel    fairscale OffloadModel: slices of consecutive units visit the device one at a time,
 //                   their gradients carried to the host; the micro batch in chunks, slice-boundary
 //                   activations on the host with checkpoint_activation             (offload_model.cpp)
+//   Pipeline        pipeline stages: which units this rank runs, the schedule's order, activations and
+//                   their gradients to and from the neighbouring stages, tied weights across stages, the
+//                   loss from the last stage                                                (pipeline.cpp)
 #pragma once
 
 #include <torch/torch.h>
@@ -40,6 +43,7 @@
 #include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/optimizer.h"
 #include "zeroplan/exec/recorder.h"
+#include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/profiles/plan.h"
 #include "zeroplan/profiles/zoo.h"
 
@@ -53,11 +57,22 @@ struct Borrow {
   torch::Tensor param;      // the owner's parameter (the tensor the borrower uses)
 };
 
+// Pipelines: a weight this unit uses whose owner runs on another stage (the tied embedding on the last
+// stage). The stage holds its own copy as a parameter of this unit (Megatron's layout, what the simulator
+// counts); the Pipeline piece sends its gradient to the owner and copies the owner's update back.
+struct TiedReplica {
+  int owner = 0;             // the owner's unit index in the whole model
+  std::string owner_name;    // the parameter's name in the owner
+  std::int64_t offset = 0;   // in this unit's flat parameter
+  std::int64_t numel = 0;
+};
+
 struct UnitRT {
   std::string name;
   std::shared_ptr<zoo::UnitModule> module;
   FlatParams flat;
   std::vector<Borrow> borrows;
+  std::vector<TiedReplica> replicas;  // pipelines: copies of weights owned on another stage
   ShardLayout layout;
   std::int64_t base = 0;        // region of the unit in full-size flat buffers (padded sizes, unit order)
   std::int64_t shard_base = 0;  // region of this rank's shard in shard-size buffers
@@ -97,10 +112,20 @@ class ComputeScope {
   torch::ScalarType was_dtype_ = torch::kBFloat16;
 };
 
+// The model's units this rank runs: all of them, or one pipeline stage's.
+struct StageUnits {
+  int first = 0;
+  int count = -1;           // -1: to the end
+  bool input_grad = false;  // the first unit's input needs its gradient (it came from an earlier stage)
+};
+
 class Ctx {
  public:
   // Flattens each unit's parameters and lays out shards over `world` ranks when the plan shards anything.
-  Ctx(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec, int ranks_per_node);
+  // With a stage: only its units, the parameters of the others released (a pipeline rank holds its
+  // stage); `comm` is then the stage's data-parallel group.
+  Ctx(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec, int ranks_per_node,
+      const StageUnits& stage = {});
 
   zoo::Model& model;
   const Plan plan;
@@ -111,12 +136,17 @@ class Ctx {
   int rank = 0, world = 1;
   int ranks_per_node = 1;         // consecutive ranks that share a node (divides world)
   std::vector<UnitRT> units;
+  int first_unit = 0;        // the model's index of units[0]
+  bool input_grad = false;   // StageUnits::input_grad
   std::int64_t padded_total = 0;  // sum of the units' padded sizes
   std::int64_t shard_total = 0;   // sum of the units' shard sizes (this rank's share)
   Dtypes dt;
   // dt.master: this rank's shard of the fp32 parameters as built (shard-size buffer, shard_base regions),
   // taken by OptimizerStep as its master before ParamResidency rounds the parameters to 16 bits.
   torch::Tensor master_init;
+  // Where ranks agree across the whole world (the loss scaler's skip): `comm`, or with pipeline stages
+  // every stage's ranks.
+  Communicator* world_comm = nullptr;
   std::string cur_unit = "all", cur_phase = "setup";  // what an error names
 
   UnitRT& unit(int u) { return units[static_cast<std::size_t>(u)]; }
@@ -341,9 +371,6 @@ class AdaScale {
   std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
 };
 
-// The newest step of `dir` that has a manifest (-1: none): checkpoint.cpp.
-std::int64_t newest_checkpoint_step(const std::string& dir);
-
 class Checkpoint {
  public:
   Checkpoint(Ctx& c, ParamResidency& params, OptimizerStep& opt, Precision& precision);
@@ -400,6 +427,72 @@ class OffloadModel {
   std::vector<char> loaded_;
   std::vector<torch::Tensor> grad_;  // per unit: its device gradient while it exists
   int micro_ = 0;                    // the outer microbatch of the backward under way
+};
+
+// Pipeline parallelism (fairscale Pipe / GPipe, and 1F1B), the simulator's sim/src/lowering/pipeline.cpp.
+// Ranks are stage-major, as the simulator assumes: rank = stage x dp + replica, so a stage's data-parallel
+// group is dp consecutive ranks (Communicator::split(dp)) and replica d's pipeline is ranks d, dp + d, ...
+// Activations go forward and their gradients back point to point on the world communicator (Gloo send /
+// recv between the same replica's ranks of neighbouring stages); a header with the shape and dtype goes
+// before each activation.
+class Pipeline {
+ public:
+  // Balance: the plan's units per stage (pipeline_balance's list); time/memory balances need the model's
+  // profile, which `zeroplan run` resolves into a list before the executor starts.
+  Pipeline(const Plan& plan, int model_units, Communicator& world);
+  Communicator& dp() { return *dp_; }  // this stage's data-parallel group
+  StageUnits units() const;
+  int stage() const { return stage_; }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ + 1 == stages_; }
+  const std::vector<PipelineOp>& order() const { return order_; }
+  bool checkpointed(int mb) const { return pipeline_checkpointed(plan_, mb); }
+  void attach(Ctx& c, const zoo::Model& model);  // the tied weights this stage shares with another
+
+  torch::Tensor recv_input(int mb);                      // from the previous stage
+  void send_output(int mb, const torch::Tensor& y);      // to the next stage
+  torch::Tensor recv_grad(int mb);                       // the gradient of what send_output sent
+  void send_grad(int mb, const torch::Tensor& g);        // the gradient of what recv_input returned
+  // Tied weights: a borrower's replica gradient goes to its owner (and is zeroed here); the owner adds it
+  // to its own before the unit's gradient is reduced (stages 0-1: once, on the last microbatch).
+  void tied_grads_out(int u, GradSync& grads, bool last_micro);
+  void tied_grads_in(int u, GradSync& grads, bool last_micro);
+  void tied_params_after_step(ParamResidency& params);   // the owner's updated weights to the replicas
+  double share_loss(double loss);                        // the last stage's loss, on every stage
+  void finish_step();                                    // every send waited
+
+ private:
+  int tag(int kind, int mb, int k = 0) const { return kind * 1000000 + mb * 64 + k; }
+  int peer(int stage) const { return stage * dp_size_ + replica_; }
+  int stage_of(int unit) const;
+  bool tied_due(bool last_micro) const;
+  void waited(const char* what, double t0_s, int mb = -1);
+  struct Tie {
+    int local_unit = 0;       // this stage's unit: the owner's or the borrower's
+    std::int64_t offset = 0;  // of the weight in that unit's flat parameter
+    std::int64_t numel = 0;
+    int other_stage = 0;
+    int k = 0;                // the tie's index (tags)
+    bool owner = false;
+  };
+  const Plan plan_;
+  Communicator& world_;
+  std::unique_ptr<Communicator> dp_own_;
+  Communicator* dp_ = nullptr;
+  int stages_ = 1, stage_ = 0, dp_size_ = 1, replica_ = 0;
+  std::vector<int> balance_, first_;
+  std::vector<PipelineOp> order_;
+  Ctx* c_ = nullptr;
+  std::vector<Tie> ties_;
+  std::vector<std::vector<std::int64_t>> sent_shape_;  // per microbatch: the output's shape
+  std::vector<torch::ScalarType> sent_dtype_;
+  std::vector<std::unique_ptr<Work>> act_sends_;         // per microbatch: waited once its gradient came back
+  std::unique_ptr<Work> grad_send_;                      // one in flight
+  torch::Tensor grad_sent_;
+  std::unique_ptr<Work> tied_send_;                      // one in flight
+  torch::Tensor tied_sent_;
+  std::vector<std::unique_ptr<Work>> other_sends_;       // waited at the end of the step
+  std::vector<torch::Tensor> other_sent_;
 };
 
 }  // namespace zeroplan::exec::pieces

@@ -87,8 +87,14 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     if (options.plan.precision.loss_scale.mode != LossScale::Mode::none) result.loss_scales.push_back(st.loss_scale);
     if (st.skipped) result.skipped_steps.push_back(s);
     if (options.plan.adascale) result.lr_gains.push_back(st.lr_gain);
+    if (!warmup && executor.pipeline_stage() >= 0) {
+      result.pipeline_busy_s.push_back(st.pipeline_busy_s);
+      result.pipeline_span_s.push_back(st.pipeline_span_s);
+    }
     if (!warmup) {
-      for (const auto& [u, t] : recorder.unit_times()) {
+      // Unit indices are this rank's (a pipeline stage's from its first unit on).
+      for (const auto& [local, t] : recorder.unit_times()) {
+        const int u = local + executor.first_unit();
         if (u >= static_cast<int>(n_units) || t.microbatches < 1) continue;
         unit_fwd[static_cast<std::size_t>(u)].push_back(t.fwd_s / t.microbatches);
         unit_bwd[static_cast<std::size_t>(u)].push_back(t.bwd_s / t.microbatches);
@@ -121,6 +127,11 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     if (unit_fwd[u].empty()) continue;
     result.units.push_back({model.units[u].name, percentile(unit_fwd[u], 50), percentile(unit_bwd[u], 50)});
   }
+  result.pipeline_stage = executor.pipeline_stage();
+  if (result.pipeline_stage >= 0) {
+    result.first_unit = executor.first_unit();
+    result.stage_units = options.plan.pipeline.balance.units[static_cast<std::size_t>(result.pipeline_stage)];
+  }
   result.device_peak_bytes = std::max(device_peak, device->peak_bytes());
   result.host_peak_bytes = std::max(host_peak, device->host_pool().peak_bytes());
   result.device_peak_at = recorder.peak_at();
@@ -149,6 +160,8 @@ std::string checkpoint_refusal(const RunOptions& o) {
   if (o.checkpoint_dir.empty() && o.resume_dir.empty()) return "";
   if (o.plan.localsgd()) return detail::format("localsgd_frequency {}: every rank keeps its own replica between averages", o.plan.localsgd_frequency);
   if (o.plan.adascale) return "adascale: its gain's running averages are not checkpointed";
+  if (o.plan.pipeline_stages > 1)
+    return detail::format("pipeline_stages {}: a pipeline stage's checkpoint is not written yet", o.plan.pipeline_stages);
   return "";
 }
 
@@ -227,7 +240,44 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
     rec.units.push_back(std::move(u));
   }
+  // Units each rank ran that rank 0 did not (pipeline stages), in rank order: stage-major ranks, so model order.
+  for (const RunResult* r : ranks) {
+    for (const UnitPhaseTime& x : r->units) {
+      if (std::any_of(rec.units.begin(), rec.units.end(), [&](const UnitPhaseTime& u) { return u.name == x.name; })) continue;
+      UnitPhaseTime u = x;
+      for (const RunResult* o : ranks) {
+        for (const UnitPhaseTime& y : o->units) {
+          if (y.name != u.name) continue;
+          u.fwd_s = std::max(u.fwd_s, y.fwd_s);
+          u.bwd_s = std::max(u.bwd_s, y.bwd_s);
+        }
+      }
+      rec.units.push_back(std::move(u));
+    }
+  }
   for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at});
+  // Pipeline stages: each stage's largest peaks over its ranks, its median compute per step, and the
+  // bubble over every rank's measured steps.
+  if (options.plan.pipeline_stages > 1) {
+    double busy = 0, span = 0;
+    rec.stages.resize(static_cast<std::size_t>(options.plan.pipeline_stages));
+    for (std::size_t s = 0; s < rec.stages.size(); ++s) rec.stages[s].stage = static_cast<int>(s);
+    for (const RunResult* r : ranks) {
+      if (r->pipeline_stage < 0 || r->pipeline_stage >= options.plan.pipeline_stages) continue;
+      RunStage& st = rec.stages[static_cast<std::size_t>(r->pipeline_stage)];
+      st.first_unit = r->first_unit;
+      st.units = r->stage_units;
+      st.ranks.push_back(r->rank);
+      st.device_peak_bytes = std::max(st.device_peak_bytes, r->device_peak_bytes);
+      st.host_peak_bytes = std::max(st.host_peak_bytes, r->host_peak_bytes);
+      if (!r->pipeline_busy_s.empty()) st.compute_busy_s = std::max(st.compute_busy_s, percentile(r->pipeline_busy_s, 50));
+      for (std::size_t k = 0; k < r->pipeline_busy_s.size() && k < r->pipeline_span_s.size(); ++k) {
+        busy += r->pipeline_busy_s[k];
+        span += r->pipeline_span_s[k];
+      }
+    }
+    rec.bubble_fraction = span > 0 ? std::clamp(1 - busy / span, 0.0, 1.0) : 0.0;
+  }
   rec.losses = ranks[0]->losses;
   rec.loss_scales = ranks[0]->loss_scales;
   rec.skipped_steps = ranks[0]->skipped_steps;
@@ -272,7 +322,12 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"cpu_wall_s", r.cpu_wall_s},
                      {"cores", r.cores},
                      {"host", r.host},
-                     {"trace_path", r.trace_path}};
+                     {"trace_path", r.trace_path},
+                     {"pipeline_stage", r.pipeline_stage},
+                     {"first_unit", r.first_unit},
+                     {"stage_units", r.stage_units},
+                     {"pipeline_busy_s", r.pipeline_busy_s},
+                     {"pipeline_span_s", r.pipeline_span_s}};
 }
 
 void from_json(const nlohmann::json& j, RunResult& r) {
@@ -302,6 +357,11 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   if (j.contains("cores")) j.at("cores").get_to(r.cores);
   if (j.contains("host")) j.at("host").get_to(r.host);
   j.at("trace_path").get_to(r.trace_path);
+  if (j.contains("pipeline_stage")) j.at("pipeline_stage").get_to(r.pipeline_stage);
+  if (j.contains("first_unit")) j.at("first_unit").get_to(r.first_unit);
+  if (j.contains("stage_units")) j.at("stage_units").get_to(r.stage_units);
+  if (j.contains("pipeline_busy_s")) j.at("pipeline_busy_s").get_to(r.pipeline_busy_s);
+  if (j.contains("pipeline_span_s")) j.at("pipeline_span_s").get_to(r.pipeline_span_s);
 }
 
 }  // namespace zeroplan::exec

@@ -59,24 +59,25 @@ std::vector<Knob> build() {
             "gradient accumulation steps (and GPipe microbatches)", ZP_ASSIGN(microbatches))
           .tune_knob("micro_batch")
           .depends([](const Plan& p) { return batch_split(p, p.micro_batch); }),
-      // Pipeline parallelism: simulated and tuned, not run yet.
+      // Pipeline parallelism: simulated, tuned and run (the executor needs the balance as units per stage,
+      // which `run --profile` and autopilot resolve with pipeline_balance).
       Entry("pipeline_stages", T::integer, ">= 1, divides world_size; > 1 needs zero_stage 0-2", "1",
             "pipeline stages (GPipe / 1F1B); data-parallel size = world_size / pipeline_stages", ZP_ASSIGN(pipeline_stages))
-          .tune_knob("pipeline").run(no),
+          .tune_knob("pipeline"),
       Entry("pipeline.balance", T::balance, "time | memory | [units per stage, each >= 1, sum = units]", "time",
             "pipeline: units per stage, or balanced by profiled time or by memory (fairscale balance_by_time / _size)",
             ZP_ASSIGN(pipeline.balance))
-          .tune_knob("pipeline").run(no)
+          .tune_knob("pipeline")
           .in_use([](const Plan& p) { return p.pipeline_stages > 1 && p.pipeline.balance != PipelineBalance{}; }),
       Entry("pipeline.schedule", T::choice, "gpipe | 1f1b", "gpipe",
             "pipeline: gpipe (all forwards, then all backwards) or 1f1b (PipeDream-flush)", ZP_ASSIGN(pipeline.schedule))
-          .choices({"gpipe", "1f1b"}).tune_knob("pipeline").run(no)
+          .choices({"gpipe", "1f1b"}).tune_knob("pipeline")
           .in_use([](const Plan& p) { return p.pipeline_stages > 1 && p.pipeline.schedule != "gpipe"; }),
       Entry("pipeline.checkpoint", T::choice, "always | except_last | never; gpipe, checkpointing none",
             "except_last if pipeline_stages > 1, gpipe and checkpointing none; else never",
             "pipeline (fairscale Pipe): recompute each stage's forward in backward for all microbatches, all but the last, "
             "or none", ZP_ASSIGN(pipeline.checkpoint))
-          .choices({"always", "except_last", "never"}).tune_knob("pipeline").run(no)
+          .choices({"always", "except_last", "never"}).tune_knob("pipeline")
           .depends([](const Plan& p) {
             const bool on = p.pipeline_stages > 1 && p.pipeline.schedule == "gpipe" &&
                             p.checkpointing.mode == Checkpointing::Mode::none;

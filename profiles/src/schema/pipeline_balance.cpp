@@ -62,6 +62,28 @@ std::vector<int> balanced_blocks(const std::vector<double>& w, int parts) {
   return out;
 }
 
+std::vector<PipelineOp> pipeline_order(const std::string& schedule, int p, int s, int m) {
+  std::vector<PipelineOp> ops;
+  if (schedule == "gpipe") {
+    for (int j = 0; j < m; ++j) ops.push_back({true, j});
+    for (int j = 0; j < m; ++j) ops.push_back({false, j});
+    return ops;
+  }
+  const int warmup = std::min(p - s - 1, m);
+  for (int j = 0; j < warmup; ++j) ops.push_back({true, j});
+  for (int i = 0; i < m - warmup; ++i) {
+    ops.push_back({true, warmup + i});
+    ops.push_back({false, i});
+  }
+  for (int j = m - warmup; j < m; ++j) ops.push_back({false, j});
+  return ops;
+}
+
+bool pipeline_checkpointed(const Plan& plan, int mb) {
+  const std::string& mode = plan.pipeline.checkpoint;
+  return plan.pipeline_stages > 1 && (mode == "always" || (mode == "except_last" && mb + 1 < plan.microbatches));
+}
+
 std::vector<int> pipeline_balance(const Plan& plan, const ModelProfile& model) {
   const PipelineBalance& b = plan.pipeline.balance;
   if (b.mode == PipelineBalance::Mode::units) return b.units;

@@ -76,6 +76,18 @@ ojson write_unit(const UnitPhaseTime& u) {
   return j;
 }
 
+ojson write_stage(const RunStage& s) {
+  ojson j;
+  j["stage"] = s.stage;
+  j["first_unit"] = s.first_unit;
+  j["units"] = s.units;
+  j["ranks"] = s.ranks;
+  j["device_peak_bytes"] = s.device_peak_bytes;
+  j["host_peak_bytes"] = s.host_peak_bytes;
+  j["compute_busy_s"] = s.compute_busy_s;
+  return j;
+}
+
 bool same_double(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 }  // namespace
@@ -100,6 +112,18 @@ void read_value(const nlohmann::json& j, RankPeak& p, const std::string& path) {
   r.req("device_peak_bytes", p.device_peak_bytes);
   r.req("host_peak_bytes", p.host_peak_bytes);
   r.opt("device_peak_at", p.device_peak_at);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, RunStage& s, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("stage", s.stage);
+  r.req("first_unit", s.first_unit);
+  r.req("units", s.units);
+  r.req("ranks", s.ranks);
+  r.req("device_peak_bytes", s.device_peak_bytes);
+  r.req("host_peak_bytes", s.host_peak_bytes);
+  r.opt("compute_busy_s", s.compute_busy_s);
   r.finish();
 }
 
@@ -141,7 +165,8 @@ bool RunRecord::operator==(const RunRecord& o) const {
          phase_times_s == o.phase_times_s && peaks == o.peaks &&
          std::equal(losses.begin(), losses.end(), o.losses.begin(), o.losses.end(), same_double) && units == o.units &&
          lr_gains == o.lr_gains && fallbacks == o.fallbacks && trace_paths == o.trace_paths &&
-         loss_scales == o.loss_scales && skipped_steps == o.skipped_steps;
+         loss_scales == o.loss_scales && skipped_steps == o.skipped_steps && stages == o.stages &&
+         bubble_fraction == o.bubble_fraction;
 }
 
 ojson to_ordered_json(const RunRecord& r) {
@@ -163,6 +188,8 @@ ojson to_ordered_json(const RunRecord& r) {
   if (!r.lr_gains.empty()) j["lr_gains"] = r.lr_gains;
   j["fallbacks"] = r.fallbacks;
   j["trace_paths"] = r.trace_paths;
+  if (!r.stages.empty()) j["stages"] = write_array(r.stages, write_stage);
+  if (!r.stages.empty() || r.bubble_fraction != 0) j["bubble_fraction"] = r.bubble_fraction;
   j["plan"] = to_ordered_json(r.plan);
   return j;
 }
@@ -202,6 +229,23 @@ void validate(const RunRecord& r) {
       record_error("peaks[" + std::to_string(i) + "]: negative bytes (device " + num(p.device_peak_bytes) +
                    ", host " + num(p.host_peak_bytes) + ")");
   }
+  if (!r.stages.empty() && static_cast<int>(r.stages.size()) != r.plan.pipeline_stages)
+    record_error("stages has " + num(static_cast<std::int64_t>(r.stages.size())) + " entries for plan.pipeline_stages " +
+                 num(r.plan.pipeline_stages));
+  for (std::size_t i = 0; i < r.stages.size(); ++i) {
+    const RunStage& st = r.stages[i];
+    const std::string at = "stages[" + std::to_string(i) + "]";
+    if (st.stage != static_cast<int>(i)) record_error(at + ".stage is " + num(st.stage) + " (expected " + std::to_string(i) + ")");
+    if (st.first_unit < 0 || st.units < 1)
+      record_error(at + ": first_unit " + num(st.first_unit) + " must be >= 0 and units " + num(st.units) + " >= 1");
+    if (st.device_peak_bytes < 0 || st.host_peak_bytes < 0 || !(st.compute_busy_s >= 0))
+      record_error(at + ": negative figure (device " + num(st.device_peak_bytes) + ", host " + num(st.host_peak_bytes) +
+                   ", compute_busy_s " + num(st.compute_busy_s) + ")");
+    for (const int rank : st.ranks)
+      if (rank < 0 || rank >= e.ranks) record_error(at + ".ranks has rank " + num(rank) + " of " + num(e.ranks));
+  }
+  if (!(r.bubble_fraction >= 0 && r.bubble_fraction <= 1))
+    record_error("bubble_fraction must be in [0, 1] (got " + num(r.bubble_fraction) + ")");
   if (static_cast<int>(r.lr_gains.size()) > steps)
     record_error("lr_gains has " + num(static_cast<std::int64_t>(r.lr_gains.size())) + " entries for " + num(steps) +
                  " steps");
@@ -248,6 +292,8 @@ void from_json(const nlohmann::json& j, RunRecord& rec) {
   r.opt("lr_gains", rec.lr_gains);
   r.opt("fallbacks", rec.fallbacks);
   r.opt("trace_paths", rec.trace_paths);
+  r.opt("stages", rec.stages);
+  r.opt("bubble_fraction", rec.bubble_fraction);
   r.req("plan", rec.plan);
   r.finish();
   validate(rec);

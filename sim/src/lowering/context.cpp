@@ -62,7 +62,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
         // The backward runs in reverse: the owner's gradient starts at its latest borrower's backward.
         for (Unit& earlier : units) std::erase(earlier.owners_due, o);
         units.back().owners_due.push_back(o);
-        units.back().borrows_from.push_back(o);
+        units.back().borrows.emplace_back(o, b.params);
       }
     }
   }
@@ -124,19 +124,20 @@ Ctx::Ctx(Ctx& whole, int stage_index, int first, int count)
   input0 = first > 0 ? whole.units[static_cast<std::size_t>(first - 1)].output : whole.input0;
   rng_state_bytes = whole.rng_state_bytes;
   for (Unit& u : units) {
-    // Shared parameters whose owner runs on another stage: this stage holds a replica (as Megatron keeps
-    // the tied word embeddings on the first and the last stage), so they count as its own.
     std::vector<int> local;
-    for (const int o : u.owners_due) {
-      if (o >= first && o < first + count) {
-        local.push_back(o - first);
-      } else {
-        u.params += whole.units[static_cast<std::size_t>(o)].params;
-        u.shard = (u.params + n - 1) / n;
-        u.padded = u.shard * n;
-      }
-    }
+    for (const int o : u.owners_due)
+      if (o >= first && o < first + count) local.push_back(o - first);
     u.owners_due = std::move(local);
+    // Shared parameters whose owner runs on an earlier stage: this stage holds a replica of the borrowed
+    // parameters (as Megatron keeps the tied word embeddings on the first and the last stage, and the
+    // executor's pipeline piece does), so they count as its own: the borrowed tensor, not the owner unit.
+    for (const auto& [o, params] : u.borrows) {
+      if (o >= first) continue;
+      u.replica_params += params;
+      u.params += params;
+      u.shard = (u.params + n - 1) / n;
+      u.padded = u.shard * n;
+    }
   }
   for (const Unit& u : units) total_params += u.params;
   fwd.assign(units.size(), kNone);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zeroplan/profiles/cluster.h"
@@ -35,7 +36,11 @@ struct Unit {
   // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
   bool pinned = false;
   std::vector<int> owners_due;     // borrower: owners whose gradient starts at this unit's backward
-  std::vector<int> borrows_from;   // borrower: every owner it borrows from
+  // Every shared parameter this unit uses: (owner's expanded index, parameters borrowed).
+  std::vector<std::pair<int, std::int64_t>> borrows;
+  // Pipelines: parameters of shared weights whose owner runs on an earlier stage (this stage's replica,
+  // included in params).
+  std::int64_t replica_params = 0;
 };
 
 // Precision: bytes per element of each copy of the model states.

@@ -44,7 +44,7 @@ struct Schedule {
     std::vector<int> out;
     for (int u = first(s); u < end(s); ++u) out.push_back(u);
     for (int u = first(s); u < end(s); ++u) {
-      for (int o : unit(u).borrows_from) {
+      for (const auto& [o, n] : unit(u).borrows) {
         if (o < first(s) && std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
       }
     }

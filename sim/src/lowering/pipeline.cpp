@@ -10,6 +10,8 @@
 //          stage's forward just before its backward;
 //   1f1b:  (PipeDream-flush) min(p - s - 1, m) forwards, then a forward and a backward in turn, then
 //          the backwards left: at most p - s microbatches in flight on stage s.
+// The order and the checkpointed microbatches are profiles' pipeline_order and pipeline_checkpointed,
+// which the executor's pipeline piece (exec/src/step/pipeline.cpp) runs too.
 // The backward of a microbatch starts at the stage's last unit when its output's gradient has arrived.
 #include <fmt/format.h>
 
@@ -23,28 +25,6 @@
 namespace zeroplan::sim::lowering {
 
 namespace {
-
-struct Op {
-  bool forward;
-  int mb;
-};
-
-std::vector<Op> stage_order(const std::string& schedule, int p, int s, int m) {
-  std::vector<Op> ops;
-  if (schedule == "gpipe") {
-    for (int j = 0; j < m; ++j) ops.push_back({true, j});
-    for (int j = 0; j < m; ++j) ops.push_back({false, j});
-    return ops;
-  }
-  const int warmup = std::min(p - s - 1, m);
-  for (int j = 0; j < warmup; ++j) ops.push_back({true, j});
-  for (int i = 0; i < m - warmup; ++i) {
-    ops.push_back({true, warmup + i});
-    ops.push_back({false, i});
-  }
-  for (int j = m - warmup; j < m; ++j) ops.push_back({false, j});
-  return ops;
-}
 
 // Whether every replica's ranks of stages s and s + 1 are on one node (stage-major ranks).
 bool same_node(int s, int dp, int devices_per_node) {
@@ -67,7 +47,7 @@ struct Stage {
 
 class Pipeline {
  public:
-  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m) {}
+  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m), n_tied_(c.g.intern("tied gradient sent")) {}
 
   std::vector<PipelineStage> run() {
     const std::vector<int> balance = pipeline_balance(c_.plan, c_.model);
@@ -91,7 +71,8 @@ class Pipeline {
     }
     for (int s = 0; s < p_; ++s) {
       Stage& st = stages_[static_cast<std::size_t>(s)];
-      for (const Op& op : stage_order(c_.plan.pipeline.schedule, p_, s, m_)) (op.forward ? forward(st, op.mb) : backward(st, op.mb));
+      for (const PipelineOp& op : pipeline_order(c_.plan.pipeline.schedule, p_, s, m_))
+        (op.forward ? forward(st, op.microbatch) : backward(st, op.microbatch));
       optimizer_step(*st.v, *st.grads);
       // The Prediction's unit timings (first microbatch), in the whole model's indices.
       for (std::size_t u = 0; u < st.v->units.size(); ++u) {
@@ -106,10 +87,7 @@ class Pipeline {
   }
 
  private:
-  bool checkpointed(int mb) const {
-    const std::string& mode = c_.plan.pipeline.checkpoint;
-    return mode == "always" || (mode == "except_last" && mb + 1 < m_);
-  }
+  bool checkpointed(int mb) const { return pipeline_checkpointed(c_.plan, mb); }
 
   void forward(Stage& st, int mb) {
     Ctx& v = *st.v;
@@ -153,6 +131,12 @@ class Pipeline {
         acts.on_fwd(u, mb, re);
       }
     }
+    // A replica of a weight owned on an earlier stage: its gradient is copied and sent to the owner after
+    // the unit's backward (every microbatch at zero stage 2, which reduces every microbatch; else the
+    // accumulated one after the last), the copy held until the stage's backward of the microbatch is done.
+    AllocId tied_copy = kNone;
+    TaskId tied_task = kNone;
+    int tied_unit = -1;
     for (int u = units - 1; u >= 0; --u) {
       const TaskId params_ready = st.params->before_bwd(u, mb);
       const TaskId acts_ready = acts.before_bwd(u, mb, params_ready);
@@ -164,11 +148,26 @@ class Pipeline {
       st.out.work.push_back(bwd);
       if (u + 1 == units) st.bwd_last[static_cast<std::size_t>(mb)] = bwd;
       if (u == 0) st.bwd_first[static_cast<std::size_t>(mb)] = bwd;
+      const Unit& x = v.units[static_cast<std::size_t>(u)];
+      TaskId copy = kNone;
+      if (x.replica_params > 0 && (c_.plan.zero_stage >= 2 || mb + 1 == m_)) {
+        // The copy is made once the backward is done, before the unit's gradient is reduced.
+        copy = v.g.add_task(v.compute, 0.0, v.label(n_tied_, u, mb), {bwd}, c_.n_cat_compute);
+        tied_copy = v.g.alloc(copy, v.dev, x.replica_params * v.b.grad, MemCategory::grads, v.label(n_tied_, u, mb), kNone);
+        tied_task = copy;
+        tied_unit = u;
+      }
       const TaskId done = st.grads->after_bwd(u, mb, bwd);
+      if (copy != kNone && done != bwd) v.g.add_dep(done, copy);
       acts.after_bwd(u, mb, bwd);
       st.params->after_bwd(u, mb, done);
       v.bwd[static_cast<std::size_t>(u)] = done;
       if (done != bwd) st.out.work.push_back(done);  // the gradient's accumulation (stage 2)
+    }
+    // Held until the stage's backward of the microbatch is done (the first unit's reduction issued).
+    if (tied_copy != kNone) {
+      const bool no_reduction_task = tied_unit == 0 && v.bwd[0] == st.bwd_first[static_cast<std::size_t>(mb)];
+      v.g.set_free_at(tied_copy, no_reduction_task ? tied_task : v.bwd[0]);
     }
     st.grads->finish_microbatch(mb);
   }
@@ -184,24 +183,33 @@ class Pipeline {
     const ResourceId bwd_link = c_.g.add_resource(fmt::format("p2p.s{}>s{}", s + 1, s), ResourceKind::comm);
     const NameId act = c_.g.intern("send activations"), grad = c_.g.intern("send gradients");
     const NameId received = c_.g.intern("received activations"), received_grad = c_.g.intern("received gradients");
+    const NameId sent_grad = c_.g.intern("sent gradients");
     const int last = static_cast<int>(a.v->units.size()) - 1;
     for (int j = 0; j < m_; ++j) {
       const auto mb = static_cast<std::size_t>(j);
       const TaskId send = c_.g.add_task(fwd_link, t, a.v->label(act, last, j), {a.fwd_last[mb]}, c_.n_cat_comm);
       if (a.kept_output[mb] != kNone) c_.g.set_free_at(a.kept_output[mb], send);
       c_.g.add_dep(b.fwd_first[mb], send);
-      // The received input lives until the first unit's forward ends (it is in that unit's saved bytes
-      // from then on); a checkpointed microbatch keeps it until the stage's backward is done.
-      c_.g.alloc(send, b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
+      // Sends are rendezvous, as Gloo's are: the receiver's buffer is allocated when it asks for the data,
+      // at the start of the forward or backward that needs it (the executor's recv), not when the sender
+      // is done. The received input lives until the first unit's forward ends (it is in that unit's saved
+      // bytes from then on); a checkpointed microbatch keeps it until the stage's backward is done.
+      c_.g.alloc(b.fwd_first[mb], b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
                  checkpointed(j) ? b.bwd_first[mb] : b.fwd_first[mb]);
       const TaskId back = c_.g.add_task(bwd_link, t, b.v->label(grad, 0, j), {b.bwd_first[mb]}, c_.n_cat_comm);
       c_.g.add_dep(a.bwd_last[mb], back);
-      c_.g.alloc(back, a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j), a.bwd_last[mb]);
+      c_.g.alloc(a.bwd_last[mb], a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j),
+                 a.bwd_last[mb]);
+      // The sender keeps the gradient it sent until its next backward's is sent (one in flight; the last
+      // to the end of the step).
+      c_.g.alloc(back, b.v->dev, bytes, MemCategory::activations, b.v->label(sent_grad, 0, j),
+                 j + 1 < m_ ? b.bwd_first[mb + 1] : kNone);
     }
   }
 
   Ctx& c_;
   const int p_, m_;
+  const NameId n_tied_;
   std::vector<Stage> stages_;
 };
 

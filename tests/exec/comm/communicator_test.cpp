@@ -62,6 +62,31 @@ TEST(CountingCommunicator, CountsCallsAndBytesLikeNcclTests) {
   EXPECT_EQ(comm.counts().calls(), 0);
 }
 
+// Point to point (pipeline stages): a local communicator sends to itself, in order per tag; the counting
+// one counts sends and receives apart from the collectives.
+TEST(LocalCommunicator, SendsToItselfInOrderPerTag) {
+  LocalCommunicator local;
+  CountingCommunicator comm(local);
+  comm.send(input(0, 3), 0, 7)->wait();
+  comm.send(input(1, 3), 0, 7)->wait();
+  comm.send(input(2, 5), 0, 8)->wait();
+  auto a = torch::empty({5});
+  comm.recv(a, 0, 8)->wait();
+  EXPECT_TRUE(a.equal(input(2, 5)));
+  auto b = torch::empty({3});
+  comm.recv(b, 0, 7)->wait();
+  EXPECT_TRUE(b.equal(input(0, 3)));
+  comm.recv(b, 0, 7)->wait();
+  EXPECT_TRUE(b.equal(input(1, 3)));
+  EXPECT_THROW(comm.recv(b, 0, 7), CommError);  // nothing sent: it would wait forever
+  EXPECT_THROW(comm.send(b, 1, 7), CommError);   // no rank 1
+  const CollectiveCounts c = comm.counts();
+  EXPECT_EQ(c.send, 4);  // counted as issued, the refused one too (as collectives are)
+  EXPECT_EQ(c.recv, 4);
+  EXPECT_EQ(c.bytes_send, 12 + 12 + 20 + 12);
+  EXPECT_EQ(c.calls(), 0);  // point to point is not a collective
+}
+
 TEST(CountingCommunicator, DelaysEveryCollective) {
   LocalCommunicator local;
   CountingCommunicator comm(local, std::chrono::milliseconds(20));
@@ -152,6 +177,27 @@ TEST(GlooCommunicator, MatchesTheSingleProcessReductionOnUnevenSizes) {
   });
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
+}
+
+// Gloo send/recv between two ranks, both directions at once with different tags (a pipeline's activations
+// forward and gradients back), in order per tag.
+TEST(GlooCommunicator, SendAndRecvBothWays) {
+  auto errors = on_two_gloo_ranks([](Communicator& comm) {
+    const int r = comm.rank(), peer = 1 - r;
+    std::vector<std::unique_ptr<Work>> sends;
+    std::vector<torch::Tensor> sent;
+    for (int k = 0; k < 3; ++k) {
+      sent.push_back(input(10 * r + k, 1000));
+      sends.push_back(comm.send(sent.back(), peer, r == 0 ? 1 : 2));
+    }
+    for (int k = 0; k < 3; ++k) {
+      auto t = torch::empty({1000});
+      comm.recv(t, peer, r == 0 ? 2 : 1)->wait();
+      EXPECT_TRUE(t.equal(input(10 * peer + k, 1000))) << "rank " << r << " message " << k;
+    }
+    for (auto& w : sends) w->wait();
+  });
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
 }
 
 TEST(GlooCommunicator, ExactMicroCase) {

@@ -118,8 +118,8 @@ struct CaseResult {
   nlohmann::json trace;  // when the case asked for one
 };
 
-// Runs the cases on 2 Gloo ranks; results[rank][case].
-std::vector<std::vector<CaseResult>> launch(const std::vector<Case>& cases) {
+// Runs the cases on `ranks` Gloo ranks (2 unless told); results[rank][case].
+std::vector<std::vector<CaseResult>> launch(const std::vector<Case>& cases, int ranks = 2) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("zeroplan_step_" + std::to_string(::getpid()) + "_" +
                                               std::to_string(std::rand()));
@@ -133,10 +133,11 @@ std::vector<std::vector<CaseResult>> launch(const std::vector<Case>& cases) {
   lo.output_dir = dir.string();
   lo.capture_output = true;
   lo.env = {{kJobVar, job_path.string()}, {"OMP_NUM_THREADS", "1"}};
-  LaunchResult lr = launch_local(2, {"exec_step_test"}, lo);
+  lo.timeout = std::chrono::seconds(30 * ranks / 2);
+  LaunchResult lr = launch_local(ranks, {"exec_step_test"}, lo);
   EXPECT_EQ(lr.exit_code, 0) << lr.message;
-  std::vector<std::vector<CaseResult>> out(2);
-  for (int r = 0; r < 2; ++r) {
+  std::vector<std::vector<CaseResult>> out(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
       CaseResult cr;
       const std::string base = rank_file(dir.string(), r, ".case" + std::to_string(i));
@@ -222,6 +223,83 @@ TEST(ExecutorGlooParity, ResnetTinyCheckpointingAndMicrobatches) {
   check_parity(resnet_tiny(16), {{0, 1, false, false, false, false, true}, {3, 1, true, false, false, false, true}}, 0, 5);
   check_parity(resnet_tiny(8), {{0, 2}, {2, 2}, {3, 2, true}}, 0, 1, 1e-6, 1e-7);
 }
+// Pipeline stages (stage-major ranks: rank = stage x dp + replica), 5 steps against the single-process
+// reference: 2 ranks (2 stages) and 4 ranks (2 stages x 2 data-parallel ranks at ZeRO 0-2), GPipe with each
+// of fairscale Pipe's checkpoint modes and 1F1B. gpt2-tiny's 4 units split [2, 2]: embed + block0 |
+// block1 + head, so the head's tied token embedding crosses the stages (a replica on stage 1, its
+// gradient added to the owner's, the update copied back). Every rank reports the pipeline's loss; the
+// parameters of each replica's stages, in unit order, equal the reference's.
+struct PipeSpec {
+  int stages = 2, dp = 1;
+  std::string schedule = "gpipe", checkpoint = "never";
+  int microbatches = 4;
+  int zero = 0;
+  std::string label() const {
+    return "pipe" + std::to_string(stages) + "x" + std::to_string(dp) + "_" + schedule + "_" + checkpoint + "_m" +
+           std::to_string(microbatches) + "_zero" + std::to_string(zero);
+  }
+};
+
+void check_pipeline_parity(const ModelSpec& m, const std::vector<PipeSpec>& specs, const std::vector<int>& balance,
+                           int steps = 5) {
+  TrainResult ref = reference_run(m, make_plan(m, 1, {}), steps);
+  std::vector<Case> cases;
+  const int ranks = specs.front().stages * specs.front().dp;
+  for (const PipeSpec& s : specs) {
+    ASSERT_EQ(s.stages * s.dp, ranks) << "one launch, one world size";
+    Case c{m, {s.zero, s.microbatches}, steps, 0, 0};
+    c.edit = [s, m, balance](Plan& p) {
+      p = make_plan(m, s.stages * s.dp, {s.zero, s.microbatches});
+      p.micro_batch = m.global_batch / (s.dp * s.microbatches);
+      p.pipeline_stages = s.stages;
+      p.pipeline.schedule = s.schedule;
+      p.pipeline.checkpoint = s.checkpoint;
+      p.pipeline.balance.mode = PipelineBalance::Mode::units;
+      p.pipeline.balance.units = balance;
+    };
+    cases.push_back(c);
+  }
+  auto results = launch(cases, ranks);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const PipeSpec& s = specs[i];
+    for (int d = 0; d < s.dp; ++d) {
+      NamedTensors got;
+      for (int st = 0; st < s.stages; ++st) {
+        const int r = st * s.dp + d;
+        const CaseResult& cr = results[static_cast<std::size_t>(r)][i];
+        const std::string what = s.label() + " rank " + std::to_string(r);
+        ASSERT_FALSE(cr.json.is_null()) << what << ": no result";
+        ASSERT_FALSE(cr.json.contains("error")) << what << ": " << cr.json["error"];
+        expect_losses_close(cr.json.at("losses").get<std::vector<double>>(), ref.losses, what);
+        EXPECT_EQ(cr.json.at("pipeline_stage").get<int>(), st) << what;
+        for (const auto& t : cr.params) got.emplace_back("", t);
+      }
+      ASSERT_EQ(got.size(), ref.params.size()) << s.label() << " replica " << d;
+      for (std::size_t k = 0; k < got.size(); ++k) got[k].first = ref.params[k].first;
+      expect_params_close(got, ref.params, s.label() + " replica " + std::to_string(d));
+    }
+  }
+}
+
+TEST(ExecutorGlooParity, PipelineTwoStages) {
+  check_pipeline_parity(gpt_tiny(), {{2, 1, "gpipe", "never"}, {2, 1, "gpipe", "always"}, {2, 1, "gpipe", "except_last"},
+                                     {2, 1, "1f1b", "never"}, {2, 1, "1f1b", "never", 2, 1}},
+                        {2, 2});
+}
+TEST(ExecutorGlooParity, PipelineTwoStagesTwoReplicas) {
+  check_pipeline_parity(gpt_tiny(), {{2, 2, "gpipe", "never", 2, 0}, {2, 2, "gpipe", "always", 2, 1},
+                                     {2, 2, "gpipe", "except_last", 2, 2}, {2, 2, "1f1b", "never", 2, 0},
+                                     {2, 2, "1f1b", "never", 4, 2}},
+                        {2, 2});
+}
+// Four stages of one unit each on 4 ranks: activations pass through stages that neither start nor end
+// the model, and the tied embedding goes between stages 0 and 3, which are not neighbours.
+TEST(ExecutorGlooParity, PipelineFourStages) {
+  check_pipeline_parity(gpt_tiny(), {{4, 1, "gpipe", "except_last"}, {4, 1, "gpipe", "always"}, {4, 1, "1f1b", "never"},
+                                     {4, 1, "1f1b", "never", 4, 2}},
+                        {1, 1, 1, 1});
+}
+
 TEST(ExecutorGlooParity, MlpOddParameterCountEveryPlan) { check_parity(mlp_odd(), parity_plans(), 0); }
 TEST(ExecutorGlooParity, DelayBeforeCollectives) {
   check_parity(gpt_tiny(), {{0, 2}, {2, 2}, {3, 2, true, false, false, false, true}}, 500);

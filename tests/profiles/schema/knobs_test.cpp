@@ -209,7 +209,7 @@ TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
 // each knob marked run: no is named when a plan uses it, and only those.
 TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   const std::set<std::string> not_run = {
-      "pipeline_stages", "pipeline.balance", "pipeline.schedule", "pipeline.checkpoint", "offload.activations_ratio"};
+      "offload.activations_ratio"};
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
@@ -222,15 +222,13 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
     for (const auto& line : listed) named = named || line.rfind(k.name + " ", 0) == 0;
     EXPECT_EQ(named, k.run == Support::no);
   }
-  EXPECT_EQ(unsupported_knobs(apply_sets(base(), {{"pipeline_stages", "2"}}), Component::run),
-            (std::vector<std::string>{"pipeline_stages 2", "pipeline.checkpoint except_last"}));
-  // A pipeline's settings matter only with more than one stage.
-  EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"pipeline.schedule", "1f1b"}}), Component::run).empty());
+  // Pipelines run (exec/src/step/pipeline.cpp).
+  EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"pipeline_stages", "2"}}), Component::run).empty());
   // OffloadModel's settings matter only when it is on.
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
             "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
-            "checkpointing,checkpoint_offload,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
+            "offload_model,checkpointing,checkpoint_offload,pipeline,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
 }
 
 TEST(Knobs, TuneKnobsMoveRegistryKnobs) {

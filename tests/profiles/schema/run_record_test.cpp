@@ -19,6 +19,25 @@ TEST(RunRecord, RoundTripWithNanLoss) {
   EXPECT_TRUE(std::isnan(parse_document<RunRecord>(text).losses[2]));
 }
 
+// A pipelined run: per-stage peaks and the measured bubble, optional fields that round-trip.
+TEST(RunRecord, RoundTripWithPipelineStages) {
+  RunRecord r = sample_run_record();
+  r.plan = Plan::default_ddp(2, 68);
+  r.plan.pipeline_stages = 2;
+  r.plan.micro_batch = 17;
+  r.plan.microbatches = 4;
+  r.plan.pipeline.schedule = "1f1b";
+  r.plan.pipeline.balance = {PipelineBalance::Mode::units, {2, 2}};
+  r.stages = {{0, 0, 2, {0}, 1000, 0, 0.05}, {1, 2, 2, {1}, 1010, 0, 0.04}};
+  r.bubble_fraction = 0.25;
+  validate(r);
+  testing::expect_round_trip(r);
+  // Without them the document has neither key (older readers see what they saw).
+  const std::string text = to_json_string(sample_run_record());
+  EXPECT_EQ(text.find("bubble_fraction"), std::string::npos);
+  EXPECT_EQ(text.find("\"stages\""), std::string::npos);
+}
+
 TEST(RunRecord, Statistics) {
   // numpy.percentile([0.21, 0.2, 0.22, 0.19, 0.2], [10, 50, 90]) = [0.194, 0.2, 0.216]
   const RunRecord r = sample_run_record();
@@ -81,6 +100,9 @@ const Rule kRules[] = {
      "run_record: peaks[1]: negative bytes (device 1010, host -1)"},
     {"Losses", [](RunRecord& r) { r.losses.push_back(1.0); }, "run_record: losses has 8 entries for 7 steps"},
     {"TracePaths", [](RunRecord& r) { r.trace_paths.pop_back(); }, "run_record: trace_paths has 1 entries for 2 ranks"},
+    {"StagesCount", [](RunRecord& r) { r.stages = {{0, 0, 1, {0}, 1, 0, 0}, {1, 1, 1, {1}, 1, 0, 0}}; },
+     "run_record: stages has 2 entries for plan.pipeline_stages 1"},
+    {"Bubble", [](RunRecord& r) { r.bubble_fraction = 1.5; }, "run_record: bubble_fraction must be in [0, 1] (got 1.5)"},
     {"UnitTimes", [](RunRecord& r) { r.units[0].fwd_s = -1; },
      "run_record: units[0]: negative time (fwd_s -1.0, bwd_s 0.002)"},
 };

@@ -63,6 +63,21 @@ class Communicator {
     throw CommError(backend() + " communicator cannot form a second process group");
   }
 
+  // Point to point (pipeline stages): `tensor` goes to rank `dst` of this communicator, which receives it
+  // with recv(t, this rank, tag) into a tensor of the same numel and dtype. Not collective: only the two
+  // ranks call. Sends and receives between two ranks with the same tag match in the order issued.
+  // Throws CommError when this communicator cannot.
+  virtual std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) {
+    (void)tensor;
+    (void)tag;
+    throw CommError(backend() + " communicator cannot send to rank " + std::to_string(dst));
+  }
+  virtual std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) {
+    (void)tensor;
+    (void)tag;
+    throw CommError(backend() + " communicator cannot receive from rank " + std::to_string(src));
+  }
+
   // What ran instead of a missing collective (e.g. "gloo reduce_scatter via all_reduce"), recorded in
   // the RunRecord so the simulator models what really ran.
   virtual std::vector<std::string> fallbacks() const = 0;

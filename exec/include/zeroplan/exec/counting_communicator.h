@@ -15,7 +15,7 @@
 
 namespace zeroplan::exec {
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier, kSend, kRecv };
 const char* to_string(Collective c);
 
 struct CollectiveCall {
@@ -26,6 +26,8 @@ struct CollectiveCall {
 struct CollectiveCounts {
   int64_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, broadcast = 0, barrier = 0;
   int64_t bytes_all_reduce = 0, bytes_all_gather = 0, bytes_reduce_scatter = 0, bytes_broadcast = 0;
+  // Point to point (pipelines): not in calls() or bytes(), which count collectives.
+  int64_t send = 0, recv = 0, bytes_send = 0, bytes_recv = 0;
   int64_t calls() const { return all_reduce + all_gather + reduce_scatter + broadcast + barrier; }
   int64_t bytes() const {
     return bytes_all_reduce + bytes_all_gather + bytes_reduce_scatter + bytes_broadcast;
@@ -55,6 +57,8 @@ class CountingCommunicator final : public Communicator {
                                        ReduceOp op) override;
   std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override;
   void barrier() override;
+  std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) override;
+  std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) override;
   // Counts its own calls (the group's), with the same delay.
   std::unique_ptr<Communicator> split(int group_size) override;
   // Its calls are counted here, with this one's (they are the same ranks' collectives).

@@ -39,6 +39,9 @@ struct StepStats {
   double loss_scale = 1;  // what the loss gradient was multiplied by (1 without loss scaling)
   bool skipped = false;   // non-finite gradients on some rank: parameters and optimizer state untouched
   double lr_gain = 1;     // AdaScale's gain this step (1 without AdaScale)
+  // Pipeline stages: this rank's compute time (forward, recompute, backward, loss) and the time from the
+  // step's start to the end of its last backward; 1 - busy / span is its share of the bubble.
+  double pipeline_busy_s = 0, pipeline_span_s = 0;
   std::map<std::string, double> phase_s;
 };
 
@@ -79,6 +82,8 @@ class Executor {
   int units_with_params() const;               // F
   bool views_valid() const;                    // every resident unit's parameters are flat views
   LossScaler& loss_scaler();                   // precision.loss_scale's scaler (tests set its interval)
+  int first_unit() const;                      // the model's index of this rank's first unit (pipelines)
+  int pipeline_stage() const;                  // this rank's pipeline stage; -1 without pipeline stages
 
  private:
   class Impl;

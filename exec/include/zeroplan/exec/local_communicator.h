@@ -4,6 +4,9 @@
 
 #include <zeroplan/exec/communicator.h>
 
+#include <deque>
+#include <map>
+
 namespace zeroplan::exec {
 
 class LocalCommunicator final : public Communicator {
@@ -19,7 +22,13 @@ class LocalCommunicator final : public Communicator {
   void barrier() override {}
   std::unique_ptr<Communicator> split(int group_size) override;
   std::unique_ptr<Communicator> duplicate() override { return split(1); }
+  // To itself (rank 0): a send is copied and queued per tag, the recv with that tag takes it.
+  std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) override;
+  std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) override;
   std::vector<std::string> fallbacks() const override { return {}; }
+
+ private:
+  std::map<int, std::deque<torch::Tensor>> queued_;
 };
 
 }  // namespace zeroplan::exec

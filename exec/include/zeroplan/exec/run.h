@@ -75,6 +75,11 @@ struct RunResult {
   int cores = 0;
   std::string host;                    // the machine it ran on (gethostname)
   std::string trace_path;              // written trace, or ""
+  // Pipeline stages: this rank's stage (-1 without), its units, and per measured step its compute time
+  // and the time from the step's start to its last backward (StepStats::pipeline_busy_s, _span_s).
+  int pipeline_stage = -1;
+  int first_unit = 0, stage_units = 0;
+  std::vector<double> pipeline_busy_s, pipeline_span_s;
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON
 };
 

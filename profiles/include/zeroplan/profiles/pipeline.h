@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "zeroplan/profiles/model_profile.h"
@@ -22,6 +23,21 @@ namespace zeroplan {
 // Ties go to the earlier stages (the split fills stages front to back up to the least heaviest stage).
 // REQUIRES: validate(plan, model) passes.
 std::vector<int> pipeline_balance(const Plan& plan, const ModelProfile& model);
+
+// One stage's compute order over the step's microbatches, shared by the simulator's lowering and the
+// executor so both run the same schedule:
+//   gpipe: F0 .. F(m-1), then B0 .. B(m-1);
+//   1f1b:  (PipeDream-flush) min(p - s - 1, m) forwards, then a forward and a backward in turn, then the
+//          backwards left: at most p - s microbatches in flight on stage s.
+struct PipelineOp {
+  bool forward = true;
+  int microbatch = 0;
+};
+std::vector<PipelineOp> pipeline_order(const std::string& schedule, int stages, int stage, int microbatches);
+
+// Whether microbatch `mb` of a pipelined plan is checkpointed (fairscale Pipe: always; except_last: all but
+// the last microbatch; never): its stage keeps only its input and recomputes its forward before the backward.
+bool pipeline_checkpointed(const Plan& plan, int mb);
 
 // The contiguous split of `weights` into `parts` blocks (each >= 1 item) minimising the largest block sum.
 // REQUIRES: 1 <= parts <= weights.size(), weights >= 0.

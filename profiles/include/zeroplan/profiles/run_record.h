@@ -50,6 +50,20 @@ struct UnitPhaseTime {
   bool operator==(const UnitPhaseTime&) const = default;
 };
 
+// One stage of a pipelined run (pipeline_stages > 1): its ranks (stage-major: stage x dp + replica), the
+// largest peaks among them, and its compute's share of the steps. Optional; `zeroplan run` fills it.
+struct RunStage {
+  int stage = 0;
+  int first_unit = 0;              // the model's index of its first unit
+  int units = 0;
+  std::vector<int> ranks;
+  std::int64_t device_peak_bytes = 0;
+  std::int64_t host_peak_bytes = 0;
+  double compute_busy_s = 0;       // forward, recompute, backward and loss per step (median over measured steps)
+
+  bool operator==(const RunStage&) const = default;
+};
+
 struct RunRecord {
   std::string model;                 // ModelProfile::name / zoo name
   Plan plan;
@@ -68,6 +82,11 @@ struct RunRecord {
   std::vector<double> lr_gains;      // AdaScale's learning-rate gain per step (optional: empty without it)
   std::vector<std::string> fallbacks;     // "gloo reduce_scatter via all_reduce"
   std::vector<std::string> trace_paths;   // one per rank, or empty
+  // Pipelined runs: per stage, and the measured bubble: the share of the ranks' time from the step's
+  // start to their last backward that their compute idled (1 - busy / span summed over ranks and
+  // measured steps; the simulator's Prediction::bubble_fraction). Optional: empty / 0 otherwise.
+  std::vector<RunStage> stages;
+  double bubble_fraction = 0;
 
   // step_times_s after warm-up.
   std::vector<double> measured_step_times_s() const;
