@@ -75,6 +75,15 @@ std::string describe(const Plan& p) {
   if (p.offload.activations_ratio > 0) s += fmt::format(", offload {:.0f}% activations", 100 * p.offload.activations_ratio);
   if (p.checkpointing.mode == Checkpointing::Mode::all) s += ", checkpoint all";
   else if (p.checkpointing.mode == Checkpointing::Mode::units) s += fmt::format(", checkpoint {} units", p.checkpointing.units.size());
+  if (p.offload_model.enabled) {
+    s += fmt::format(", OffloadModel {} slices{}", p.offload_model.slices,
+                     p.offload_model.checkpoint_activation ? " checkpointed" : "");
+    if (p.offload_model.microbatches > 1) s += fmt::format(" x {} chunks", p.offload_model.microbatches);
+  }
+  if (p.pipeline_stages > 1) {
+    s += fmt::format(", {} pipeline stages {}", p.pipeline_stages, p.pipeline.schedule);
+    if (p.pipeline.schedule == "gpipe" && p.pipeline.checkpoint != "never") s += " checkpoint " + p.pipeline.checkpoint;
+  }
   s += fmt::format(", micro batch {} x {}", p.micro_batch, p.microbatches);
   if (p.localsgd()) s += fmt::format(", LocalSGD every {}", p.localsgd_frequency);
   if (p.slowmo()) s += fmt::format(", SlowMo momentum {:g} every {}", p.slowmo_momentum, p.slowmo_frequency);
@@ -185,12 +194,28 @@ std::vector<GridPlan> fidelity_grid(int nproc, int global_batch) {
   };
   add("g19", 0, 1, offload_model(1, false));
   add("g20", 0, 1, offload_model(2, true));
+  // Pipelines of 2 stages over 4 microbatches (the data-parallel size halved): GPipe with fairscale Pipe's
+  // except_last checkpointing, and 1F1B. Their stages' units come from the prediction (grid_step).
+  const int dp = nproc / 2;
+  if (nproc % 2 == 0 && global_batch % (dp * 4) == 0) {
+    auto pipeline = [dp](const std::string& schedule) {
+      return [dp, schedule](Plan& p) {
+        p.pipeline_stages = 2;
+        p.pipeline.schedule = schedule;
+        p.pipeline.checkpoint = schedule == "gpipe" ? "except_last" : "never";
+        p.microbatches = 4;
+        p.micro_batch = p.global_batch / (dp * 4);
+      };
+    };
+    add("g21", 0, 1, pipeline("gpipe"));
+    add("g22", 0, 1, pipeline("1f1b"));
+  }
   return out;
 }
 
 std::vector<std::string> grid_labels() {
   std::vector<std::string> labels;
-  for (const GridPlan& g : fidelity_grid(1, 4)) labels.push_back(g.label);
+  for (const GridPlan& g : fidelity_grid(2, 8)) labels.push_back(g.label);  // every row exists at 2 ranks
   return labels;
 }
 

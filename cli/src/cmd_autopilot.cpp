@@ -107,7 +107,9 @@ std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& se
   for (int r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) say(g, fmt::format("4/5 grid round {} of {}", r + 1, a.rounds));
     for (std::size_t i = 0; i < plans.size(); ++i) {
-      Trial t = make_trial(plans[i].label, plans[i].plan, Prediction{});
+      // A pipeline runs the units per stage the simulator balanced.
+      const Plan& plan = plans[i].plan;
+      Trial t = make_trial(plans[i].label, plan, plan.pipeline_stages > 1 ? sim::simulate(setup.profile, setup.cluster, plan) : Prediction{});
       const fs::path dir = a.rounds > 1 ? out / "grid" / t.label / fmt::format("round{}", r + 1) : out / "grid" / t.label;
       const std::string& dtype = plans[i].plan.precision.compute_dtype;
       if (plans[i].rank_per_node) {
@@ -256,7 +258,7 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--rounds", a->rounds, "With --grid: run the grid this many times, every plan once per round, and "
                  "judge each plan on its median round (the spread is reported)")
       ->capture_default_str()->check(CLI::Range(1, 20))->needs("--grid");
-  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g20)")
+  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g22)")
       ->delimiter(',')->needs("--grid")
       ->check(CLI::IsMember(autopilot::grid_labels()));
   return [a, &globals] { return autopilot::run_autopilot(*a, globals); };

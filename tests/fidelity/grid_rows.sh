@@ -6,19 +6,20 @@
 # 3% of its prediction, SlowMo's slow momentum and previous parameters (8 bytes per parameter) predicted
 # and measured, the LocalSGD runs averaged parameters without reducing gradients (one node per rank: no
 # gradient all-reduce phase), the 16-bit runs in their dtype; OffloadModel (g19: 2 slices; g20: checkpointed
-# slices, 2 chunks) with the model states on the host and less on the device than the replicas of g15.
+# slices, 2 chunks) with the model states on the host and less on the device than the replicas of g15;
+# 2-stage pipelines (g21 GPipe with except_last checkpointing, g22 1F1B) with a stage per rank.
 #   grid_rows.sh ZEROPLAN
 set -euo pipefail
 zp=$1
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export XDG_CACHE_HOME=$out/cache
 "$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 4 --warmup 1 \
-    --grid --grid-plans g15,g16,g17,g18,g19,g20 -o "$out/ap"
+    --grid --grid-plans g15,g16,g17,g18,g19,g20,g21,g22 -o "$out/ap"
 python3 - "$out/ap" <<'PY'
 import json, os, sys
 ap = sys.argv[1]
 rows = {r["label"]: r for r in json.load(open(os.path.join(ap, "fidelity.json")))["rows"]}
-assert sorted(rows) == ["g15", "g16", "g17", "g18", "g19", "g20"], f"grid plans {sorted(rows)}"
+assert sorted(rows) == ["g15", "g16", "g17", "g18", "g19", "g20", "g21", "g22"], f"grid plans {sorted(rows)}"
 for label, r in rows.items():
     err = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
     assert abs(err) <= 0.03, f"{label}: peak predicted {r['predicted_peak_bytes']} measured {r['measured_peak_bytes']}"
@@ -42,5 +43,9 @@ for label in ("g19", "g20"):  # OffloadModel: the states on the host, slices on 
     assert rec["plan"]["offload_model"]["enabled"], rec["plan"]
     assert min(p["host_peak_bytes"] for p in rec["peaks"]) >= 16 * params, f"{label}: host {rec['peaks']}"
     assert rows[label]["measured_peak_bytes"] < rows["g15"]["measured_peak_bytes"], f"{label}: no less on the device"
+for label, schedule in (("g21", "gpipe"), ("g22", "1f1b")):  # 2 pipeline stages, a rank each
+    rec = json.load(open(os.path.join(ap, "grid", label, "run_record.json")))
+    assert rec["plan"]["pipeline_stages"] == 2 and rec["plan"]["pipeline"]["schedule"] == schedule, rec["plan"]
+    assert len(rec["stages"]) == 2, rec.get("stages")
 print("grid rows ok:", {k: (r["predicted_peak_bytes"], r["measured_peak_bytes"]) for k, r in rows.items()})
 PY
