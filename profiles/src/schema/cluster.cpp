@@ -414,8 +414,8 @@ void validate(const ClusterProfile& c) {
       cluster_error(at + ".min_bytes " + num(f.min_bytes) + " > max_bytes " + num(f.max_bytes));
   }
 
-  if (!(c.allocator_overhead_factor >= 1))
-    cluster_error("allocator_overhead_factor must be >= 1 (got " + num(c.allocator_overhead_factor) + ")");
+  if (!(c.allocator_overhead_factor >= 1 && c.allocator_overhead_factor <= 10))
+    cluster_error("allocator_overhead_factor must be in [1, 10] (got " + num(c.allocator_overhead_factor) + ")");
   if (!(c.probe_other_load_cores >= 0 || c.probe_other_load_cores == -1))
     cluster_error("probe_other_load_cores must be >= 0, or -1 when unknown (got " + num(c.probe_other_load_cores) + ")");
   if (!(c.calibration.compute_time_scale > 0))

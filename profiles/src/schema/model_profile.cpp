@@ -111,13 +111,22 @@ namespace {
 
 [[noreturn]] void model_error(const std::string& message) { fail(kWhere, message); }
 
+// Bounds that keep every sum the simulator makes finite and every count in range: a figure (bytes,
+// seconds, FLOPs per unit) at most 1e18, a unit repeated at most 1e6 times, at most 1e6 units expanded,
+// at most 1e12 parameters per unit.
+constexpr double kMaxFigure = 1e18;
+constexpr std::int64_t kMaxCount = 1000000, kMaxUnitParams = 1000000000000;
+
 void check_figure(const std::string& where, const Figure& f) {
   if (!(f.value >= 0)) model_error(where + " must be >= 0 (got " + num(f.value) + ")");
+  for (const double v : {f.value, f.fit.intercept, f.fit.per_sample}) {
+    if (!(std::abs(v) <= kMaxFigure)) model_error(where + " must be finite and at most 1e18 in size (got " + num(v) + ")");
+  }
   if (f.fit.points < 0) model_error(where + ".points must be >= 0 (got " + num(f.fit.points) + ")");
   if (!(f.fit.r2 <= 1)) model_error(where + ".r2 must be <= 1 (got " + num(f.fit.r2) + ")");
   for (std::size_t i = 0; i < f.measured.size(); ++i) {
     const auto& m = f.measured[i];
-    if (!(m[0] > 0) || !std::isfinite(m[1]) || m[1] < 0) {
+    if (!(m[0] > 0) || !(m[1] <= kMaxFigure) || m[1] < 0) {
       model_error(where + ".measured[" + num(static_cast<double>(i)) + "] must be a batch > 0 and a value >= 0 (got " +
                   num(m[0]) + ", " + num(m[1]) + ")");
     }
@@ -241,6 +250,7 @@ void validate(const ModelProfile& m) {
   }
   if (m.units.empty()) model_error("no units");
   std::set<std::string> names;
+  std::int64_t expanded = 0;
   for (std::size_t i = 0; i < m.units.size(); ++i) {
     const UnitProfile& u = m.units[i];
     const std::string where = "units[" + std::to_string(i) + "]";
@@ -249,7 +259,11 @@ void validate(const ModelProfile& m) {
     const std::string at = where + " (" + u.name + ")";
     if (u.type.empty()) model_error(at + ".type is empty");
     if (u.count < 1) model_error(at + ".count must be >= 1 (got " + num(u.count) + ")");
+    if (u.count > kMaxCount) model_error(at + ".count must be at most 1000000 (got " + num(u.count) + ")");
+    expanded += u.count;
+    if (expanded > kMaxCount) model_error(at + ": more than 1000000 units in all (with the counts so far: " + num(expanded) + ")");
     if (u.params < 0) model_error(at + ".params must be >= 0 (got " + num(u.params) + ")");
+    if (u.params > kMaxUnitParams) model_error(at + ".params must be at most 1e12 (got " + num(u.params) + ")");
     if (u.bytes_param < 0) model_error(at + ".bytes_param must be >= 0 (got " + num(u.bytes_param) + ")");
     if (u.params > 0 && u.bytes_param == 0)
       model_error(at + ".bytes_param is 0 but params is " + num(u.params));

@@ -323,7 +323,9 @@ const Rule kRules[] = {
      },
      "cluster: collectives[0].min_bytes 2097152 > max_bytes 1048576"},
     {"AllocatorFactor", [](ClusterProfile& c) { c.allocator_overhead_factor = 0.9; },
-     "cluster: allocator_overhead_factor must be >= 1 (got 0.9)"},
+     "cluster: allocator_overhead_factor must be in [1, 10] (got 0.9)"},
+    {"AllocatorFactorHuge", [](ClusterProfile& c) { c.allocator_overhead_factor = 1e13; },
+     "cluster: allocator_overhead_factor must be in [1, 10] (got 10000000000000.0)"},
     {"ProvenanceSource", [](ClusterProfile& c) { c.provenance["device.mem_bytes"].source = "vendor"; },
      "cluster: provenance.device.mem_bytes.source must be one of \"datasheet\", \"paper\", \"microbenchmark\", \"probe\", "
      "\"estimate\", "
