@@ -74,6 +74,12 @@ mixed_plans=(
   "zero_stage=2 offload.grads=true offload.optimizer=true"
   "zero_stage=3 offload.params=true offload.grads=true offload.optimizer=true"
 )
+# 16-bit plans predicted from the fp32 profile: the activations scale with the dtype, the last unit's
+# loss (fp32 in every run) keeps its measured size.
+want mixed && for j in 0 2 3; do
+  plan="${mixed_plans[$j]} precision.param_dtype=bf16 precision.compute_dtype=bf16 precision.reduce_dtype=bf16"
+  check "bf16_from_fp32_$j" "$plan" "$mixed_tolerance" "$out/profile.json" device,host
+done
 want mixed && for dtype in bf16 fp16; do
   "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 --dtype "$dtype" \
       -o "$out/profile_$dtype.json"
