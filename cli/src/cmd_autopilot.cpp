@@ -42,8 +42,9 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
                           const std::string& dtype = "fp32") {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
-  say(g, fmt::format("{}profiling {} {} {}({} thread(s) per rank, as the runs will have)", dtype == "fp32" ? "1/5 " : "4/5 ",
-                     model_name, a.preset, dtype == "fp32" ? "" : "in " + dtype + " ", std::max(1, cores / a.nproc)));
+  say(g, fmt::format("{}profiling {} {} {}({} thread(s) per rank and {} ranks computing at once, as the runs will have)",
+                     dtype == "fp32" ? "1/5 " : "", model_name, a.preset, dtype == "fp32" ? "" : "in " + dtype + " ",
+                     std::max(1, cores / a.nproc), a.nproc));
   if (!a.torchscript.empty() && a.input_shape.empty())
     throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   zoo::Model model = a.torchscript.empty() ? zoo::build_model(a.model, a.preset, overrides, 0)
@@ -56,6 +57,7 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
   if (po.batches.size() < 2) po.batches = {per_rank, 2 * per_rank};
   po.threads = std::max(1, cores / a.nproc);
   po.dtype = dtype;
+  po.concurrent_ranks = a.nproc;  // every unit timed with the run's local ranks computing it at once
   ModelProfile profile = profile_model(model, po);
   write_document(out / (dtype == "fp32" ? std::string("model_profile.json") : "model_profile_" + dtype + ".json"), profile);
   return profile;
@@ -90,7 +92,7 @@ ClusterProfile cluster_step(const Args& a, const Globals& g, const fs::path& out
 // 4b. The fidelity grid, no budget. Rounds run every plan once each, so a slow spell of the machine
 // falls on all plans alike; each plan is then judged on its median round.
 std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& setup, const zoo::Options& overrides,
-                             const fs::path& out) {
+                             const fs::path& out, std::map<std::string, ModelProfile>& at_dtype) {
   std::vector<GridPlan> plans = fidelity_grid(a.nproc, a.global_batch);
   if (!a.grid_plans.empty()) {
     std::erase_if(plans, [&](const GridPlan& p) {
@@ -98,7 +100,7 @@ std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& se
     });
   }
   const ClusterProfile per_rank = one_device_per_node(setup.cluster, a.nproc);  // LocalSGD rows
-  std::map<std::string, ModelProfile> at_dtype;  // 16-bit rows: profiled at their dtype, once each
+  // 16-bit rows: predicted from profiles at their dtype, once each (`at_dtype` holds those taken already).
   for (const GridPlan& p : plans) {
     const std::string& d = p.plan.precision.compute_dtype;
     if (d != "fp32" && !at_dtype.contains(d)) at_dtype.emplace(d, profile_step(a, g, overrides, out, d));
@@ -145,7 +147,27 @@ int run_autopilot(Args& a, const Globals& g) {
   zoo::Options overrides = a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
   for (auto& [k, v] : parse_key_values(a.model_opts, "--opt")) overrides[k] = v;
   const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
-  const ModelProfile profile = profile_step(a, g, overrides, out);
+  ModelProfile profile = profile_step(a, g, overrides, out);
+  // A 16-bit plan is predicted from a profile at its dtype (its loss stays fp32, which scaling the fp32
+  // profile would halve), taken once per dtype. When the tuner may vary the precision, both 16-bit dtypes
+  // are profiled first and their unit times recorded in the profile it tunes with (times_at_dtype): on a
+  // CPU the ratio of GEMM peaks says little about a whole unit (the 2-core machine's AMX runs bf16 GEMMs
+  // 6.5x faster than fp32 ones; its layer norms, softmax and gradient adds do not speed up).
+  std::map<std::string, ModelProfile> at_dtype;
+  auto profile_for = [&](const Plan& p) -> const ModelProfile& {
+    const std::string& d = p.precision.compute_dtype;
+    if (d == "fp32") return profile;
+    if (!at_dtype.contains(d)) at_dtype.emplace(d, profile_step(a, g, overrides, out, d));
+    return at_dtype.at(d);
+  };
+  if (a.knobs.find("precision") != std::string::npos && profile.dtype == "fp32") {
+    for (const std::string d : {"bf16", "fp16"}) {
+      Plan p;
+      p.precision.compute_dtype = d;
+      add_times_at_dtype(profile, profile_for(p));
+    }
+    write_document(out / "model_profile.json", profile);
+  }
   const ClusterProfile cluster = cluster_step(a, g, out);
 
   // 3. The budget: the default plan must not fit.
@@ -179,15 +201,6 @@ int run_autopilot(Args& a, const Globals& g) {
   std::string opts;
   for (const auto& [k, v] : overrides) opts += (opts.empty() ? "" : ",") + k + "=" + v;
   const RunSetup setup{a, g, profile, budgeted, opts};
-  // A 16-bit plan is predicted from a profile at its dtype (its loss stays fp32, which scaling the fp32
-  // profile would halve), taken once per dtype.
-  std::map<std::string, ModelProfile> at_dtype;
-  auto profile_for = [&](const Plan& p) -> const ModelProfile& {
-    const std::string& d = p.precision.compute_dtype;
-    if (d == "fp32") return profile;
-    if (!at_dtype.contains(d)) at_dtype.emplace(d, profile_step(a, g, overrides, out, d));
-    return at_dtype.at(d);
-  };
   int n = 0;
   for (auto& t : trials) {
     ++n;
@@ -196,7 +209,7 @@ int run_autopilot(Args& a, const Globals& g) {
   }
   std::optional<PriceRuns> price;
   if (a.allow_approximate_averaging) price = price_step(RunSetup{a, g, profile, cluster, opts}, out);
-  const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, overrides, out) : std::vector<Trial>{};
+  const std::vector<Trial> grid = a.grid ? grid_step(a, g, setup, overrides, out, at_dtype) : std::vector<Trial>{};
 
   // 5. The report.
   say(g, "5/5 writing the report");

@@ -119,6 +119,10 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--warmup", a->options.warmup, "Untimed iterations per unit")->capture_default_str();
   app.add_option("--repeats", a->options.repeats, "Timed iterations per unit")->capture_default_str()->check(positive());
   app.add_option("--threads", a->options.threads, "Torch threads (0: torch's default)")->capture_default_str();
+  app.add_option("--concurrent-ranks", a->options.concurrent_ranks,
+                 "Time each unit with this many ranks' worth of it computing at once (the run's local ranks; "
+                 "CPU; 1: alone)")
+      ->capture_default_str()->check(CLI::Range(1, 256));
   app.add_option("--device", a->options.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--dtype", a->options.dtype, "fp32 | fp16 | bf16")->capture_default_str();
   app.add_option("--seed", a->seed, "Model initialisation seed")->capture_default_str();

@@ -221,8 +221,8 @@ std::string hint(const std::string& name, double err) {
     return err < 0 ? "the simulator is optimistic about the whole step" : "the simulator is pessimistic about the whole step";
   if (name == "phase.forward_s" || name == "phase.backward_s" || name == "phase.compute_s")
     return "compute runs " + direction(err, "slower", "faster") +
-           " than the ModelProfile's unit times say (re-profile with the run's threads; on a shared CPU check the "
-           "core-sharing capacity)";
+           " than the ModelProfile's unit times say (re-profile with the run's threads and local ranks, "
+           "profile --concurrent-ranks; on a shared CPU check the probe's core_contention)";
   if (name == "phase.comm_s")
     return "collectives run " + direction(err, "slower", "faster") +
            " than the ClusterProfile's alpha-beta fit (re-probe the collectives at this world size)";

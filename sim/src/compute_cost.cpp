@@ -32,6 +32,11 @@ bool measured_on_device_kind(const ModelProfile& model, const ClusterProfile& cl
   return profile_cpu == (cluster.device.kind == "cpu");
 }
 
+double compute_time_factor(const ModelProfile& model, const ClusterProfile& cluster) {
+  const double ranks = model.concurrent_ranks > 1 ? 1.0 : cluster.core_contention.compute_ranks_slowdown;
+  return cluster.calibration.compute_time_scale * ranks;
+}
+
 namespace {
 double peak_flops(const ClusterProfile& cluster, std::string_view dtype) {
   const auto& p = cluster.device.peak_flops;
@@ -48,6 +53,15 @@ ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const C
   const double fwd = u.time_fwd_s.at(micro_batch, ref);
   const double bwd = u.time_bwd_s.at(micro_batch, ref);
   if (measured_on_device_kind(model, cluster) && fwd + bwd > 0) {
+    // Measured at the plan's dtype too: those times, not a ratio of GEMM peaks.
+    if (model.dtype != compute_dtype) {
+      if (auto it = u.times_at_dtype.find(std::string(compute_dtype)); it != u.times_at_dtype.end()) {
+        t.fwd_s = std::max(0.0, it->second.time_fwd_s.at(micro_batch, ref));
+        t.bwd_s = std::max(0.0, it->second.time_bwd_s.at(micro_batch, ref));
+        t.from_profile = true;
+        return t;
+      }
+    }
     double scale = 1.0;
     if (model.dtype != compute_dtype) scale = peak_flops(cluster, model.dtype) / peak_flops(cluster, compute_dtype);
     t.fwd_s = std::max(0.0, fwd) * scale;

@@ -138,10 +138,12 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
     for (GroupId gr = 0; gr < n_groups; ++gr) {
       if (!group_dirty[gr]) continue;
       group_dirty[gr] = 0;
-      const double rate = std::min(1.0, g.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count[gr]));
+      const double share = std::min(1.0, g.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count[gr]));
       for (std::uint32_t r : members.row(gr)) {
         Running& x = run[r];
         if (x.task == kNone) continue;
+        const double contended = g.resources()[r].contended_rate;
+        const double rate = contended > 0 ? (group_count[gr] > 1 ? contended : 1.0) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now - x.last));
         x.last = now;
         x.rate = rate;

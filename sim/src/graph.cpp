@@ -86,11 +86,17 @@ double makespan_lower_bound(const TaskGraph& g) {
   std::vector<double> per_resource(g.resources().size(), 0.0);
   for (const Task& t : g.tasks()) per_resource[t.resource] += t.duration_s;
   std::vector<double> per_group(g.groups().size(), 0.0);
+  // A group with a member at its own contended rate may do more than its capacity at once: no bound.
+  std::vector<char> shares(g.groups().size(), 1);
   for (std::size_t r = 0; r < per_resource.size(); ++r) {
     bound = std::max(bound, per_resource[r]);
-    if (const GroupId gr = g.resources()[r].group; gr != kNone) per_group[gr] += per_resource[r];
+    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+      per_group[gr] += per_resource[r];
+      if (g.resources()[r].contended_rate > 0) shares[gr] = 0;
+    }
   }
-  for (std::size_t i = 0; i < per_group.size(); ++i) bound = std::max(bound, per_group[i] / g.groups()[i].capacity);
+  for (std::size_t i = 0; i < per_group.size(); ++i)
+    if (shares[i]) bound = std::max(bound, per_group[i] / g.groups()[i].capacity);
   return bound;
 }
 

@@ -66,7 +66,7 @@ double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cl
     best = std::max(best, before + plan.microbatches * stage);
     before += stage;
   }
-  return best * cluster.calibration.compute_time_scale;
+  return best * compute_time_factor(model, cluster);
 }
 
 }  // namespace zeroplan::sim

@@ -57,9 +57,10 @@ GroupId TaskGraph::add_group(std::string name, double capacity) {
   return static_cast<GroupId>(groups_.size() - 1);
 }
 
-ResourceId TaskGraph::add_resource(std::string name, ResourceKind kind, GroupId group) {
+ResourceId TaskGraph::add_resource(std::string name, ResourceKind kind, GroupId group, double contended_rate) {
   assert(group == kNone || group < groups_.size());
-  resources_.push_back({std::move(name), kind, group});
+  assert(contended_rate >= 0 && contended_rate <= 1);
+  resources_.push_back({std::move(name), kind, group, contended_rate});
   return static_cast<ResourceId>(resources_.size() - 1);
 }
 

@@ -64,3 +64,12 @@ set -e
   { cat err.txt; fail "profile --analytic --trace: exit $rc (want 1, one line)"; }
 echo "ok: --analytic --trace: $(cat err.txt)"
 [ ! -e t.json ] || fail "--analytic --trace wrote a trace"
+# README example: under the run's conditions (2 local ranks computing each unit at once), recorded in the
+# profile with the executor's backward (gradients added into a buffer).
+"$zp" -q profile --model mlp --batch 2 --batches 2 --repeats 1 --threads 1 --concurrent-ranks 2 -o two.json
+"$py" -c '
+import json, sys
+m = json.load(open("two.json"))
+sys.exit(0 if m.get("concurrent_ranks") == 2 and m.get("backward_adds_grads") is True
+         else "FAIL: concurrent_ranks / backward_adds_grads not recorded: %s" % {k: m.get(k) for k in ("concurrent_ranks", "backward_adds_grads")})' || exit 1
+echo "ok: --concurrent-ranks 2 recorded"

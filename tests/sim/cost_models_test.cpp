@@ -139,6 +139,37 @@ TEST(Compute, MeasuredTimesOnTheSameDeviceKindAreUsed) {
   EXPECT_FALSE(unit_compute_time(m, 1, a100(1), 1, "fp32").from_profile);  // measured on cpu, target cuda
 }
 
+// A unit profiled at the plan's dtype too: those times, not the fp32 times over the ratio of GEMM peaks
+// (cpu(): bf16 25 GFLOP/s against fp32 50, so 2x the fp32 times without them).
+TEST(Compute, TimesMeasuredAtThePlansDtypeReplaceThePeakRatio) {
+  ModelProfile m = testing::gpt(1, 64, 4, 16, 100);
+  m.measured = true;
+  m.device = "cpu";
+  m.dtype = "fp32";
+  m.units[1].time_fwd_s = Figure::constant(0.01);
+  m.units[1].time_bwd_s = Figure::constant(0.02);
+  EXPECT_DOUBLE_EQ(unit_compute_time(m, 1, cpu(), 1, "bf16").fwd_s, 0.01 * 50e9 / 25e9);
+  m.units[1].times_at_dtype["bf16"] = DtypeTimes{Figure{0.004, Fit{0.001, 0.003, 1, 3}, {}}, Figure::constant(0.007)};
+  const ComputeTime t = unit_compute_time(m, 1, cpu(), 1, "bf16");
+  EXPECT_TRUE(t.from_profile);
+  EXPECT_DOUBLE_EQ(t.fwd_s, 0.004);
+  EXPECT_DOUBLE_EQ(t.bwd_s, 0.007);
+  EXPECT_DOUBLE_EQ(unit_compute_time(m, 1, cpu(), 4, "bf16").fwd_s, 0.001 + 4 * 0.003);  // the fit elsewhere
+  EXPECT_DOUBLE_EQ(unit_compute_time(m, 1, cpu(), 1, "fp32").fwd_s, 0.01);             // the profile's own dtype
+  EXPECT_DOUBLE_EQ(unit_compute_time(m, 1, cpu(), 1, "fp16").fwd_s, 0.01 * 50e9 / 10e9);  // not measured: ratio
+}
+
+// The probe's slowdown of ranks computing at once applies to profiles timed one rank alone only.
+TEST(Compute, RanksSlowdownOnlyForProfilesTimedAlone) {
+  ModelProfile m = testing::gpt(1, 64, 4, 16, 100);
+  ClusterProfile c = cpu();
+  c.calibration.compute_time_scale = 1.1;
+  c.core_contention.compute_ranks_slowdown = 1.5;
+  EXPECT_DOUBLE_EQ(compute_time_factor(m, c), 1.1 * 1.5);
+  m.concurrent_ranks = 2;
+  EXPECT_DOUBLE_EQ(compute_time_factor(m, c), 1.1);
+}
+
 TEST(Compute, AnEmbeddingWithoutFlopsIsTimedByTheBytesItMoves) {
   ModelProfile m = testing::gpt(1, 64, 4, 16, 100);
   UnitProfile& e = m.units[0];

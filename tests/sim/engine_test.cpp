@@ -188,6 +188,30 @@ TEST(SharedGroup, CapacityTwoRunsTwoAtFullSpeed) {
   EXPECT_DOUBLE_EQ(run(g).makespan_s, 1.5);  // three at 2/3 speed
 }
 
+// Measured core contention: compute at 1/1.25 and a collective at 1/2 of their speed while both run
+// (not an equal split of one core): the collective's 0.5 s of work ends at 1.0 s, the compute has done
+// 0.8 of its 1.0 s by then and ends 0.2 s later, at 1.2 s (an equal split would end at 1.5 s).
+TEST(SharedGroup, ContendedRatesReplaceTheEqualShare) {
+  TaskGraph g;
+  const GroupId cores = g.add_group("cores", 1.0);
+  const ResourceId compute = g.add_resource("compute", ResourceKind::compute, cores, 1.0 / 1.25);
+  const ResourceId comm = g.add_resource("comm", ResourceKind::comm, cores, 0.5);
+  const TaskId a = g.add_task(compute, 1.0, {});
+  const TaskId b = g.add_task(comm, 0.5, {});
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.end_s[b], 1.0);
+  EXPECT_DOUBLE_EQ(r.end_s[a], 1.2);
+  // Alone, each runs at full speed.
+  TaskGraph alone;
+  const GroupId c2 = alone.add_group("cores", 1.0);
+  const ResourceId x = alone.add_resource("compute", ResourceKind::compute, c2, 0.8);
+  alone.add_task(x, 1.0, {});
+  EXPECT_DOUBLE_EQ(run(alone).makespan_s, 1.0);
+  // The group's capacity is no bound when its members run faster together than an equal split.
+  EXPECT_LE(makespan_lower_bound(g), r.makespan_s);
+  EXPECT_DOUBLE_EQ(makespan_lower_bound(g), 1.0);
+}
+
 TEST(Graph, CriticalPathFollowsTheLongestChain) {
   TaskGraph g;
   const ResourceId r0 = g.add_resource("a", ResourceKind::compute);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "fixtures.h"
@@ -96,6 +97,61 @@ TEST(Lowering, CalibrationScalesComputeAndCollectives) {
   EXPECT_NEAR(cal.resource_busy_s.at("compute"), 2 * base.resource_busy_s.at("compute"), 1e-12);
   EXPECT_NEAR(cal.resource_busy_s.at("comm"), 3 * base.resource_busy_s.at("comm"), 1e-12);
   EXPECT_GT(cal.step_time_s, 2 * base.step_time_s * 0.99);
+}
+
+// The probe's core contention on a CPU cluster: the slowdown of ranks computing at once scales every
+// compute task of a profile timed one rank alone (as calibration.compute_time_scale would), not one timed
+// with the ranks computing at once; compute and collectives then run at their measured contended rates.
+TEST(Lowering, CoreContentionOnACpuCluster) {
+  ModelProfile m = gpt(2, 256, 4, 64, 1000);
+  ClusterProfile one = testing::cpu(1);
+  const Plan p1 = Plan::default_ddp(1, 4);
+  ClusterProfile scaled = one;
+  scaled.calibration.compute_time_scale = 1.5;
+  ClusterProfile contended = one;
+  contended.core_contention = CoreContention{1.5, 1.25, 2.0};
+  EXPECT_DOUBLE_EQ(simulate(m, contended, p1).step_time_s, simulate(m, scaled, p1).step_time_s);
+  m.concurrent_ranks = 2;
+  EXPECT_DOUBLE_EQ(simulate(m, contended, p1).step_time_s, simulate(m, one, p1).step_time_s);
+
+  ClusterProfile two = testing::cpu(2);
+  const Plan p2 = Plan::default_ddp(2, 8);
+  auto rates = [&](const ClusterProfile& c) {
+    std::map<std::string, double> r;
+    const TaskGraph g = lower_step(m, c, p2);
+    for (const Resource& x : g.resources()) r[x.name] = x.contended_rate;
+    return r;
+  };
+  EXPECT_EQ(rates(two).at("compute"), 0.0);  // not measured: the cores split evenly
+  EXPECT_EQ(rates(two).at("comm"), 0.0);
+  two.core_contention = CoreContention{1.0, 1.25, 2.0};
+  EXPECT_DOUBLE_EQ(rates(two).at("compute"), 0.8);
+  EXPECT_DOUBLE_EQ(rates(two).at("comm"), 0.5);
+  EXPECT_EQ(rates(two).at("h2d"), 0.0);
+  EXPECT_EQ(rates(a100(1)).at("compute"), 0.0);  // GPUs share no cores
+}
+
+// Stages 2-3 add each unit's gradients into a zeroed full buffer: 3 x its bytes through memory (read both,
+// write one), or only the zero fill (1 x) when the profile's backward times already include the add.
+TEST(Lowering, GradientAddIsNotCountedTwice) {
+  ModelProfile m = gpt(2, 256, 4, 64, 1000);
+  const ClusterProfile c = testing::cpu(2);
+  const Plan p = mixed_plan(2, 2, 1, 2);
+  auto acc_s = [&](const ModelProfile& model) {
+    const TaskGraph g = lower_step(model, c, p);
+    double sum = 0;
+    int n = 0;
+    for (TaskId t = 0; t < g.num_tasks(); ++t) {
+      if (g.task_name(t).rfind("accumulate grads", 0) != 0) continue;
+      sum += g.tasks()[t].duration_s;
+      ++n;
+    }
+    EXPECT_GT(n, 0);
+    return sum;
+  };
+  const double before = acc_s(m);
+  m.backward_adds_grads = true;
+  EXPECT_NEAR(acc_s(m), before / 3, 1e-15);
 }
 
 // A tied embedding (the head borrows the embedding's weight): at stages 2-3 the embedding's full

@@ -67,6 +67,10 @@ struct CollectiveRun {
   int threads = 1;
   double compute_alone_s = 0;     // rank 0's median of a small MLP step, the other ranks idle
   double compute_together_s = 0;  // the same with every rank computing
+  // Contention on the shared cores (every rank): an all_reduce of contention_bytes alone and with every
+  // rank computing; the MLP step with an all_reduce in flight on every rank (0: no sample).
+  double contention_bytes = 0, comm_alone_s = 0, comm_with_compute_s = 0, compute_with_comm_s = 0;
+  int compute_with_comm_samples = 0;
 };
 
 CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings& settings) {
@@ -92,6 +96,11 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   run.threads = j.at("threads").get<int>();
   run.compute_alone_s = j.at("compute_alone_s").get<double>();
   run.compute_together_s = j.at("compute_together_s").get<double>();
+  run.contention_bytes = j.at("contention_bytes").get<double>();
+  run.comm_alone_s = j.at("comm_alone_s").get<double>();
+  run.comm_with_compute_s = j.at("comm_with_compute_s").get<double>();
+  run.compute_with_comm_s = j.at("compute_with_comm_s").get<double>();
+  run.compute_with_comm_samples = j.at("compute_with_comm_samples").get<int>();
   run.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
   for (const auto& [op, rows] : j.at("timings").items())
     for (const auto& row : rows)
@@ -156,19 +165,29 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
     progress(line);
     // The smallest world size probed is the one the runs on this machine use first: its slowdown
     // calibrates every compute task (profiles are measured with one process running).
+    // core_contention: the simulator applies compute_ranks_slowdown to profiles timed one rank alone,
+    // and the other two wherever compute and a collective overlap. A ratio below 1 is noise: 1.
     if (n == sizes.front()) {
-      const double slowdown = run.compute_alone_s > 0 ? run.compute_together_s / run.compute_alone_s : 0.0;
-      progress(fmt::format("compute with {} ranks at once: x{:.3f} of one rank alone{}", n, slowdown,
-                           slowdown > 1 ? "" : " (no slowdown recorded)"));
-      if (slowdown > 1) {
-        c.calibration.compute_time_scale = slowdown;
-        c.provenance["calibration.comm_time_scale"] =
-            Provenance{"estimate", "1: the probe times collectives alone; zeroplan autopilot --grid --calibrate "
-                                   "fits this factor from runs"};
-        c.provenance["calibration.compute_time_scale"] = measured(fmt::format(
-            "rank 0's median time of a small MLP forward + backward (512 x 256 -> 1024 -> 256, {} thread(s)) with "
-            "all {} ranks computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms)",
-            run.threads, n, run.compute_together_s * 1e3, run.compute_alone_s * 1e3));
+      auto ratio = [](double num, double den) { return num > 0 && den > 0 ? std::max(1.0, num / den) : 1.0; };
+      CoreContention& cc = c.core_contention;
+      cc.compute_ranks_slowdown = ratio(run.compute_together_s, run.compute_alone_s);
+      cc.compute_with_comm_slowdown = ratio(run.compute_with_comm_s, run.compute_together_s);
+      cc.comm_with_compute_slowdown = ratio(run.comm_with_compute_s, run.comm_alone_s);
+      progress(fmt::format("cores shared by {} ranks: compute x{:.3f} with every rank computing (over one alone), "
+                           "x{:.3f} more with an all_reduce in flight; the all_reduce x{:.3f} with every rank computing",
+                           n, cc.compute_ranks_slowdown, cc.compute_with_comm_slowdown, cc.comm_with_compute_slowdown));
+      if (cc.measured()) {
+        c.provenance["core_contention"] = measured(fmt::format(
+            "rank 0's median times on {} ranks ({} thread(s) each) of a small MLP forward + backward (512 x 256 -> "
+            "1024 -> 256) and of a Gloo all_reduce of {:.0f} bytes: compute_ranks_slowdown = the MLP with every rank "
+            "computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms); compute_with_comm_slowdown "
+            "= the MLP on every rank while every rank has all_reduces in flight on another thread ({:.3f} ms, {} "
+            "samples) over the MLP on every rank ({:.3f} ms); comm_with_compute_slowdown = the all_reduce while every "
+            "rank computes the MLP on another thread ({:.3f} ms) over the all_reduce alone ({:.3f} ms); ratios below "
+            "1 recorded as 1",
+            n, run.threads, run.contention_bytes, run.compute_together_s * 1e3, run.compute_alone_s * 1e3,
+            run.compute_with_comm_s * 1e3, run.compute_with_comm_samples, run.compute_together_s * 1e3,
+            run.comm_with_compute_s * 1e3, run.comm_alone_s * 1e3));
       }
     }
   }

@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "probe_parts.h"
 #include "zeroplan/exec/communicator.h"
@@ -81,17 +83,24 @@ int run_collectives_worker() {
       for (std::int64_t bytes : w.bytes) probe::time_collective(comm, op, bytes, 1, 0);
     // Compute with the other ranks idle, then with every rank computing at once (as in training):
     // ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
+    // Then how compute and a collective in flight slow each other on the shared cores: compute while
+    // every rank has an all_reduce in flight on another thread, and the all_reduce while every rank
+    // computes on another thread.
     {
       torch::manual_seed(0);
       torch::Tensor x = torch::randn({512, 256});
-      torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
-      torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
-      auto once = [&] {
-        torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(w1)).matmul(w2) + x, {256});
-        y.pow(2).mean().backward();
-        w1.mutable_grad() = torch::Tensor();
-        w2.mutable_grad() = torch::Tensor();
+      struct Mlp {
+        torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
+        torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
       };
+      Mlp main_mlp, side_mlp;
+      auto step = [&x](Mlp& m) {
+        torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(m.w1)).matmul(m.w2) + x, {256});
+        y.pow(2).mean().backward();
+        m.w1.mutable_grad() = torch::Tensor();
+        m.w2.mutable_grad() = torch::Tensor();
+      };
+      auto once = [&] { step(main_mlp); };
       const int reps = std::max(5, w.reps);
       comm.barrier();
       double alone = 0;
@@ -101,6 +110,49 @@ int run_collectives_worker() {
       comm.barrier();
       out["compute_alone_s"] = alone;
       out["compute_together_s"] = together;
+
+      const std::int64_t bytes = std::max<std::int64_t>(4 << 20, *std::max_element(w.bytes.begin(), w.bytes.end()));
+      torch::Tensor buf = torch::ones({bytes / 4});
+      auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::kSum)->wait(); };
+      const int threads = std::max(1, w.threads);
+      comm.barrier();
+      const double comm_alone = probe::median_s(reps, 1, all_reduce);
+      comm.barrier();
+      double comm_with_compute = 0;
+      {
+        std::atomic<bool> stop{false};
+        std::thread side([&] {
+          at::set_num_threads(threads);
+          while (!stop.load()) step(side_mlp);
+        });
+        comm_with_compute = probe::median_s(reps, 1, all_reduce);
+        stop.store(true);
+        side.join();
+      }
+      comm.barrier();
+      std::vector<double> samples;
+      {
+        // The same number of collectives on every rank (a count agreed in advance, not a time).
+        const int collectives = 4 * reps;
+        std::atomic<bool> done{false};
+        std::thread side([&] {
+          for (int i = 0; i < collectives; ++i) all_reduce();
+          done.store(true);
+        });
+        once();
+        while (!done.load()) {
+          const auto t0 = probe::Clock::now();
+          once();
+          if (!done.load()) samples.push_back(probe::seconds_since(t0));
+        }
+        side.join();
+      }
+      comm.barrier();
+      out["contention_bytes"] = bytes;
+      out["comm_alone_s"] = comm_alone;
+      out["comm_with_compute_s"] = comm_with_compute;
+      out["compute_with_comm_s"] = samples.empty() ? 0.0 : timing_stats(samples).median_s;
+      out["compute_with_comm_samples"] = samples.size();
     }
     nlohmann::json timings = nlohmann::json::object();
     for (const std::string op : probe::kOps) {

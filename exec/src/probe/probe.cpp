@@ -105,6 +105,8 @@ std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std
     // Measured while other programs kept the machine busy: its core-sharing slowdown and collective
     // times are the busy machine's, not reused.
     if (c.probe_other_load_cores > busy_probe_load_cores(c)) return std::nullopt;
+    // Probed before the probe measured how compute and collectives share the cores: probed again.
+    if (c.shares_cores && !c.core_contention.measured()) return std::nullopt;
     for (int n : world_sizes) {
       int ops = 0;
       for (const CollectiveFit& f : c.collectives)

@@ -323,6 +323,11 @@ ojson to_ordered_json(const ClusterProfile& c) {
     j["calibration"] = ojson{{"compute_time_scale", c.calibration.compute_time_scale},
                              {"comm_time_scale", c.calibration.comm_time_scale}};
   }
+  if (c.core_contention.measured()) {
+    j["core_contention"] = ojson{{"compute_ranks_slowdown", c.core_contention.compute_ranks_slowdown},
+                                 {"compute_with_comm_slowdown", c.core_contention.compute_with_comm_slowdown},
+                                 {"comm_with_compute_slowdown", c.core_contention.comm_with_compute_slowdown}};
+  }
   if (c.probe_other_load_cores >= 0) j["probe_other_load_cores"] = c.probe_other_load_cores;
   ojson provenance = ojson::object();
   for (const auto& [path, p] : c.provenance) provenance[path] = ojson{{"source", p.source}, {"citation", p.citation}};
@@ -422,6 +427,12 @@ void validate(const ClusterProfile& c) {
     cluster_error("calibration.compute_time_scale must be > 0 (got " + num(c.calibration.compute_time_scale) + ")");
   if (!(c.calibration.comm_time_scale > 0))
     cluster_error("calibration.comm_time_scale must be > 0 (got " + num(c.calibration.comm_time_scale) + ")");
+  for (const auto& [field, v] : {std::pair{"compute_ranks_slowdown", c.core_contention.compute_ranks_slowdown},
+                                 std::pair{"compute_with_comm_slowdown", c.core_contention.compute_with_comm_slowdown},
+                                 std::pair{"comm_with_compute_slowdown", c.core_contention.comm_with_compute_slowdown}}) {
+    if (!(v >= 1 && v <= 100))
+      cluster_error(std::string("core_contention.") + field + " must be in [1, 100] (got " + num(v) + ")");
+  }
 
   // Provenance: known sources, every number covered, no entry naming a path that does not exist.
   const ojson j = to_ordered_json(c);
@@ -450,6 +461,14 @@ void read_value(const nlohmann::json& j, Calibration& cal, const std::string& pa
   r.finish();
 }
 
+void read_value(const nlohmann::json& j, CoreContention& cc, const std::string& path) {
+  ObjectReader r(j, path);
+  r.opt("compute_ranks_slowdown", cc.compute_ranks_slowdown);
+  r.opt("compute_with_comm_slowdown", cc.compute_with_comm_slowdown);
+  r.opt("comm_with_compute_slowdown", cc.comm_with_compute_slowdown);
+  r.finish();
+}
+
 void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
   ObjectReader r(j, kWhere);
   check_schema(r, kClusterSchema);
@@ -465,6 +484,7 @@ void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
   r.req("shares_cores", c.shares_cores);
   r.opt("allocator_overhead_factor", c.allocator_overhead_factor);
   r.opt("calibration", c.calibration);
+  r.opt("core_contention", c.core_contention);
   r.opt("probe_other_load_cores", c.probe_other_load_cores);
   r.req("provenance", c.provenance);
   r.finish();

@@ -72,6 +72,12 @@ ojson write_unit(const UnitProfile& u) {
   j["flops_bwd"] = write_figure(u.flops_bwd);
   if (u.kernel_time_fwd_s.value > 0) j["kernel_time_fwd_s"] = write_figure(u.kernel_time_fwd_s);
   if (u.kernel_time_bwd_s.value > 0) j["kernel_time_bwd_s"] = write_figure(u.kernel_time_bwd_s);
+  if (!u.times_at_dtype.empty()) {
+    ojson t = ojson::object();
+    for (const auto& [dtype, d] : u.times_at_dtype)
+      t[dtype] = ojson{{"time_fwd_s", write_figure(d.time_fwd_s)}, {"time_bwd_s", write_figure(d.time_bwd_s)}};
+    j["times_at_dtype"] = t;
+  }
   if (!u.borrowed.empty()) {
     j["borrowed"] = ojson::array();
     for (const BorrowedParams& b : u.borrowed) {
@@ -96,6 +102,8 @@ ojson to_ordered_json(const ModelProfile& m) {
   j["device"] = m.device;
   j["dtype"] = m.dtype;
   j["threads"] = m.threads;
+  if (m.concurrent_ranks != 1) j["concurrent_ranks"] = m.concurrent_ranks;
+  if (m.backward_adds_grads) j["backward_adds_grads"] = true;
   j["library_versions"] = m.library_versions;
   j["batch"] = m.batch;
   j["seq_len"] = m.seq_len;
@@ -178,6 +186,13 @@ void read_value(const nlohmann::json& j, UnitOp& o, const std::string& path) {
   r.finish();
 }
 
+void read_value(const nlohmann::json& j, DtypeTimes& d, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("time_fwd_s", d.time_fwd_s);
+  r.req("time_bwd_s", d.time_bwd_s);
+  r.finish();
+}
+
 void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path) {
   ObjectReader r(j, path);
   r.req("name", u.name);
@@ -202,8 +217,31 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("kernel_time_fwd_s", u.kernel_time_fwd_s);
   r.opt("kernel_time_bwd_s", u.kernel_time_bwd_s);
   r.opt("borrowed", u.borrowed);
+  r.opt("times_at_dtype", u.times_at_dtype);
   r.opt("ops", u.ops);
   r.finish();
+}
+
+void add_times_at_dtype(ModelProfile& profile, const ModelProfile& other) {
+  const std::string where = "times at " + other.dtype + ": ";
+  if (other.dtype == profile.dtype) model_error(where + "the profile is already at " + profile.dtype);
+  if (other.units.size() != profile.units.size())
+    model_error(where + num(static_cast<std::int64_t>(other.units.size())) + " units, the profile has " +
+                num(static_cast<std::int64_t>(profile.units.size())));
+  if (other.device != profile.device || other.threads != profile.threads ||
+      other.concurrent_ranks != profile.concurrent_ranks || other.batch != profile.batch)
+    model_error(where + "measured on " + other.device + " with " + num(other.threads) + " thread(s), " +
+                num(other.concurrent_ranks) + " concurrent rank(s), batch " + num(other.batch) + "; the profile on " +
+                profile.device + " with " + num(profile.threads) + ", " + num(profile.concurrent_ranks) + ", batch " +
+                num(profile.batch));
+  for (std::size_t i = 0; i < other.units.size(); ++i) {
+    UnitProfile& u = profile.units[i];
+    const UnitProfile& o = other.units[i];
+    if (o.name != u.name || o.count != u.count)
+      model_error(where + "unit " + num(static_cast<std::int64_t>(i)) + " is " + o.name + " x" + num(o.count) +
+                  ", the profile's " + u.name + " x" + num(u.count));
+    u.times_at_dtype[other.dtype] = DtypeTimes{o.time_fwd_s, o.time_bwd_s};
+  }
 }
 
 std::int64_t ModelProfile::total_params() const {
@@ -237,6 +275,8 @@ void validate(const ModelProfile& m) {
   if (m.dtype != "fp32" && m.dtype != "fp16" && m.dtype != "bf16")
     model_error("dtype must be \"fp32\", \"fp16\" or \"bf16\" (got " + quote_json(m.dtype) + ")");
   if (m.threads < 1) model_error("threads must be >= 1 (got " + num(m.threads) + ")");
+  if (m.concurrent_ranks < 1 || m.concurrent_ranks > 4096)
+    model_error("concurrent_ranks must be in 1..4096 (got " + num(m.concurrent_ranks) + ")");
   if (m.batch < 1) model_error("batch must be >= 1 (got " + num(m.batch) + ")");
   if (m.seq_len < 0) model_error("seq_len must be >= 0 (got " + num(m.seq_len) + ")");
   if (m.image_size < 0) model_error("image_size must be >= 0 (got " + num(m.image_size) + ")");
@@ -281,6 +321,12 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
     check_figure(at + ".flops_fwd", u.flops_fwd);
     check_figure(at + ".flops_bwd", u.flops_bwd);
+    for (const auto& [dtype, d] : u.times_at_dtype) {
+      if (dtype != "fp32" && dtype != "fp16" && dtype != "bf16")
+        model_error(at + ".times_at_dtype: \"" + dtype + "\" is not one of fp32, fp16, bf16");
+      check_figure(at + ".times_at_dtype." + dtype + ".time_fwd_s", d.time_fwd_s);
+      check_figure(at + ".times_at_dtype." + dtype + ".time_bwd_s", d.time_bwd_s);
+    }
     for (std::size_t k = 0; k < u.ops.size(); ++k) {
       const UnitOp& o = u.ops[k];
       const std::string ow = at + ".ops[" + std::to_string(k) + "]";
@@ -326,6 +372,8 @@ void from_json(const nlohmann::json& j, ModelProfile& m) {
   r.req("device", m.device);
   r.req("dtype", m.dtype);
   r.req("threads", m.threads);
+  r.opt("concurrent_ranks", m.concurrent_ranks);
+  r.opt("backward_adds_grads", m.backward_adds_grads);
   r.opt("library_versions", m.library_versions);
   r.req("batch", m.batch);
   r.opt("seq_len", m.seq_len);

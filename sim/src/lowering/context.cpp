@@ -202,7 +202,7 @@ std::string Ctx::unit_name(int u) const {
 }
 
 TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
-  last_compute = g.add_task(compute, s * cluster.calibration.compute_time_scale, label(name, u, mb), {}, n_cat_compute);
+  last_compute = g.add_task(compute, s * compute_time_factor(model, cluster), label(name, u, mb), {}, n_cat_compute);
   return last_compute;
 }
 

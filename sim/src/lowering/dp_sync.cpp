@@ -133,7 +133,9 @@ TaskId GradSync::after_bwd(int u, int mb, TaskId bwd) {
     const auto i = static_cast<std::size_t>(u);
     const std::int64_t in = i > 0 ? c_.units[i - 1].output : 0;
     const DeviceSpec& d = c_.cluster.device;
-    const double add = 3.0 * static_cast<double>(x.params * c_.b.grad);  // read both, write one
+    // Read both, write one; a profile whose backward times include that add (backward_adds_grads)
+    // leaves the zero-filled allocation (one write).
+    const double add = (c_.model.backward_adds_grads ? 1.0 : 3.0) * static_cast<double>(x.params * c_.b.grad);
     const TaskId acc = c_.compute_task(d.mem_bw_bytes_per_s > 0 ? add / d.mem_bw_bytes_per_s : 0.0, c_.n_grad_acc, u, mb);
     c_.g.add_dep(acc, bwd);
     full = c_.g.alloc(acc, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);

@@ -1,5 +1,6 @@
 // Resources and pools of one rank, and which of them contend (see SharedGroup in task_graph.h):
-// on a CPU cluster that shares cores, every resource splits the cores; on GPUs, copies and collectives
+// on a CPU cluster that shares cores, every resource splits the cores (compute and collectives by the
+// probe's measured core_contention when the cluster has it); on GPUs, copies and collectives
 // share PCIe when collectives cross nodes (GPUDirect RDMA) or the intra-node link is PCIe itself.
 #include <string>
 
@@ -18,12 +19,19 @@ void build_resources(Ctx& c) {
     pcie = c.g.add_group(c.prefix + "pcie", c.opt.pcie_capacity);
   }
   const GroupId copy_group = cores != kNone ? cores : pcie;
-  c.compute = c.g.add_resource(c.prefix + "compute", ResourceKind::compute, cores);
+  // Measured core contention (the probe): compute and collectives each slow by their own factor while
+  // anything else runs on the cores, instead of an equal split of the cores.
+  const CoreContention& cc = cl.core_contention;
+  const bool measured = cores != kNone && cc.measured();
+  const double compute_rate = measured ? 1.0 / cc.compute_with_comm_slowdown : 0.0;
+  const double comm_rate = measured ? 1.0 / cc.comm_with_compute_slowdown : 0.0;
+  c.compute = c.g.add_resource(c.prefix + "compute", ResourceKind::compute, cores, compute_rate);
   c.h2d = c.g.add_resource(c.prefix + "h2d", ResourceKind::copy_h2d, copy_group);
   c.d2h = c.g.add_resource(c.prefix + "d2h", ResourceKind::copy_d2h, copy_group);
-  c.comm = c.g.add_resource(c.prefix + "comm", ResourceKind::comm, copy_group);
+  c.comm = c.g.add_resource(c.prefix + "comm", ResourceKind::comm, copy_group, comm_rate);
   // FSDP reduce-scatters on its own stream, so gathers for the next unit are not queued behind them.
-  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, copy_group) : c.comm;
+  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, copy_group, comm_rate)
+                                     : c.comm;
   c.host_opt = c.g.add_resource(c.prefix + "host_optimizer", ResourceKind::host_optimizer, cores);
   c.dev = c.g.add_pool(c.prefix + "device", cl.device.mem_bytes);
   c.host = c.g.add_pool(c.prefix + "host", cl.host.mem_bytes);

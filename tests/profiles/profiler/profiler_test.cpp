@@ -325,6 +325,47 @@ TEST(Profiler, ModelProfiledTwiceGivesIdenticalMemoryFigures) {
   }
 }
 
+// Under the run's conditions: each unit timed while another thread (a second local rank) computes the
+// same unit, and the backward adding every gradient into a buffer as the executor does. The memory pass
+// runs alone: the same memory figures as a profile taken alone; the run conditions are recorded.
+TEST(Profiler, ConcurrentRanksLeaveMemoryAndRecordTheConditions) {
+  zoo::Model model = zoo::build_model("gpt", "gpt2-tiny", {}, 3);
+  ProfileOptions o = quick();
+  o.batch = 1;
+  o.batches = {1};
+  o.repeats = 2;
+  o.threads = 1;
+  ModelProfile alone = profile_model(model, o);
+  EXPECT_EQ(alone.concurrent_ranks, 1);
+  EXPECT_TRUE(alone.backward_adds_grads);
+  o.concurrent_ranks = 2;
+  ModelProfile both = profile_model(model, o);
+  EXPECT_EQ(both.concurrent_ranks, 2);
+  EXPECT_TRUE(both.backward_adds_grads);
+  EXPECT_EQ(both.threads, 1);
+  ASSERT_EQ(alone.units.size(), both.units.size());
+  for (std::size_t i = 0; i < both.units.size(); ++i) {
+    EXPECT_EQ(alone.units[i].bytes_saved, both.units[i].bytes_saved) << both.units[i].name;
+    EXPECT_EQ(alone.units[i].bytes_peak_fwd, both.units[i].bytes_peak_fwd) << both.units[i].name;
+    EXPECT_EQ(alone.units[i].bytes_peak_bwd, both.units[i].bytes_peak_bwd) << both.units[i].name;
+    EXPECT_GT(both.units[i].time_fwd_s.value, 0) << both.units[i].name;
+    EXPECT_GT(both.units[i].time_bwd_s.value, 0) << both.units[i].name;
+  }
+  validate(both);
+  o.concurrent_ranks = 0;
+  EXPECT_THROW(profile_model(model, o), SchemaError);
+}
+
+// Timing rounds visit every (batch, unit) pair once, each round one pair later, odd rounds backwards.
+TEST(Profiler, RoundOrderRotatesAndAlternates) {
+  EXPECT_EQ(round_order(4, 0), (std::vector<std::size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(round_order(4, 1), (std::vector<std::size_t>{0, 3, 2, 1}));
+  EXPECT_EQ(round_order(4, 2), (std::vector<std::size_t>{2, 3, 0, 1}));
+  EXPECT_EQ(round_order(4, 3), (std::vector<std::size_t>{2, 1, 0, 3}));
+  EXPECT_EQ(round_order(4, 4), round_order(4, 0));
+  EXPECT_TRUE(round_order(0, 3).empty());
+}
+
 TEST(Profiler, BadOptionsNameTheValue) {
   zoo::Model model = zoo::build_model("mlp", "", {{"depth", "2"}, {"width", "8"}}, 1);
   ProfileOptions o = quick();

@@ -85,6 +85,21 @@ TEST(Cluster, RoundTrip) {
   testing::expect_round_trip(c);
 }
 
+// core_contention: absent (all 1) in every file written before it and not written then; written with
+// its provenance when measured; each factor in [1, 100].
+TEST(Cluster, CoreContentionIsOptional) {
+  ClusterProfile c = a100();
+  EXPECT_FALSE(nlohmann::json(c).contains("core_contention"));
+  c.core_contention = CoreContention{1.05, 1.3, 1.8};
+  expect_error([&] { validate(c); }, "cluster: no provenance for core_contention.compute_ranks_slowdown");
+  c.provenance["core_contention"] = Provenance{"probe", "measured by zeroplan probe on 2026-11-25: test"};
+  validate(c);
+  testing::expect_round_trip(c);
+  EXPECT_EQ(nlohmann::json(c)["core_contention"]["compute_with_comm_slowdown"].get<double>(), 1.3);
+  c.core_contention.compute_with_comm_slowdown = 0.9;
+  expect_error([&] { validate(c); }, "cluster: core_contention.compute_with_comm_slowdown must be in [1, 100] (got 0.9)");
+}
+
 TEST(Cluster, SpecWithNodes) {
   const ClusterProfile c = resolve_cluster("a100-sxm-80gb:128");
   EXPECT_EQ(c.nodes, 128);

@@ -115,6 +115,51 @@ TEST(ModelProfile, OpsAreOptionalAndWrittenOnlyWithTheirKindsKeys) {
   EXPECT_TRUE(ops[1]["fused"].get<bool>());
 }
 
+// How the times were taken (concurrent_ranks, backward_adds_grads) and the times at other dtypes: absent in
+// older profiles and read as 1 / false / none; written only when not the default.
+TEST(ModelProfile, RunConditionsAndDtypeTimesAreOptional) {
+  ModelProfile m = sample_model();
+  nlohmann::json j = m;
+  EXPECT_FALSE(j.contains("concurrent_ranks"));
+  EXPECT_FALSE(j.contains("backward_adds_grads"));
+  EXPECT_FALSE(j["units"][1].contains("times_at_dtype"));
+  EXPECT_EQ(j.get<ModelProfile>().concurrent_ranks, 1);
+  m.concurrent_ranks = 2;
+  m.backward_adds_grads = true;
+  m.units[1].times_at_dtype["bf16"] = DtypeTimes{Figure::constant(6e-5), Figure{1.5e-4, Fit{1e-5, 1.75e-5, 1, 2}, {}}};
+  validate(m);
+  testing::expect_round_trip(m);
+  j = m;
+  EXPECT_EQ(j["concurrent_ranks"].get<int>(), 2);
+  EXPECT_EQ(j["units"][1]["times_at_dtype"]["bf16"]["time_bwd_s"]["value"].get<double>(), 1.5e-4);
+  m.units[1].times_at_dtype["int8"] = DtypeTimes{};
+  expect_error([&] { validate(m); }, "model_profile: units[1] (block).times_at_dtype: \"int8\" is not one of fp32, fp16, bf16");
+  m.units[1].times_at_dtype.erase("int8");
+  m.concurrent_ranks = 0;
+  expect_error([&] { validate(m); }, "model_profile: concurrent_ranks must be in 1..4096 (got 0)");
+}
+
+// The same model profiled at another dtype: its unit times go into the profile's times_at_dtype.
+TEST(ModelProfile, AddTimesAtDtype) {
+  ModelProfile m = sample_model();
+  ModelProfile b = sample_model();
+  b.dtype = "bf16";
+  for (UnitProfile& u : b.units) u.time_fwd_s = Figure::constant(u.time_fwd_s.value / 2);
+  add_times_at_dtype(m, b);
+  for (std::size_t i = 0; i < m.units.size(); ++i) {
+    EXPECT_EQ(m.units[i].times_at_dtype.at("bf16").time_fwd_s, b.units[i].time_fwd_s);
+    EXPECT_EQ(m.units[i].times_at_dtype.at("bf16").time_bwd_s, b.units[i].time_bwd_s);
+  }
+  validate(m);
+  expect_error([&] { add_times_at_dtype(m, m); }, "model_profile: times at " + m.dtype + ": the profile is already at " + m.dtype);
+  b.units.pop_back();
+  expect_error([&] { add_times_at_dtype(m, b); }, "model_profile: times at bf16: 2 units, the profile has 3");
+  b = sample_model();
+  b.dtype = "bf16";
+  b.concurrent_ranks = 2;
+  EXPECT_THROW(add_times_at_dtype(m, b), SchemaError);
+}
+
 TEST(ModelProfile, StrictKeys) {
   nlohmann::json j = sample_model();
   j["units"][1]["time_fwd"] = j["units"][1]["time_fwd_s"];

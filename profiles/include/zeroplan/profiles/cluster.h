@@ -143,6 +143,22 @@ struct Calibration {
   bool operator==(const Calibration&) const = default;
 };
 
+// How the ranks of a node that shares its cores (shares_cores) slow each other and themselves down,
+// measured by `zeroplan probe` (1 everywhere: not measured). Each factor is a time ratio, >= 1 when there
+// is contention (a measured ratio below 1 is noise and recorded as 1).
+struct CoreContention {
+  // Compute with every local rank computing at once over one rank computing alone. The simulator applies
+  // it to profiles measured one rank alone (ModelProfile::concurrent_ranks 1), not to profiles measured
+  // with the run's local ranks computing at once.
+  double compute_ranks_slowdown = 1;
+  // Compute while a collective is in flight on every rank over compute alone (every rank computing).
+  double compute_with_comm_slowdown = 1;
+  // A collective while every rank computes over the same collective alone.
+  double comm_with_compute_slowdown = 1;
+  bool measured() const { return *this != CoreContention{}; }
+  bool operator==(const CoreContention&) const = default;
+};
+
 struct ClusterProfile {
   std::string name;                 // "a100-sxm-80gb"; "a100-sxm-80gb:128" when resolved with a node count
   std::string description;          // one line, for --help; optional
@@ -155,6 +171,7 @@ struct ClusterProfile {
   bool shares_cores = false;                // compute, copies and collectives share cores (CPU clusters)
   double allocator_overhead_factor = 1.0;   // reserved / allocated bytes of the caching allocator, >= 1
   Calibration calibration;                  // optional
+  CoreContention core_contention;           // optional (shares_cores clusters, measured by the probe)
   // Cores other programs kept busy on average while `zeroplan probe` measured (optional, -1: unknown;
   // a probe of a busy machine measures the busy machine: autopilot does not reuse it).
   double probe_other_load_cores = -1;

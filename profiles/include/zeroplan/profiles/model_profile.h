@@ -46,6 +46,15 @@ struct UnitOp {
   bool operator==(const UnitOp&) const = default;
 };
 
+// A unit's times measured at another dtype than the profile's (its parameters and activations in that
+// dtype): what a plan computing in that dtype takes, where the ratio of GEMM peaks would miss the
+// element-wise ops, casts and gradient adds that do not speed up (or slow down) with it.
+struct DtypeTimes {
+  Figure time_fwd_s;
+  Figure time_bwd_s;
+  bool operator==(const DtypeTimes&) const = default;
+};
+
 struct UnitProfile {
   std::string name;                  // "block", "embed", "layer3"
   std::string type;                  // "Embedding", "TransformerBlock", "Linear", "Head", "ResNetStage"
@@ -74,6 +83,7 @@ struct UnitProfile {
   Figure kernel_time_fwd_s;
   Figure kernel_time_bwd_s;
   std::vector<BorrowedParams> borrowed;  // optional, default none
+  std::map<std::string, DtypeTimes> times_at_dtype;  // "bf16" -> times at bf16; optional, default none
   std::vector<UnitOp> ops;               // optional, default none: the unit's kernels (see UnitOp)
 
   bool operator==(const UnitProfile&) const = default;
@@ -86,6 +96,12 @@ struct ModelProfile {
   std::string device;     // "cpu", "cuda:0", or a device name ("NVIDIA A100-SXM4-80GB")
   std::string dtype;      // "fp32" | "fp16" | "bf16": dtype of parameters and activations measured
   int threads = 1;        // intra-op threads used while profiling
+  // Processes' worth of the same unit computing at once while its times were taken (the run's local
+  // ranks); 1: the unit alone, as older profiles were measured. Optional.
+  int concurrent_ranks = 1;
+  // The backward times include adding every parameter's gradient into an accumulation buffer, as the
+  // executor does in every microbatch; false in older profiles. Optional.
+  bool backward_adds_grads = false;
   std::map<std::string, std::string> library_versions;  // {"torch": "2.15.0", "zeroplan": "0.1.0"}; optional
   int batch = 1;                              // reference micro batch: figures' `value`s are at this batch
   std::int64_t seq_len = 0;                   // sequence length (0 when not a sequence model); optional
@@ -108,6 +124,12 @@ struct ModelProfile {
 };
 
 inline constexpr const char* kModelProfileSchema = "zeroplan.model_profile/1";
+
+// Records the unit times of `other` (the same model profiled at another dtype, same units in the same
+// order) in `profile`'s units as times_at_dtype[other.dtype]. Throws SchemaError naming the first unit or
+// field that differs (unit names and counts, device kind, threads, concurrent_ranks) or when the dtypes
+// are the same.
+void add_times_at_dtype(ModelProfile& profile, const ModelProfile& other);
 
 // Throws SchemaError naming the field and the numbers. Checks: non-empty name/source/units,
 // dtype known, batch >= 1, counts >= 1, params/bytes/times/FLOPs >= 0, bytes_param > 0 when params > 0,

@@ -59,6 +59,10 @@ struct ProfileOptions {
   std::string dtype = "fp32";  // "fp32" | "fp16" | "bf16": parameters and floating inputs
   std::uint64_t data_seed = 0; // step index of the task batch that feeds unit 0
   bool progress = false;       // one line per unit and batch on stderr
+  // Times under the run's conditions: while a unit is timed, concurrent_ranks - 1 more threads (each
+  // with `threads` intra-op threads) run the same unit's forward and backward, as the run's other local
+  // ranks compute at once. 1: the unit alone. Recorded as ModelProfile::concurrent_ranks.
+  int concurrent_ranks = 1;
 };
 
 // Profiles every unit of `model`. The model's units are moved to options.device and options.dtype in
@@ -95,6 +99,11 @@ struct UnitMeasurement {
 };
 UnitMeasurement profile_unit(zoo::UnitModule& unit, const at::Tensor& input,
                              const ProfileOptions& options);
+
+// The order in which timing round `round` visits the n (batch, unit) pairs (index batch x units + unit):
+// each round starts one pair later and odd rounds run backwards, so that no unit always follows the
+// same one (its caches, its allocations) or always falls at the same point of a slow spell.
+std::vector<std::size_t> round_order(std::size_t n, int round);
 
 // Least-squares line through (batches[i], values[i]); r2 = 1 when the values are exactly linear
 // (or constant); one point gives a line through the origin.

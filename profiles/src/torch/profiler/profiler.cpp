@@ -5,12 +5,17 @@
 #include <torch/version.h>
 #include <zeroplan/config.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <mutex>
+#include <thread>
 
 #include "device.h"
 #include "zeroplan/profiles/counting_allocator.h"
@@ -186,11 +191,89 @@ struct Devices {
 // and its gradient, which then feeds the unit's backward. Empty for every other unit.
 using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
+// The executor's backward of one unit (exec/src/step/executor.cpp, differentiate): the gradients of the
+// input (when it needs one) and of `params` returned by autograd, each parameter's added into `accum`.
+void accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const torch::Tensor& x,
+                         const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum) {
+  std::vector<torch::Tensor> inputs;
+  const bool input_grad = x.requires_grad();
+  if (input_grad) inputs.push_back(x);
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  const auto grads = torch::autograd::grad({y}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
+                                           /*allow_unused=*/true);
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const torch::Tensor& gk = grads[k + (input_grad ? 1 : 0)];
+    if (gk.defined()) accum[k].add_(gk.reshape(accum[k].sizes()));
+  }
+}
+
+// The run's other local ranks: `n` threads that run the forward and backward of the unit `current`
+// names (an index into `work`, -1: idle) over and over until destroyed, each with `threads` intra-op
+// threads, as a rank computing beside the measured one.
+class ConcurrentRanks {
+ public:
+  using Work = std::function<void(int index, std::vector<torch::Tensor>& accum)>;
+  ConcurrentRanks(int n, int threads, Work work, const std::vector<torch::Tensor>& params) : work_(std::move(work)) {
+    for (int i = 0; i < n; ++i) {
+      workers_.emplace_back([this, threads, &params] {
+        if (threads > 0) {
+          at::set_num_threads(threads);
+        } else {
+          at::init_num_threads();
+        }
+        std::vector<torch::Tensor> accum;
+        for (const auto& p : params) accum.push_back(torch::zeros_like(p));
+        ready_.fetch_add(1);
+        while (!stop_.load()) {
+          const int k = current_.load();
+          if (k < 0) {
+            std::this_thread::yield();
+            continue;
+          }
+          try {
+            work_(k, accum);
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lock(error_mutex_);
+            if (error_.empty()) error_ = e.what();
+            return;
+          }
+        }
+      });
+    }
+    while (ready_.load() < n) std::this_thread::yield();
+  }
+  ~ConcurrentRanks() {
+    stop_.store(true);
+    for (auto& w : workers_) w.join();
+  }
+  ConcurrentRanks(const ConcurrentRanks&) = delete;
+  ConcurrentRanks& operator=(const ConcurrentRanks&) = delete;
+  void set(int index) { current_.store(index); }
+  // The first error a worker stopped on ("" when none).
+  std::string error() {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return error_;
+  }
+
+ private:
+  Work work_;
+  std::mutex error_mutex_;
+  std::string error_;
+  std::atomic<int> current_{-1};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> ready_{0};
+  std::vector<std::thread> workers_;
+};
+
 // One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
 // With dev.trace and `traced`, each phase is a span of the trace.
+// With `accum` (one buffer per grad_params entry), the backward is the executor's: autograd returns the
+// gradients of the input and of every parameter, and each parameter's is added into its buffer.
 std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
                                     const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss,
-                                    const TracedPhase* traced = nullptr, bool input_grad = true) {
+                                    const TracedPhase* traced = nullptr, bool input_grad = true,
+                                    std::vector<torch::Tensor>* accum = nullptr) {
   torch::Tensor x = input.detach();
   if (x.is_floating_point() && input_grad) x.requires_grad_(true);
   reset_grads(grad_params);
@@ -219,7 +302,13 @@ std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& 
     ts_us = trace->begin_us();
   }
   dev.timer.start();
-  if (y.requires_grad()) torch::autograd::backward({y}, {g});
+  if (y.requires_grad()) {
+    if (accum != nullptr) {
+      accumulate_backward(y, g, x, grad_params, *accum);
+    } else {
+      torch::autograd::backward({y}, {g});
+    }
+  }
   const double bwd = dev.timer.stop_s();
   if (trace != nullptr) {
     trace->phase(ProfilerTrace::kTimedTid, "backward " + traced->unit_name, ts_us, bwd, traced->args("backward"),
@@ -365,6 +454,19 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   return {std::move(m), output};
 }
 
+}  // namespace
+
+std::vector<std::size_t> round_order(std::size_t n, int round) {
+  std::vector<std::size_t> order(n);
+  if (n == 0) return order;
+  const std::size_t start = static_cast<std::size_t>(round) % n;
+  for (std::size_t j = 0; j < n; ++j) order[j] = (start + j) % n;
+  if (round % 2 == 1) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+namespace {
+
 // Device-side context for a profile: memory meter, timer, synchronisation; the CPU allocator is
 // installed for the lifetime of this object.
 class DeviceContext {
@@ -406,6 +508,8 @@ void validate_options(const ProfileOptions& o) {
   if (o.warmup < 0) throw SchemaError("profile: warmup " + std::to_string(o.warmup) + " < 0");
   if (o.repeats < 1) throw SchemaError("profile: repeats " + std::to_string(o.repeats) + " < 1");
   if (o.threads < 0) throw SchemaError("profile: threads " + std::to_string(o.threads) + " < 0");
+  if (o.concurrent_ranks < 1 || o.concurrent_ranks > 256)
+    throw SchemaError("profile: concurrent_ranks " + std::to_string(o.concurrent_ranks) + " is not in 1..256");
 }
 
 void move_module(torch::nn::Module& module, const torch::Device& device, torch::Dtype dtype) {
@@ -456,6 +560,10 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
   profile.measured = true;
   profile.dtype = options.dtype;
   profile.threads = torch::get_num_threads();
+  // Ranks on GPUs compute on devices of their own: only CPU ranks share what a unit runs on.
+  const int concurrent = device.is_cpu() ? options.concurrent_ranks : 1;
+  profile.concurrent_ranks = concurrent;
+  profile.backward_adds_grads = true;
   profile.library_versions = {{"torch", TORCH_VERSION}, {"zeroplan", ZEROPLAN_VERSION}};
   profile.batch = options.batch;
   profile.profiled_batches = batches;
@@ -525,17 +633,42 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     dev.trace = traced;
     const std::size_t nb = batches.size(), nu = model.units.size();
     std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu);
+    // The backward as the executor runs it: every parameter's gradient added into a buffer.
+    std::vector<torch::Tensor> accum;
+    for (const auto& p : all_params) accum.push_back(torch::zeros_like(p));
+    // The run's other local ranks, computing the unit being timed at the same time.
+    std::optional<ConcurrentRanks> others;
+    if (concurrent > 1) {
+      auto work = [&](int k, std::vector<torch::Tensor>& acc) {
+        const std::size_t bi = static_cast<std::size_t>(k) / nu, i = static_cast<std::size_t>(k) % nu;
+        torch::Tensor x = inputs[bi][i].detach();
+        if (x.is_floating_point() && i > 0) x.requires_grad_(true);
+        torch::Tensor y = model.units[i].module->forward(x);
+        if (!y.requires_grad()) return;
+        torch::Tensor g;
+        if (i + 1 == nu) {
+          torch::Tensor z = y.detach().requires_grad_(true);
+          g = torch::autograd::grad({losses[bi](z)}, {z})[0];
+        } else {
+          g = torch::ones_like(y);
+        }
+        accumulate_backward(y, g, x, all_params, acc);
+      };
+      others.emplace(concurrent - 1, options.threads, work, all_params);
+    }
+    auto timed = [&](std::size_t bi, std::size_t i, int repeat) {
+      if (others) others->set(static_cast<int>(bi * nu + i));
+      const LossFn none;
+      const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], repeat};
+      return time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none, &phase,
+                       /*input_grad=*/i > 0, &accum);
+    };
     for (int r = 0; r < options.repeats; ++r) {
       if (options.progress) std::fprintf(stderr, "profile: timing round %d/%d\n", r + 1, options.repeats);
-      for (std::size_t bi = 0; bi < nb; ++bi) {
-        for (std::size_t i = 0; i < nu; ++i) {
-          const LossFn none;
-          const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], r};
-          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev,
-                                  i + 1 == nu ? losses[bi] : none, &phase, /*input_grad=*/i > 0);
-          fwd[bi * nu + i].push_back(f);
-          bwd[bi * nu + i].push_back(g);
-        }
+      for (const std::size_t k : round_order(nb * nu, r)) {
+        auto [f, g] = timed(k / nu, k % nu, r);
+        fwd[k].push_back(f);
+        bwd[k].push_back(g);
       }
     }
     // A unit whose times spread over more than a quarter of their median (and over 0.2 ms: below that
@@ -549,11 +682,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
       for (std::size_t i = 0; i < nu; ++i) {
         const std::size_t k = bi * nu + i;
         if (!noisy(fwd[k]) && !noisy(bwd[k])) continue;
-        const LossFn none;
         for (int r = 0; r < options.repeats; ++r) {
-          const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], options.repeats + r};
-          auto [f, g] = time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none,
-                                  &phase, /*input_grad=*/i > 0);
+          auto [f, g] = timed(bi, i, options.repeats + r);
           fwd[k].push_back(f);
           bwd[k].push_back(g);
         }
@@ -566,6 +696,12 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
                                          " samples, measured twice): the machine was busy; re-profile when it is quiet"));
         }
       }
+    }
+    if (others) {
+      const std::string error = others->error();
+      others.reset();
+      if (!error.empty())
+        throw SchemaError("profile: a concurrent rank's thread failed: " + error.substr(0, error.find('\n')));
     }
     for (std::size_t bi = 0; bi < nb; ++bi) {
       for (std::size_t i = 0; i < nu; ++i) {

@@ -85,6 +85,11 @@ ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double bat
 // True when `model` was measured on the kind of device `cluster` has.
 bool measured_on_device_kind(const ModelProfile& model, const ClusterProfile& cluster);
 
+// What every compute task's time is multiplied by: calibration.compute_time_scale, times the probe's
+// core_contention.compute_ranks_slowdown when the profile timed its units one rank alone
+// (concurrent_ranks 1; a profile taken with the run's ranks computing at once already has it).
+double compute_time_factor(const ModelProfile& model, const ClusterProfile& cluster);
+
 // ---- collectives -----------------------------------------------------------------------------------
 
 enum class CollOp { all_reduce, all_gather, reduce_scatter, broadcast, reduce };

@@ -42,12 +42,15 @@ struct Resource {
   std::string name;
   ResourceKind kind = ResourceKind::other;
   GroupId group = kNone;  // shared-bandwidth group, or kNone
+  // In a group: the rate of its tasks whenever another member of the group runs too (a measured
+  // slowdown, CPU cores shared by compute and collectives); 0: the group's equal share (below).
+  double contended_rate = 0;
 };
 
 // Contention model (a progress-rate model as in SimGrid's constant-share network): the running tasks of
 // all resources in a group split `capacity` equally, each progressing at rate min(1, capacity / n) of its
-// stand-alone speed, where n is how many run in the group now. Rates change only at events, so the model
-// is exact and deterministic. capacity 1: two concurrent copies on one PCIe link each take twice as long;
+// stand-alone speed, where n is how many run in the group now, unless the resource has a contended_rate
+// (then that rate whenever n > 1). Rates change only at events, so the model is exact and deterministic. capacity 1: two concurrent copies on one PCIe link each take twice as long;
 // capacity 2: two run at full speed, a third slows all three to 2/3.
 struct SharedGroup {
   std::string name;
@@ -86,7 +89,8 @@ class TaskGraph {
   std::string label_text(const Label& l) const;
 
   GroupId add_group(std::string name, double capacity);
-  ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone);
+  // REQUIRES: contended_rate in [0, 1] (0: the group's equal share).
+  ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone, double contended_rate = 0);
   PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0);
 
   // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
