@@ -38,6 +38,7 @@ struct Args {
   double budget_fraction = 0.7;
   int verify = 3;
   int nproc = 2;
+  int profile_concurrent_ranks = 0;  // ranks computing each unit at once while profiling (0: nproc)
   int global_batch = 8;
   int steps = 8;
   int warmup = 2;

@@ -44,7 +44,7 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
   const std::string model_name = a.torchscript.empty() ? a.model : a.torchscript;
   say(g, fmt::format("{}profiling {} {} {}({} thread(s) per rank and {} ranks computing at once, as the runs will have)",
                      dtype == "fp32" ? "1/5 " : "", model_name, a.preset, dtype == "fp32" ? "" : "in " + dtype + " ",
-                     std::max(1, cores / a.nproc), a.nproc));
+                     std::max(1, cores / a.nproc), a.profile_concurrent_ranks > 0 ? a.profile_concurrent_ranks : a.nproc));
   if (!a.torchscript.empty() && a.input_shape.empty())
     throw ExitError(kBadInput, "--torchscript needs --input-shape (one sample, without the batch dimension)");
   zoo::Model model = a.torchscript.empty() ? zoo::build_model(a.model, a.preset, overrides, 0)
@@ -57,7 +57,8 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
   if (po.batches.size() < 2) po.batches = {per_rank, 2 * per_rank};
   po.threads = std::max(1, cores / a.nproc);
   po.dtype = dtype;
-  po.concurrent_ranks = a.nproc;  // every unit timed with the run's local ranks computing it at once
+  // Every unit timed with the run's local ranks computing it at once.
+  po.concurrent_ranks = a.profile_concurrent_ranks > 0 ? a.profile_concurrent_ranks : a.nproc;
   ModelProfile profile = profile_model(model, po);
   write_document(out / (dtype == "fp32" ? std::string("model_profile.json") : "model_profile_" + dtype + ".json"), profile);
   return profile;
@@ -255,6 +256,10 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
       ->capture_default_str();
   app.add_option("--verify", a->verify, "Top plans to run for real")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--nproc", a->nproc, "Local ranks")->capture_default_str();
+  app.add_option("--profile-concurrent-ranks", a->profile_concurrent_ranks,
+                 "Ranks computing each unit at once while profiling (default: --nproc, as the runs; 1: each unit "
+                 "alone, as before 2026-11-25)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--global-batch", a->global_batch, "Samples per optimizer step")->capture_default_str();
   app.add_option("--steps", a->steps, "Steps per run, warm-up included")->capture_default_str();
   app.add_option("--warmup", a->warmup, "Warm-up steps per run")->capture_default_str();

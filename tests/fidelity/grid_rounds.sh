@@ -29,5 +29,14 @@ assert report.count("(rounds ") == 2, "report rows lack the rounds' spread"
 html = open(os.path.join(ap, "report.html")).read()
 assert "<table>" in html and "<pre>" not in html, "report.html is not real HTML"
 assert "Fidelity grid: step time" in html and "Fidelity grid: peak device memory" in html, "no fidelity plots"
+# The profile was taken under the runs' conditions: both local ranks computing each unit at once, the
+# executor's backward; the probe's core contention (when it measured any) comes with its provenance.
+prof = json.load(open(os.path.join(ap, "model_profile.json")))
+assert prof.get("concurrent_ranks") == 2 and prof.get("backward_adds_grads") is True, \
+    f"profile conditions {prof.get('concurrent_ranks')}, {prof.get('backward_adds_grads')}"
+# The tuner may vary the precision: the profile it tuned with holds every unit's times at bf16 and fp16.
+assert all(sorted(u.get("times_at_dtype", {})) == ["bf16", "fp16"] for u in prof["units"]), "no 16-bit unit times"
+cluster = json.load(open(os.path.join(ap, "cluster.json")))
+assert "core_contention" not in cluster or "core_contention" in cluster["provenance"], "core_contention without provenance"
 print("grid rounds ok:", {r["label"]: r["measured_time_rounds_s"] for r in f["rows"]})
 PY
