@@ -191,7 +191,7 @@ struct Devices {
 // and its gradient, which then feeds the unit's backward. Empty for every other unit.
 using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// The executor's backward of one unit (exec/src/step/executor.cpp, differentiate): the gradients of the
+// The executor's backward of one unit (pieces::differentiate in exec/src/step): the gradients of the
 // input (when it needs one) and of `params` returned by autograd, each parameter's added into `accum`.
 void accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const torch::Tensor& x,
                          const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum) {
