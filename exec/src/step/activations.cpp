@@ -4,12 +4,13 @@
 // state, and BatchNorm-style buffers the recompute updated a second time are put back after the backward.
 // checkpoint_offload (fairscale checkpoint_wrapper(offload_to_cpu=True)): the kept input is copied to the
 // host pool after the forward, freeing the device copy, and back when the backward reaches the unit.
-// Both run in the compute dtype (ComputeScope, precision.cpp).
+// Both run in the compute dtype (ComputeScope, precision.cpp). Kept units may send a ratio of their
+// saved tensors to the host (ActivationOffload, activation_offload.cpp).
 #include "pieces.h"
 
 namespace zeroplan::exec::pieces {
 
-Activations::Activations(Ctx& c) : c_(c), state_(c.units.size()) {}
+Activations::Activations(Ctx& c) : c_(c), state_(c.units.size()), offload_(c) {}
 
 torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   (void)micro;
@@ -20,11 +21,14 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   ComputeScope compute(c_.dt, c_.dev.torch_device().type());
   if (U.checkpoint) {
     s.rng = c_.dev.rng_state();
+    auto none = offload_.capture(u, true);
     torch::NoGradGuard no_grad;
     out = U.module->forward(in);
   } else {
+    auto saved = offload_.capture(u, false);  // activation offload sees what autograd saves
     out = U.module->forward(in);
   }
+  offload_.end_forward(u, in, out);
   s.in = in;
   s.out = U.checkpoint ? torch::Tensor() : out;
   if (U.checkpoint && c_.plan.checkpoint_offload && in.numel() > 0) {
@@ -41,6 +45,7 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
 torch::Tensor Activations::output_for_backward(int u, int micro) {
   State& s = state_[static_cast<std::size_t>(u)];
   UnitRT& U = c_.unit(u);
+  offload_.before_bwd(u);
   if (!U.checkpoint) return s.out;
   c_.cur_phase = "recompute";
   const double t0 = c_.rec.now_s();
@@ -69,6 +74,7 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
 }
 
 void Activations::after_bwd(int u) {
+  offload_.after_bwd(u);
   State& s = state_[static_cast<std::size_t>(u)];
   if (!s.kept_buffers.empty()) {
     torch::NoGradGuard no_grad;

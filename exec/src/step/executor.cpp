@@ -116,6 +116,10 @@ class Executor::Impl {
     return static_cast<int>(std::count_if(c_->units.begin(), c_->units.end(), [](const UnitRT& u) { return u.numel() > 0; }));
   }
   bool views_valid() const { return params_->views_valid(); }
+  std::vector<OffloadedActivations> offloaded_activations() const {
+    if (!acts_.front()->offload().on()) return {};
+    return acts_.front()->offload().summary();
+  }
   LossScaler& loss_scaler() { return precision_->scaler(); }
 
  private:
@@ -558,6 +562,7 @@ std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_s
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }
 bool Executor::views_valid() const { return impl_->views_valid(); }
+std::vector<OffloadedActivations> Executor::offloaded_activations() const { return impl_->offloaded_activations(); }
 LossScaler& Executor::loss_scaler() { return impl_->loss_scaler(); }
 int Executor::first_unit() const { return impl_->first_unit(); }
 int Executor::pipeline_stage() const { return impl_->pipeline_stage(); }

@@ -9,6 +9,8 @@
 //                   0-1), per-unit reduce-scatter into this rank's shard (stages 2-3)         (dp_sync.cpp)
 //   Activations     one microbatch's activations per unit: kept, or checkpointed and recomputed
 //                                                                                       (activations.cpp)
+//   ActivationOffload  a ratio of the kept ones' saved tensors to the host on the side lane and back
+//                   before their unit's backward                                (activation_offload.cpp)
 //   OptimizerStep   the optimizer state and the step on the device or the host, and the updated
 //                   parameters back where ParamResidency keeps them                    (optimizer_step.cpp)
 //   Precision       the dtype of every copy (Dtypes, in Ctx), the loss scale, and whether the ranks
@@ -32,6 +34,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,8 +46,11 @@
 #include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/optimizer.h"
 #include "zeroplan/exec/recorder.h"
+#include "zeroplan/profiles/activation_offload.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/run_record.h"
+#include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::exec::pieces {
@@ -266,6 +272,47 @@ class GradSync {
   std::deque<CastBucket> cast_buckets_;  // at most one in flight (one cast buffer at a time)
 };
 
+// Activation offload for one microbatch's units (activation_offload.cpp): the saved tensors the policy
+// picks go to the host on the side lane and come back before their unit's backward.
+class ActivationOffload final : public saved_tensors::Handler {
+ public:
+  struct Entry;
+  struct Slot;
+  explicit ActivationOffload(Ctx& c);
+  ~ActivationOffload() override;
+  bool on() const { return ratio_ > 0; }
+  // Unit u's forward runs while the returned scope lives (nothing when off or checkpointed); then
+  // end_forward, for every unit.
+  std::optional<saved_tensors::Scope> capture(int u, bool checkpointed);
+  void end_forward(int u, const torch::Tensor& in, const torch::Tensor& out);
+  void before_bwd(int u);  // u's tensors back on the device; earlier units prefetched within the budget
+  void after_bwd(int u);
+  const std::vector<OffloadedActivations>& summary() const { return summary_; }  // the last microbatch's picks
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks() override;
+  torch::Tensor unpack(Slot& slot);
+
+ private:
+  struct UnitState {
+    std::vector<std::shared_ptr<Slot>> slots;     // saved in the forward, until end_forward
+    std::vector<std::shared_ptr<Entry>> entries;  // sent to the host, until restored
+    int tensors = 0, offloaded = 0;
+    std::int64_t bytes = 0, offloaded_bytes = 0;
+    bool let_go = false;
+    bool captured = false;  // its forward ran inside capture(), end_forward not yet
+  };
+  void let_go(int u);
+  void copy_back(int u);
+  Ctx& c_;
+  double ratio_;
+  OffloadPolicy policy_{0};
+  int capturing_ = 0;
+  std::vector<UnitState> units_;
+  std::vector<int> points_;  // prefetch_points for this microbatch's backward
+  std::uint64_t last_ticket_ = 0;
+  std::vector<OffloadedActivations> summary_;
+};
+
 class Activations {
  public:
   explicit Activations(Ctx& c);
@@ -288,6 +335,10 @@ class Activations {
   };
   Ctx& c_;
   std::vector<State> state_;
+  ActivationOffload offload_;
+
+ public:
+  const ActivationOffload& offload() const { return offload_; }
 };
 
 class Precision {
