@@ -80,7 +80,10 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     const bool warmup = s < options.warmup_steps;
     if (s == options.warmup_steps) cpu_from = read_cpu_times();
     recorder.begin_step(s, warmup);
+    const double lane0 = device->side_lane().busy_s();
     StepStats st = executor.step(first_step + s);
+    // The side lane's copies (activation offload), overlapping the phases: seconds it copied this step.
+    if (const double lane = device->side_lane().busy_s() - lane0; lane > 0) st.phase_s["side_lane"] = lane;
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
