@@ -92,8 +92,8 @@ want mixed && for dtype in bf16 fp16; do
   done
 done
 # Activation offload, one saved tensor at a time (hfai's offload_ratio): ratios 0, 0.1, 0.25, 0.5 and 1 on
-# the GPT and on the resnet; on the GPT also with no prefetch, with microbatches, with a checkpointed unit
-# and at stage 3. Device and host.
+# the GPT and on the resnet; on the GPT also with no prefetch, with microbatches, with a checkpointed unit,
+# at stage 3 and with 2 pipeline stages (GPipe, 1F1B). Device and host.
 gpt_model=("${model[@]}")
 resnet_model=(--model resnet --preset resnet-tiny)
 profile_resnet() {
@@ -108,6 +108,13 @@ if want actoff; then
   check actoff_gpt_micro "offload.activations_ratio=0.5 micro_batch=2 microbatches=2" "$tolerance" "$out/profile.json" device,host
   check actoff_gpt_ckpt "offload.activations_ratio=0.5 checkpointing=2" "$tolerance" "$out/profile.json" device,host
   check actoff_gpt_stage3 "zero_stage=3 offload.activations_ratio=0.25" "$tolerance" "$out/profile.json" device,host
+  # 2 pipeline stages (a rank each, 4 microbatches): GPipe with its checkpointed microbatches recomputed on
+  # the device, and 1F1B with several microbatches' tensors on the host at once.
+  model=("${gpt_model[@]}" --profile "$out/profile.json")
+  for sched in gpipe 1f1b; do
+    check "actoff_gpt_$sched" "pipeline_stages=2 microbatches=4 micro_batch=2 pipeline.schedule=$sched offload.activations_ratio=0.5" \
+        "$tolerance" "$out/profile.json" device,host
+  done
   model=("${resnet_model[@]}")
   profile_resnet
   for r in 0 0.1 0.25 0.5 1; do

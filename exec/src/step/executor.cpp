@@ -116,8 +116,13 @@ class Executor::Impl {
     return static_cast<int>(std::count_if(c_->units.begin(), c_->units.end(), [](const UnitRT& u) { return u.numel() > 0; }));
   }
   bool views_valid() const { return params_->views_valid(); }
+  // A microbatch that offloaded (a pipeline's checkpointed microbatches recompute on the device).
   std::vector<OffloadedActivations> offloaded_activations() const {
     if (!acts_.front()->offload().on()) return {};
+    for (const auto& a : acts_) {
+      const auto& s = a->offload().summary();
+      if (std::any_of(s.begin(), s.end(), [](const OffloadedActivations& o) { return o.offloaded > 0; })) return s;
+    }
     return acts_.front()->offload().summary();
   }
   LossScaler& loss_scaler() { return precision_->scaler(); }

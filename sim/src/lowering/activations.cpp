@@ -2,7 +2,8 @@
 // of them (hfai CPUOffload, as the executor's ActivationOffload runs it, one saved tensor at a time:
 // activation_offload.h picks which of the profile's saved tensors go; their D2H runs on the copy lane
 // after the unit's forward and the device lets them go when the next unit's forward ends, the compute
-// lane waiting for the copy there (the last unit's at the backward's start); before unit u's backward
+// lane waiting for the copy there (the last two units' at the backward's start: the last unit's forward
+// runs on into the loss); before unit u's backward
 // its tensors are back (H2D), units before it prefetched within the byte budget); or checkpoint (keep
 // only the unit's input, recompute the forward before the backward), with checkpoint_offload the kept
 // input on the host (fairscale checkpoint_wrapper offload_to_cpu: D2H on the copy stream after the
@@ -53,7 +54,7 @@ void Activations::pick_offloaded() {
   off_device_.assign(n, kNone);
   h2d_.assign(n, kNone);
   const double ratio = c_.plan.offload.activations_ratio;
-  if (ratio <= 0 || n == 0) return;
+  if (ratio <= 0 || n == 0 || keep_on_device_) return;
   if (c_.units[0].tensor_list) {
     std::vector<std::vector<std::int64_t>> lists;
     std::vector<bool> keeps;
@@ -115,8 +116,9 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (i + 1 == c_.units.size()) last_fwd_ = fwd;
   if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
   // Activation offload: the previous unit's copies had this forward to run; the device lets them go once
-  // both are done, the compute lane waiting for the copy (a zero-time task on it).
-  if (u >= 1 && off_device_[i - 1] != kNone) {
+  // both are done, the compute lane waiting for the copy (a zero-time task on it). The last unit's forward
+  // runs on into the loss: its predecessor's go when the backward starts, with its own.
+  if (u >= 1 && i + 1 < c_.units.size() && off_device_[i - 1] != kNone) {
     const TaskId let_go = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u - 1, mb), {fwd, d2h_[i - 1]},
                                         c_.n_cat_compute);
     c_.g.set_free_at(off_device_[i - 1], let_go);
@@ -171,11 +173,13 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   // the previous backward.
   TaskId issue_after = u + 1 < n ? c_.bwd[i + 1] : last_fwd_;
   if (u == n - 1 || points_.empty()) {
-    if (off_device_[i] != kNone) {
-      issue_after = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u, mb), {last_fwd_, d2h_[i]},
+    for (int v = n - 1; v >= std::max(0, n - 2); --v) {
+      const auto vi = static_cast<std::size_t>(v);
+      if (off_device_[vi] == kNone) continue;
+      issue_after = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, v, mb), {last_fwd_, d2h_[vi], issue_after},
                                   c_.n_cat_compute);
-      c_.g.set_free_at(off_device_[i], issue_after);
-      off_device_[i] = kNone;
+      c_.g.set_free_at(off_device_[vi], issue_after);
+      off_device_[vi] = kNone;
     }
     points_ = prefetch_points(off_bytes_, prefetch_budget(c_.plan.offload.activations_prefetch_bytes, off_bytes_));
   }

@@ -161,7 +161,11 @@ struct Activations {
   void on_fwd(int u, int mb, TaskId fwd);
   TaskId before_bwd(int u, int mb, TaskId params_ready);  // H2D or recompute the backward waits for
   void after_bwd(int u, int mb, TaskId bwd);
+  // A pipeline stage's recompute of a checkpointed microbatch, right before its backward, offloads no
+  // activations (as the executor's); call before its first on_fwd.
+  void keep_on_device() { keep_on_device_ = true; }
  private:
+  bool keep_on_device_ = false;
   std::int64_t fwd_workspace(int u) const;
   std::int64_t incoming_grad(int u) const;
   void pick_offloaded();                     // activation_offload.h's policy over the units
