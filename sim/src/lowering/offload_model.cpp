@@ -1,5 +1,5 @@
-// fairscale OffloadModel, as the executor runs it (exec/src/step/executor.cpp offload_model_microbatch,
-// exec/src/step/offload_model.cpp): the model states live on the host (model_states.cpp); slices of
+// fairscale OffloadModel, as the executor runs it (exec/src/step/offload_model.cpp,
+// OffloadModel::microbatch): the model states live on the host (model_states.cpp); slices of
 // consecutive units, balanced by parameter count (offload_model_slice_starts, the executor's function),
 // visit the device. Every accumulation microbatch (plan microbatches) runs the whole schedule, the micro
 // batch in `offload_model.microbatches` chunks:
