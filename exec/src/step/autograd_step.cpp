@@ -1,6 +1,7 @@
 // What every step driver does the same way around autograd (the plain step and pipeline stages in
 // executor.cpp, OffloadModel's schedule in offload_model.cpp): a unit's backward into the gradient
-// regions, the loss and its gradient, the model's input on the device.
+// regions, the loss and its gradient, the model's input on the device, the RNG state and buffers around a
+// recompute.
 #include <utility>
 
 #include "pieces.h"
@@ -63,6 +64,27 @@ torch::Tensor loss_grad(Ctx& c, torch::Tensor last, const torch::Tensor& target,
 torch::Tensor model_input(const Ctx& c, torch::Tensor t) {
   if (t.is_floating_point() && t.scalar_type() != c.dt.compute) return t.to(c.dev.torch_device(), c.dt.compute);
   return t.to(c.dev.torch_device());
+}
+
+Recompute::Replay::Replay(Recompute& r, Device& dev, const std::vector<std::shared_ptr<zoo::UnitModule>>& modules)
+    : dev_(dev), caller_rng_(dev.rng_state()) {
+  dev.set_rng_state(r.rng_);
+  for (const auto& m : modules) {
+    r.modules_.push_back(m);
+    for (const auto& b : m->buffers()) r.kept_.push_back(b.clone());
+  }
+}
+
+void Recompute::restore_buffers() {
+  if (!kept_.empty()) {
+    torch::NoGradGuard no_grad;
+    std::size_t i = 0;
+    for (const auto& m : modules_)
+      for (auto& b : m->buffers()) b.copy_(kept_[i++]);
+  }
+  kept_.clear();
+  modules_.clear();
+  rng_ = torch::Tensor();
 }
 
 }  // namespace zeroplan::exec::pieces

@@ -227,8 +227,10 @@ class Executor::Impl {
     double loss_sum = 0, busy_s = 0, span_s = 0;
     const double loss_scale = precision_->loss_scale();
     const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
-    std::vector<torch::Tensor> kept_in(static_cast<std::size_t>(m)), rng(static_cast<std::size_t>(m)),
-        gz(static_cast<std::size_t>(m));
+    std::vector<torch::Tensor> kept_in(static_cast<std::size_t>(m)), gz(static_cast<std::size_t>(m));
+    std::vector<pieces::Recompute> recompute(static_cast<std::size_t>(m));
+    std::vector<std::shared_ptr<zoo::UnitModule>> modules;  // a checkpointed microbatch recomputes them all
+    for (const UnitRT& U : c.units) modules.push_back(U.module);
     auto target = [&](int k) { return data(step, k).target.to(dev_.torch_device()); };
     for (const PipelineOp& op : pp.order()) {
       const int k = op.microbatch;
@@ -239,7 +241,7 @@ class Executor::Impl {
         const double t0 = c.rec.now_s();
         if (ckpt) {
           kept_in[j] = x;
-          rng[j] = dev_.rng_state();
+          recompute[j].save_rng(dev_);
           x = forward_no_graph(std::move(x), k);
         } else {
           x = forward(std::move(x), k);
@@ -251,15 +253,13 @@ class Executor::Impl {
       }
       torch::Tensor g;
       double t0 = c.rec.now_s();
-      std::vector<torch::Tensor> kept_buffers;  // BatchNorm-style statistics the recompute updates again
       if (ckpt) {
-        for (const UnitRT& U : c.units)
-          for (const auto& b : U.module->buffers()) kept_buffers.push_back(b.clone());
-        torch::Tensor now_rng = dev_.rng_state();
-        dev_.set_rng_state(rng[j]);
-        torch::Tensor x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
-        dev_.set_rng_state(now_rng);
-        rng[j] = torch::Tensor();
+        torch::Tensor x;
+        {
+          pieces::Recompute::Replay replay(recompute[j], dev_, modules);
+          x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
+        }
+        recompute[j].drop_rng();
         if (pp.last()) gz[j] = loss_grad(c, std::move(x), target(k), k, scale, loss_sum);
       }
       busy_s += c.rec.now_s() - t0;
@@ -267,12 +267,7 @@ class Executor::Impl {
       t0 = c.rec.now_s();
       torch::Tensor g_in = backward(std::move(g), k, k == m - 1);
       grads_->finish_microbatch();
-      if (!kept_buffers.empty()) {
-        torch::NoGradGuard no_grad;
-        std::size_t i = 0;
-        for (const UnitRT& U : c.units)
-          for (auto& b : U.module->buffers()) b.copy_(kept_buffers[i++]);
-      }
+      recompute[j].restore_buffers();  // BatchNorm-style statistics the recompute updated again
       busy_s += c.rec.now_s() - t0;
       span_s = c.rec.now_s() - t_step;
       if (!pp.first()) pp.send_grad(k, g_in);

@@ -148,7 +148,8 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
   std::vector<torch::Tensor> x(static_cast<std::size_t>(K)), target(static_cast<std::size_t>(K)),
       grad(static_cast<std::size_t>(K));
   // checkpoint_activation: per slice and chunk, the slice's input on the host and the RNG state.
-  std::vector<torch::Tensor> boundary(static_cast<std::size_t>(S * K)), rng(static_cast<std::size_t>(S * K));
+  std::vector<torch::Tensor> boundary(static_cast<std::size_t>(S * K));
+  std::vector<Recompute> recompute(static_cast<std::size_t>(S * K));
   auto at = [&](int s, int k) { return static_cast<std::size_t>(s * K + k); };
   // Without checkpoint_activation: per unit and chunk, its input leaf and its output with the graph.
   std::vector<torch::Tensor> ins(static_cast<std::size_t>(n_units * K)), outs(static_cast<std::size_t>(n_units * K));
@@ -188,7 +189,7 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
     load_forward(s, j);
     for (int k = 0; k < K; ++k) {
       torch::Tensor cur = ckpt ? to_device(s, k) : std::exchange(x[static_cast<std::size_t>(k)], torch::Tensor());
-      if (ckpt) rng[at(s, k)] = dev.rng_state();
+      if (ckpt) recompute[at(s, k)].save_rng(dev);
       {
         torch::NoGradGuard no_grad;
         torch::AutoGradMode mode(!ckpt);
@@ -221,15 +222,14 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
       if (ckpt) {  // the slice's input back and the slice's forward again, with its graph
         torch::Tensor cur = to_device(s, k);
         boundary[at(s, k)] = torch::Tensor();
-        torch::Tensor now_state = dev.rng_state();
-        dev.set_rng_state(rng[at(s, k)]);
-        rng[at(s, k)] = torch::Tensor();
+        // No buffers kept: the recompute updates BatchNorm statistics a second time, as this schedule always did.
+        Recompute::Replay replay(recompute[at(s, k)], dev);
+        recompute[at(s, k)].drop_rng();
         for (int u = first(s); u < end(s); ++u) {
           torch::Tensor out = unit_forward(u, cur, micro(k), true, &ins[ui(u, k)]);
           outs[ui(u, k)] = out;
           cur = out.detach();
         }
-        dev.set_rng_state(now_state);
       }
       torch::Tensor g = std::exchange(grad[static_cast<std::size_t>(k)], torch::Tensor());
       for (int u = end(s) - 1; u >= first(s); --u) {

@@ -24,7 +24,8 @@
 //   Pipeline        pipeline stages: which units this rank runs, the schedule's order, activations and
 //                   their gradients to and from the neighbouring stages, tied weights across stages, the
 //                   loss from the last stage                                                (pipeline.cpp)
-// and what every step driver does alike: a unit's backward, the loss, the model's input (autograd_step.cpp).
+// and what every step driver does alike: a unit's backward, the loss, the model's input, the RNG state and
+// buffers around a recompute (Recompute)                                              (autograd_step.cpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -112,6 +113,37 @@ class ComputeScope {
   bool on_ = false, was_enabled_ = false;
   at::DeviceType device_;
   torch::ScalarType was_dtype_ = torch::kBFloat16;
+};
+
+// The checkpointing contract around a recompute (torch.utils.checkpoint's preserve_rng_state): a forward
+// run without its graph is recomputed under the RNG state it started from, the caller's state going on
+// after the recompute; buffers the recompute updates a second time (BatchNorm's running statistics) are
+// put back once the backward ran (the recompute's graph holds them until then). One per checkpointed
+// unit (Activations), slice and chunk (OffloadModel) or pipeline microbatch (executor.cpp).
+class Recompute {
+ public:
+  void save_rng(Device& dev) { rng_ = dev.rng_state(); }  // at the forward
+  // While alive: the forward's RNG state, the caller's again when it ends; `modules`' buffers kept (for
+  // restore_buffers) once the state is switched.
+  class Replay {
+   public:
+    Replay(Recompute& r, Device& dev, const std::vector<std::shared_ptr<zoo::UnitModule>>& modules = {});
+    ~Replay() { dev_.set_rng_state(caller_rng_); }
+    Replay(const Replay&) = delete;
+    Replay& operator=(const Replay&) = delete;
+
+   private:
+    Device& dev_;
+    torch::Tensor caller_rng_;
+  };
+  void drop_rng() { rng_ = torch::Tensor(); }  // the forward's state, once no recompute needs it
+  // After the backward: the kept buffers back (a no-op when none were kept), the forward's state dropped.
+  void restore_buffers();
+
+ private:
+  torch::Tensor rng_;
+  std::vector<std::shared_ptr<zoo::UnitModule>> modules_;
+  std::vector<torch::Tensor> kept_;  // the modules' buffers before the recompute, in their order
 };
 
 // The model's units this rank runs: all of them, or one pipeline stage's.
@@ -281,8 +313,8 @@ class Activations {
 
  private:
   struct State {
-    torch::Tensor in, out, rng;
-    std::vector<torch::Tensor> kept_buffers;
+    torch::Tensor in, out;
+    Recompute recompute;
     // checkpoint_offload: the kept input on the host between the forward and the recompute.
     torch::Tensor in_host;
     std::vector<std::int64_t> in_shape;
