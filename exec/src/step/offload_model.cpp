@@ -3,7 +3,6 @@
 // function; a slice's units and the owners of the weights they borrow are on the device while it runs.
 // Parameters come from the host's flat buffer and are only read on the device, so dropping them copies
 // nothing back; gradients go home after the slice's backward.
-#include <algorithm>
 #include <utility>
 
 #include "pieces.h"
@@ -16,19 +15,14 @@ OffloadModel::OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads, AdaS
   std::vector<std::int64_t> numel;
   for (const UnitRT& U : c.units) numel.push_back(U.numel());
   starts_ = offload_model_slice_starts(numel, c.plan.offload_model.slices);
+  std::vector<std::vector<int>> owners;
+  for (const UnitRT& U : c.units) {
+    owners.emplace_back();
+    for (const Borrow& b : U.borrows) owners.back().push_back(b.owner);
+  }
+  members_ = offload_model_slice_members(starts_, owners);
   loaded_.assign(c.units.size(), 0);
   grad_.resize(c.units.size());
-}
-
-std::vector<int> OffloadModel::members(int s) const {
-  std::vector<int> out;
-  for (int u = first(s); u < end(s); ++u) out.push_back(u);
-  for (int u = first(s); u < end(s); ++u) {
-    for (const Borrow& b : c_.unit(u).borrows) {
-      if (b.owner < first(s) && std::find(out.begin(), out.end(), b.owner) == out.end()) out.push_back(b.owner);
-    }
-  }
-  return out;
 }
 
 void OffloadModel::load_params(int u, int micro) {

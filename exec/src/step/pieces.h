@@ -472,7 +472,8 @@ class OffloadModel {
   // Where unit u's gradient accumulates (on the device while its slice or a borrower's is loaded).
   torch::Tensor region(int u);
   torch::Tensor unit_forward(int u, const torch::Tensor& x, int micro, bool recompute, torch::Tensor* in_leaf);
-  std::vector<int> members(int s) const;  // the slice's units and the owners its units borrow from
+  // The slice's units and the owners its units borrow from (offload_model_slice_members).
+  const std::vector<int>& members(int s) const { return members_[static_cast<std::size_t>(s)]; }
   void load_params(int u, int micro);
   void drop_params(int u);
   Ctx& c_;
@@ -480,6 +481,7 @@ class OffloadModel {
   GradSync& grads_;
   AdaScale* adascale_ = nullptr;
   std::vector<int> starts_;
+  std::vector<std::vector<int>> members_;
   std::vector<char> loaded_;
   std::vector<torch::Tensor> grad_;  // per unit: its device gradient while it exists
   int micro_ = 0;                    // the outer microbatch of the backward under way
