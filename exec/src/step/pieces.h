@@ -22,16 +22,19 @@
 //                   when the number of ranks changed                                     (checkpoint.cpp)
 //   OffloadModel    fairscale OffloadModel: slices of consecutive units visit the device one at a time,
 //                   their gradients carried to the host; the micro batch in chunks, slice-boundary
-//                   activations on the host with checkpoint_activation             (offload_model.cpp)
+//                   activations on the host with checkpoint_activation; its own schedule  (offload_model.cpp)
 //   Pipeline        pipeline stages: which units this rank runs, the schedule's order, activations and
 //                   their gradients to and from the neighbouring stages, tied weights across stages, the
 //                   loss from the last stage                                                (pipeline.cpp)
+// and what every step driver does alike: a unit's backward, the loss, the model's input, the RNG state and
+// buffers around a recompute (Recompute)                                              (autograd_step.cpp).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -116,6 +119,37 @@ class ComputeScope {
   bool on_ = false, was_enabled_ = false;
   at::DeviceType device_;
   torch::ScalarType was_dtype_ = torch::kBFloat16;
+};
+
+// The checkpointing contract around a recompute (torch.utils.checkpoint's preserve_rng_state): a forward
+// run without its graph is recomputed under the RNG state it started from, the caller's state going on
+// after the recompute; buffers the recompute updates a second time (BatchNorm's running statistics) are
+// put back once the backward ran (the recompute's graph holds them until then). One per checkpointed
+// unit (Activations), slice and chunk (OffloadModel) or pipeline microbatch (executor.cpp).
+class Recompute {
+ public:
+  void save_rng(Device& dev) { rng_ = dev.rng_state(); }  // at the forward
+  // While alive: the forward's RNG state, the caller's again when it ends; `modules`' buffers kept (for
+  // restore_buffers) once the state is switched.
+  class Replay {
+   public:
+    Replay(Recompute& r, Device& dev, const std::vector<std::shared_ptr<zoo::UnitModule>>& modules = {});
+    ~Replay() { dev_.set_rng_state(caller_rng_); }
+    Replay(const Replay&) = delete;
+    Replay& operator=(const Replay&) = delete;
+
+   private:
+    Device& dev_;
+    torch::Tensor caller_rng_;
+  };
+  void drop_rng() { rng_ = torch::Tensor(); }  // the forward's state, once no recompute needs it
+  // After the backward: the kept buffers back (a no-op when none were kept), the forward's state dropped.
+  void restore_buffers();
+
+ private:
+  torch::Tensor rng_;
+  std::vector<std::shared_ptr<zoo::UnitModule>> modules_;
+  std::vector<torch::Tensor> kept_;  // the modules' buffers before the recompute, in their order
 };
 
 // The model's units this rank runs: all of them, or one pipeline stage's.
@@ -326,8 +360,8 @@ class Activations {
 
  private:
   struct State {
-    torch::Tensor in, out, rng;
-    std::vector<torch::Tensor> kept_buffers;
+    torch::Tensor in, out;
+    Recompute recompute;
     // checkpoint_offload: the kept input on the host between the forward and the recompute.
     torch::Tensor in_host;
     std::vector<std::int64_t> in_shape;
@@ -422,6 +456,21 @@ class AdaScale {
   std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
 };
 
+// Differentiates unit u's output `out` (with its graph) from its input leaf `in` with the incoming
+// gradient: the gradients of its parameters (and of the weights it borrows) accumulate into
+// region(owner), AdaScale (when given) seeing each; returns the gradient of its input (undefined for the
+// model's input).
+torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
+                            const std::function<torch::Tensor(int)>& region, AdaScale* adascale);
+// The loss of one microbatch from the last unit's output, its gradient scaled by `scale`: the loss in
+// fp32 (autocast's rule for losses) from the logits in their compute dtype; the gradient comes back in
+// that dtype, the fp32 copy and its gradient freed with the loss (as the profiler measures the last unit).
+torch::Tensor loss_grad(Ctx& c, torch::Tensor last, const torch::Tensor& target, int micro, double scale,
+                        double& loss_sum);
+// The model's input on the device; floating inputs (images) in the compute dtype, as the profiler feeds
+// them (16-bit weights compute on 16-bit inputs; token ids stay integers).
+torch::Tensor model_input(const Ctx& c, torch::Tensor t);
+
 class Checkpoint {
  public:
   Checkpoint(Ctx& c, ParamResidency& params, OptimizerStep& opt, Precision& precision);
@@ -452,7 +501,14 @@ class Checkpoint {
 // is all-reduced on the last one (no_sync before it) and copied home.
 class OffloadModel {
  public:
-  OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads);
+  // adascale: when the plan runs AdaScale (it sees every parameter gradient), else nullptr.
+  OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads, AdaScale* adascale);
+  // One accumulation microbatch `j` of step `step` (sim/src/lowering/offload_model.cpp): forward and
+  // backward over the slices, the loss (the chunks' losses added to loss_sum, the gradient scaled by
+  // `scale`), the gradients home.
+  void microbatch(std::int64_t step, int j, double scale, double& loss_sum);
+
+ private:
   int slices() const { return static_cast<int>(starts_.size()) - 1; }
   int first(int s) const { return starts_[static_cast<std::size_t>(s)]; }
   int end(int s) const { return starts_[static_cast<std::size_t>(s) + 1]; }
@@ -466,15 +522,17 @@ class OffloadModel {
   void finish_backward(int s, int micro, bool last_micro);
   // Where unit u's gradient accumulates (on the device while its slice or a borrower's is loaded).
   torch::Tensor region(int u);
-
- private:
-  std::vector<int> members(int s) const;  // the slice's units and the owners its units borrow from
+  torch::Tensor unit_forward(int u, const torch::Tensor& x, int micro, bool recompute, torch::Tensor* in_leaf);
+  // The slice's units and the owners its units borrow from (offload_model_slice_members).
+  const std::vector<int>& members(int s) const { return members_[static_cast<std::size_t>(s)]; }
   void load_params(int u, int micro);
   void drop_params(int u);
   Ctx& c_;
   ParamResidency& params_;
   GradSync& grads_;
+  AdaScale* adascale_ = nullptr;
   std::vector<int> starts_;
+  std::vector<std::vector<int>> members_;
   std::vector<char> loaded_;
   std::vector<torch::Tensor> grad_;  // per unit: its device gradient while it exists
   int micro_ = 0;                    // the outer microbatch of the backward under way
