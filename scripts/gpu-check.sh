@@ -7,7 +7,8 @@
 #   3. every CUDA test (gtest names *_CUDA, through CTest)
 #   4. profile gpt2-small and resnet50 on the GPU
 #   5. a single-GPU fidelity grid: simulate and run each plan (stage 0/1, optimizer offload,
-#      checkpointing), then compare; prints predicted against measured step time and device peak
+#      checkpointing, activation offload ratios 0.1/0.5/1 on the side stream, OffloadModel), then
+#      compare; prints predicted against measured step time and device peak
 # Everything goes under --out (default gpu-check-<UTC time>/): log.txt, versions.txt, the profiles,
 # predictions, run records, comparisons and summary.md.
 #
@@ -171,6 +172,10 @@ grid=(
   "s1-offload:--set zero_stage=1 --set offload.optimizer=true"
   "s0-ckpt:--set zero_stage=0 --set checkpointing=all"
   "s1-offload-ckpt:--set zero_stage=1 --set offload.optimizer=true --set checkpointing=all"
+  "s0-act0.1:--set zero_stage=0 --set offload.activations_ratio=0.1"
+  "s0-act0.5:--set zero_stage=0 --set offload.activations_ratio=0.5"
+  "s0-act1:--set zero_stage=0 --set offload.activations_ratio=1"
+  "om2:--set zero_stage=0 --set offload_model.enabled=true --set offload_model.slices=2"
 )
 precision=(--set precision.param_dtype=bf16 --set precision.compute_dtype=bf16 --set precision.reduce_dtype=bf16)
 for entry in "${grid[@]}"; do

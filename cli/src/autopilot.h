@@ -93,7 +93,7 @@ struct GridPlan {
   bool rank_per_node = false;
 };
 std::vector<GridPlan> fidelity_grid(int nproc, int global_batch);
-std::vector<std::string> grid_labels();  // every grid plan's label, g01 ... g22
+std::vector<std::string> grid_labels();  // every grid plan's label, g01 ... g24
 
 // A copy of `c` with each of `nproc` ranks on its own node (what LocalSGD needs to average over nodes).
 ClusterProfile one_device_per_node(const ClusterProfile& c, int nproc);

@@ -210,6 +210,13 @@ std::vector<GridPlan> fidelity_grid(int nproc, int global_batch) {
     add("g21", 0, 1, pipeline("gpipe"));
     add("g22", 0, 1, pipeline("1f1b"));
   }
+  // Activation offload, one saved tensor at a time: half of them at stage 0; all of them at stage 3 with
+  // 2 microbatches, copied back only when each unit's backward starts.
+  add("g23", 0, 1, [](Plan& p) { p.offload.activations_ratio = 0.5; });
+  add("g24", 3, 2, [](Plan& p) {
+    p.offload.activations_ratio = 1;
+    p.offload.activations_prefetch_bytes = 0;
+  });
   return out;
 }
 

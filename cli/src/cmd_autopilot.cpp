@@ -276,7 +276,7 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--rounds", a->rounds, "With --grid: run the grid this many times, every plan once per round, and "
                  "judge each plan on its median round (the spread is reported)")
       ->capture_default_str()->check(CLI::Range(1, 20))->needs("--grid");
-  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g22)")
+  app.add_option("--grid-plans", a->grid_plans, "With --grid: run only these grid plans (g01 ... g24)")
       ->delimiter(',')->needs("--grid")
       ->check(CLI::IsMember(autopilot::grid_labels()));
   return [a, &globals] { return autopilot::run_autopilot(*a, globals); };

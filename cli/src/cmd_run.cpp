@@ -118,6 +118,18 @@ void print_record(const RunRecord& r) {
   for (const auto& p : r.peaks)
     fmt::print(stderr, "  rank {} peak device {:>12} B   host {:>12} B{}\n", p.rank, p.device_peak_bytes, p.host_peak_bytes,
                p.device_peak_at.empty() ? "" : "   device peak in " + p.device_peak_at);
+  if (!r.offloaded_activations.empty()) {
+    std::int64_t bytes = 0, sent = 0;
+    int tensors = 0, offloaded = 0;
+    for (const auto& u : r.offloaded_activations) {
+      bytes += u.bytes;
+      sent += u.offloaded_bytes;
+      tensors += u.tensors;
+      offloaded += u.offloaded;
+    }
+    fmt::print(stderr, "  activation offload: {} of {} saved tensors to the host per microbatch, {} of {} B ({:.1f}%)\n",
+               offloaded, tensors, sent, bytes, bytes > 0 ? 100.0 * static_cast<double>(sent) / static_cast<double>(bytes) : 0.0);
+  }
   if (!r.losses.empty()) fmt::print(stderr, "  loss {:.6f} -> {:.6f}\n", r.losses.front(), r.losses.back());
   for (const auto& f : r.fallbacks) fmt::print(stderr, "  fallback: {}\n", f);
 }

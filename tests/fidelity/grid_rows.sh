@@ -7,19 +7,21 @@
 # and measured, the LocalSGD runs averaged parameters without reducing gradients (one node per rank: no
 # gradient all-reduce phase), the 16-bit runs in their dtype; OffloadModel (g19: 2 slices; g20: checkpointed
 # slices, 2 chunks) with the model states on the host and less on the device than the replicas of g15;
-# 2-stage pipelines (g21 GPipe with except_last checkpointing, g22 1F1B) with a stage per rank.
+# 2-stage pipelines (g21 GPipe with except_last checkpointing, g22 1F1B) with a stage per rank; activation
+# offload (g23: half the saved tensors at stage 0; g24: all of them at stage 3 with 2 microbatches and no
+# prefetch) with the ratio of the saved bytes it sent held on the host.
 #   grid_rows.sh ZEROPLAN
 set -euo pipefail
 zp=$1
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export XDG_CACHE_HOME=$out/cache
 "$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 4 --warmup 1 \
-    --grid --grid-plans g15,g16,g17,g18,g19,g20,g21,g22 -o "$out/ap"
+    --grid --grid-plans g15,g16,g17,g18,g19,g20,g21,g22,g23,g24 -o "$out/ap"
 python3 - "$out/ap" <<'PY'
 import json, os, sys
 ap = sys.argv[1]
 rows = {r["label"]: r for r in json.load(open(os.path.join(ap, "fidelity.json")))["rows"]}
-assert sorted(rows) == ["g15", "g16", "g17", "g18", "g19", "g20", "g21", "g22"], f"grid plans {sorted(rows)}"
+assert sorted(rows) == ["g15", "g16", "g17", "g18", "g19", "g20", "g21", "g22", "g23", "g24"], f"grid plans {sorted(rows)}"
 for label, r in rows.items():
     err = (r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
     assert abs(err) <= 0.03, f"{label}: peak predicted {r['predicted_peak_bytes']} measured {r['measured_peak_bytes']}"
@@ -47,5 +49,13 @@ for label, schedule in (("g21", "gpipe"), ("g22", "1f1b")):  # 2 pipeline stages
     rec = json.load(open(os.path.join(ap, "grid", label, "run_record.json")))
     assert rec["plan"]["pipeline_stages"] == 2 and rec["plan"]["pipeline"]["schedule"] == schedule, rec["plan"]
     assert len(rec["stages"]) == 2, rec.get("stages")
+for label, ratio in (("g23", 0.5), ("g24", 1.0)):  # activation offload: what went is on the host
+    rec = json.load(open(os.path.join(ap, "grid", label, "run_record.json")))
+    assert rec["plan"]["offload"]["activations_ratio"] == ratio, rec["plan"]
+    off = rec["offloaded_activations"]
+    sent, seen = sum(u["offloaded_bytes"] for u in off), sum(u["bytes"] for u in off)
+    assert sent > 0 and (ratio < 1 or sent == seen), f"{label}: sent {sent} of {seen}"
+    assert abs(sent - ratio * seen) <= 0.1 * seen, f"{label}: sent {sent} of {seen} at ratio {ratio}"
+    assert min(p["host_peak_bytes"] for p in rec["peaks"]) >= sent, f"{label}: host {rec['peaks']} < {sent}"
 print("grid rows ok:", {k: (r["predicted_peak_bytes"], r["measured_peak_bytes"]) for k, r in rows.items()})
 PY

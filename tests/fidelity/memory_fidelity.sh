@@ -7,10 +7,12 @@
 # match within MIXED_TOLERANCE on the device and, where the host pool holds anything, on the host.
 # resnet-tiny plans (stages 0-3, checkpointing, microbatches, offload) within TOLERANCE, device and host.
 # OffloadModel plans (1, 2, 4 slices; 1 and 2 chunks; checkpoint_activation on and off) within TOLERANCE.
-#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] [SECTIONS=gpt,om,mixed,resnet]
-#   (ctest: fidelity.memory 0.03 0.03 gpt,mixed,resnet; fidelity.memory_offload_model 0.03 0.03 om)
+# Activation offload ratios 0 to 1 on the GPT and the resnet within TOLERANCE.
+#   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] [SECTIONS=gpt,om,mixed,resnet,actoff]
+#   (ctest: fidelity.memory 0.03 0.03 gpt,mixed,resnet; fidelity.memory_offload_model 0.03 0.03 om;
+#   fidelity.memory_activation_offload 0.03 0.03 actoff)
 set -euo pipefail
-zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}; sections=",${4:-gpt,om,mixed,resnet},"
+zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}; sections=",${4:-gpt,om,mixed,resnet,actoff},"
 want() { [[ $sections == *",$1,"* ]]; }
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 model=(--model gpt --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096)
@@ -89,12 +91,43 @@ want mixed && for dtype in bf16 fp16; do
     check "${dtype}_$j" "$plan" "$mixed_tolerance" "$out/profile_$dtype.json" device,host
   done
 done
+# Activation offload, one saved tensor at a time (hfai's offload_ratio): ratios 0, 0.1, 0.25, 0.5 and 1 on
+# the GPT and on the resnet; on the GPT also with no prefetch, with microbatches, with a checkpointed unit,
+# at stage 3 and with 2 pipeline stages (GPipe, 1F1B). Device and host.
+gpt_model=("${model[@]}")
+resnet_model=(--model resnet --preset resnet-tiny)
+profile_resnet() {
+  [ -f "$out/profile_resnet.json" ] || "$zp" -q profile "${resnet_model[@]}" --batch 4 --batches 1 2 4 --threads 1 \
+      --repeats 2 -o "$out/profile_resnet.json"
+}
+if want actoff; then
+  for r in 0 0.1 0.25 0.5 1; do
+    check "actoff_gpt_$r" "offload.activations_ratio=$r" "$tolerance" "$out/profile.json" device,host
+  done
+  check actoff_gpt_noprefetch "offload.activations_ratio=1 offload.activations_prefetch_bytes=0" "$tolerance" "$out/profile.json" device,host
+  check actoff_gpt_micro "offload.activations_ratio=0.5 micro_batch=2 microbatches=2" "$tolerance" "$out/profile.json" device,host
+  check actoff_gpt_ckpt "offload.activations_ratio=0.5 checkpointing=2" "$tolerance" "$out/profile.json" device,host
+  check actoff_gpt_stage3 "zero_stage=3 offload.activations_ratio=0.25" "$tolerance" "$out/profile.json" device,host
+  # 2 pipeline stages (a rank each, 4 microbatches): GPipe with its checkpointed microbatches recomputed on
+  # the device, and 1F1B with several microbatches' tensors on the host at once.
+  model=("${gpt_model[@]}" --profile "$out/profile.json")
+  for sched in gpipe 1f1b; do
+    check "actoff_gpt_$sched" "pipeline_stages=2 microbatches=4 micro_batch=2 pipeline.schedule=$sched offload.activations_ratio=0.5" \
+        "$tolerance" "$out/profile.json" device,host
+  done
+  model=("${resnet_model[@]}")
+  profile_resnet
+  for r in 0 0.1 0.25 0.5 1; do
+    check "actoff_resnet_$r" "offload.activations_ratio=$r" "$tolerance" "$out/profile_resnet.json" device,host
+  done
+  model=("${gpt_model[@]}")
+fi
 # resnet (convolutions, BatchNorm, pooling) at every stage, checkpointed, with microbatches and offload:
 # the same bar as the GPT (layer4 holds 74% of the parameters, so how long one unit's gradient lives
 # decides the peak).
 want resnet || exit $status
-model=(--model resnet --preset resnet-tiny)
-"$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 -o "$out/profile_resnet.json"
+model=("${resnet_model[@]}")
+profile_resnet
 resnet_plans=(
   "zero_stage=0"
   "zero_stage=0 checkpointing=all"

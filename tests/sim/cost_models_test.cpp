@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "fixtures.h"
+#include "analytic_gpt.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/simulate.h"
@@ -345,13 +346,8 @@ TEST(ComputeOps, MemoryBoundOpIsBytesOverAchievedBandwidth) {
 
 TEST(ComputeOps, AUnitWithOpsIsTheirSumMeasuredTimesStillWin) {
   const ClusterProfile c = a100_ops();
-  AnalyticGptOptions o;
-  o.layers = 2;
-  o.hidden = 1024;
-  o.heads = 16;
-  o.seq = 1024;
+  AnalyticGptOptions o = fixtures::gpt_options(2, 1024, 16, 1024, 50257, "bf16");
   o.batch = 2;
-  o.dtype = "bf16";
   ModelProfile m = analytic_gpt(o);
   const UnitProfile& block = m.units[1];
   ASSERT_FALSE(block.ops.empty());
@@ -380,13 +376,7 @@ TEST(ComputeOps, AUnitWithOpsIsTheirSumMeasuredTimesStillWin) {
 }
 
 TEST(ComputeOps, TheStepUsesTheOpsAndSaysSo) {
-  AnalyticGptOptions o;
-  o.layers = 2;
-  o.hidden = 512;
-  o.heads = 8;
-  o.seq = 256;
-  o.dtype = "bf16";
-  const ModelProfile m = analytic_gpt(o);
+  const ModelProfile m = analytic_gpt(fixtures::gpt_options(2, 512, 8, 256, 50257, "bf16"));
   Plan p = testing::mixed_plan(8, 3);
   p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
   const Prediction pred = simulate(m, a100_ops(), p);
@@ -400,14 +390,8 @@ TEST(ComputeOps, TheStepUsesTheOpsAndSaysSo) {
 }
 
 TEST(ComputeOps, SubBlockUnitsSplitTheBlockExactly) {
-  AnalyticGptOptions o;
-  o.layers = 3;
-  o.hidden = 1024;
-  o.heads = 16;
-  o.seq = 512;
-  o.vocab = 1000;
+  AnalyticGptOptions o = fixtures::gpt_options(3, 1024, 16, 512, 1000, "bf16");
   o.batch = 2;
-  o.dtype = "bf16";
   const ModelProfile whole = analytic_gpt(o);
   o.sub_blocks = true;
   const ModelProfile split = analytic_gpt(o);
@@ -444,18 +428,11 @@ TEST(ComputeOps, SubBlockUnitsSplitTheBlockExactly) {
 TEST(ComputeOps, AnalyticOptionsAreReadBackFromTheProfile) {
   for (bool sub : {false, true}) {
     for (bool flash : {false, true}) {
-      AnalyticGptOptions o;
-      o.layers = 3;
-      o.hidden = 256;
-      o.heads = 4;
-      o.seq = 128;
-      o.vocab = 1000;
+      AnalyticGptOptions o = fixtures::gpt_options(3, 256, 4, 128, 1000, "bf16", "round-trip");
       o.batch = 2;
-      o.dtype = "bf16";
       o.tied_embeddings = !sub;
       o.flash_attention = flash;
       o.sub_blocks = sub;
-      o.name = "round-trip";
       const std::optional<AnalyticGptOptions> back = analytic_gpt_options_of(analytic_gpt(o));
       ASSERT_TRUE(back.has_value()) << sub << flash;
       EXPECT_EQ(back->layers, 3);
@@ -479,10 +456,7 @@ TEST(ComputeOps, AnalyticOptionsAreReadBackFromTheProfile) {
 
 TEST(ComputeOps, AnalyticGptOpsCarryTheBlockFlops) {
   // The GEMMs and the (unmasked) attention of a block add up to 24bsh^2 + 4bs^2h, the profile's FLOPs.
-  AnalyticGptOptions o;
-  o.hidden = 768;
-  o.heads = 12;
-  o.seq = 512;
+  AnalyticGptOptions o = fixtures::gpt_options(12, 768, 12, 512);
   o.batch = 3;
   const ModelProfile m = analytic_gpt(o);
   double flops = 0;
@@ -510,19 +484,11 @@ TEST(ComputeOps, LargeGptBlockIsMostlyGemmSmallOneMostlyMemoryAndLaunches) {
   // Shape dependence, not a fit: a GPT-3-sized block spends most of its time in GEMMs; a tiny one
   // (h = 128, s = 64) in memory-bound kernels and launches.
   const ClusterProfile c = a100_ops();
-  AnalyticGptOptions big;
-  big.hidden = 12288;
-  big.heads = 96;
-  big.seq = 2048;
-  big.dtype = "bf16";
+  AnalyticGptOptions big = fixtures::gpt_options(12, 12288, 96, 2048, 50257, "bf16");
   big.flash_attention = true;
   const ComputeTime tb = unit_compute_time(analytic_gpt(big), 1, c, 1, "bf16");
   EXPECT_GT(tb.fwd_parts.gemm_s / tb.fwd_s, 0.7);
-  AnalyticGptOptions tiny;
-  tiny.hidden = 128;
-  tiny.heads = 2;
-  tiny.seq = 64;
-  tiny.dtype = "bf16";
+  const AnalyticGptOptions tiny = fixtures::gpt_options(12, 128, 2, 64, 50257, "bf16");
   const ComputeTime tt = unit_compute_time(analytic_gpt(tiny), 1, c, 1, "bf16");
   EXPECT_GT((tt.fwd_parts.memory_s + tt.fwd_parts.launch_s) / tt.fwd_s, 0.5);
 }

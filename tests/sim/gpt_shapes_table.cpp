@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "analytic_gpt.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/sim/cost_models.h"
@@ -57,16 +58,9 @@ int main() {
     for (const Shape& s : kShapes) {
       const int nodes = (s.world + 7) / 8;
       const ClusterProfile cluster = resolve_cluster(fmt::format("{}:{}", cluster_name, nodes));
-      AnalyticGptOptions o;
-      o.layers = s.layers;
-      o.hidden = s.hidden;
-      o.heads = s.heads;
-      o.seq = s.seq;
-      o.vocab = 50257;
+      AnalyticGptOptions o = fixtures::gpt_options(s.layers, s.hidden, s.heads, s.seq, 50257, "bf16", s.name);
       o.batch = s.micro_batch;
-      o.dtype = "bf16";
       o.flash_attention = true;
-      o.name = s.name;
       const ModelProfile model = analytic_gpt(o);
       const Plan plan = plan_for(s);
       const Prediction pred = sim::simulate(model, cluster, plan);

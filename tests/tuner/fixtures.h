@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "analytic_gpt.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/model_profile.h"
@@ -18,30 +19,11 @@
 
 namespace zeroplan::tuner::testing {
 
-// analytic_gpt() gives the embedding no FLOPs and no time, and the simulator refuses such a unit
-// ("has no time and no flops"). Until one of them changes, give it the FLOPs of its gather and add:
-// 2 x tokens x hidden per sample, proportional to batch.
-inline ModelProfile with_embedding_flops(ModelProfile m) {
-  for (UnitProfile& u : m.units) {
-    if (u.type != "Embedding" || u.flops_fwd.value > 0 || u.time_fwd_s.value > 0) continue;
-    const double per_sample = 2.0 * static_cast<double>(m.seq_len) * static_cast<double>(u.output_shape.back());
-    u.flops_fwd = Figure::proportional(per_sample * m.batch, m.batch);
-    u.flops_bwd = Figure::proportional(per_sample * m.batch, m.batch);
-  }
-  return m;
-}
+using fixtures::with_embedding_flops;
 
 // A small GPT (analytic): `layers` blocks of hidden 256, 4 heads, sequence 128, vocabulary 1000.
 inline ModelProfile small_gpt(int layers = 4, std::int64_t hidden = 256) {
-  AnalyticGptOptions o;
-  o.layers = layers;
-  o.hidden = hidden;
-  o.heads = 4;
-  o.seq = 128;
-  o.vocab = 1000;
-  o.dtype = "fp32";
-  o.name = "gpt-small";
-  return with_embedding_flops(analytic_gpt(o));
+  return with_embedding_flops(analytic_gpt(fixtures::gpt_options(layers, hidden, 4, 128, 1000, "fp32", "gpt-small")));
 }
 
 // `nodes` x 8 A100-80GB from the shipped profile, device memory optionally shrunk (to make plans tight).

@@ -11,17 +11,7 @@ namespace {
 
 using testing::a100;
 
-AnalyticGptOptions model() {
-  AnalyticGptOptions o;
-  o.layers = 4;
-  o.hidden = 1024;
-  o.heads = 8;
-  o.seq = 512;
-  o.vocab = 1000;
-  o.dtype = "bf16";
-  o.name = "gpt-granularity";
-  return o;
-}
+AnalyticGptOptions model() { return fixtures::gpt_options(4, 1024, 8, 512, 1000, "bf16", "gpt-granularity"); }
 
 TuneConstraints constraints() {
   TuneConstraints c;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "analytic_gpt.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/tuner/report.h"
@@ -18,23 +19,8 @@ namespace {
 
 using namespace zeroplan;
 
-ModelProfile gpt3_175b() {
-  AnalyticGptOptions o;
-  o.layers = 96;
-  o.hidden = 12288;
-  o.heads = 96;
-  o.seq = 2048;
-  o.vocab = 50257;
-  o.dtype = "fp16";
-  o.name = "gpt3-175b";
-  ModelProfile m = analytic_gpt(o);
-  // analytic_gpt() gives the embedding no FLOPs and the simulator refuses a unit with neither time nor
-  // FLOPs: give it those of its gather and add (2 x seq x hidden per sample), as the tests do.
-  for (UnitProfile& u : m.units)
-    if (u.type == "Embedding" && u.flops_fwd.value <= 0)
-      u.flops_fwd = u.flops_bwd = Figure::proportional(2.0 * static_cast<double>(o.seq * o.hidden), 1);
-  return m;
-}
+// The embedding with FLOPs, as the tuner's tests have it.
+ModelProfile gpt3_175b() { return fixtures::with_embedding_flops(analytic_gpt(fixtures::gpt3_175b())); }
 
 // CPU seconds of the whole process (every worker thread), user + system.
 double process_cpu_s() {

@@ -20,8 +20,9 @@ ModelProfile profile_of(const GptShape& s, const MaxModelOptions& o) {
   a.dtype = o.dtype;
   a.name = s.name;
   ModelProfile m = analytic_gpt(a);
-  // analytic_gpt() gives the embedding neither FLOPs nor time and the simulator refuses such a unit;
-  // until one of them changes, count its gather and add (2 x seq x hidden per sample).
+  // analytic_gpt() gives the embedding neither FLOPs nor time. Its compute time comes from its ops, but a
+  // time balance of pipeline stages weighs units without times by their FLOPs (pipeline_balance), where
+  // it would be free: count its gather and add (2 x seq x hidden per sample), as the tuner's tests do.
   for (UnitProfile& u : m.units)
     if (u.type == "Embedding" && u.flops_fwd.value <= 0 && u.time_fwd_s.value <= 0)
       u.flops_fwd = u.flops_bwd = Figure::proportional(2.0 * static_cast<double>(o.seq * s.hidden) * m.batch, m.batch);

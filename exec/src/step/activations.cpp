@@ -4,12 +4,13 @@
 // state, and BatchNorm-style buffers the recompute updated a second time are put back after the backward.
 // checkpoint_offload (fairscale checkpoint_wrapper(offload_to_cpu=True)): the kept input is copied to the
 // host pool after the forward, freeing the device copy, and back when the backward reaches the unit.
-// Both run in the compute dtype (ComputeScope, precision.cpp).
+// Both run in the compute dtype (ComputeScope, precision.cpp). Kept units may send a ratio of their
+// saved tensors to the host (ActivationOffload, activation_offload.cpp).
 #include "pieces.h"
 
 namespace zeroplan::exec::pieces {
 
-Activations::Activations(Ctx& c) : c_(c), state_(c.units.size()) {}
+Activations::Activations(Ctx& c) : c_(c), state_(c.units.size()), offload_(c) {}
 
 torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   (void)micro;
@@ -19,12 +20,15 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
   torch::Tensor out;
   ComputeScope compute(c_.dt, c_.dev.torch_device().type());
   if (U.checkpoint) {
-    s.rng = c_.dev.rng_state();
+    s.recompute.save_rng(c_.dev);
+    auto none = offload_.capture(u, true);
     torch::NoGradGuard no_grad;
     out = U.module->forward(in);
   } else {
+    auto saved = offload_.capture(u, false);  // activation offload sees what autograd saves
     out = U.module->forward(in);
   }
+  offload_.end_forward(u, in, out);
   s.in = in;
   s.out = U.checkpoint ? torch::Tensor() : out;
   if (U.checkpoint && c_.plan.checkpoint_offload && in.numel() > 0) {
@@ -41,6 +45,7 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
 torch::Tensor Activations::output_for_backward(int u, int micro) {
   State& s = state_[static_cast<std::size_t>(u)];
   UnitRT& U = c_.unit(u);
+  offload_.before_bwd(u);
   if (!U.checkpoint) return s.out;
   c_.cur_phase = "recompute";
   const double t0 = c_.rec.now_s();
@@ -51,17 +56,13 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
     s.in_host = torch::Tensor();
     s.in = s.in_grad ? back.requires_grad_(true) : back;
   }
-  torch::Tensor now_state = c_.dev.rng_state();
-  c_.dev.set_rng_state(s.rng);
-  // The recompute must not update BatchNorm's running statistics a second time: they are put back once
-  // the unit's backward has run (the recompute's graph holds them until then).
-  for (const auto& b : U.module->buffers()) s.kept_buffers.push_back(b.clone());
   torch::Tensor out;
   {
+    // The recompute must not update BatchNorm's running statistics a second time: after_bwd puts them back.
+    Recompute::Replay replay(s.recompute, c_.dev, {U.module});
     ComputeScope compute(c_.dt, c_.dev.torch_device().type());
     out = U.module->forward(s.in);
   }
-  c_.dev.set_rng_state(now_state);
   c_.dev.synchronize();
   c_.rec.span(Lane::compute, "recompute " + U.name, t0, c_.rec.now_s(), "recompute", u, micro);
   c_.cur_phase = "backward";
@@ -69,14 +70,10 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
 }
 
 void Activations::after_bwd(int u) {
+  offload_.after_bwd(u);
   State& s = state_[static_cast<std::size_t>(u)];
-  if (!s.kept_buffers.empty()) {
-    torch::NoGradGuard no_grad;
-    std::size_t i = 0;
-    for (auto& b : c_.unit(u).module->buffers()) b.copy_(s.kept_buffers[i++]);
-    s.kept_buffers.clear();
-  }
-  s.in = s.out = s.rng = s.in_host = torch::Tensor();
+  s.recompute.restore_buffers();
+  s.in = s.out = s.in_host = torch::Tensor();
 }
 
 }  // namespace zeroplan::exec::pieces

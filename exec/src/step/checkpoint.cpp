@@ -23,6 +23,7 @@
 #include "pieces.h"
 #include "strformat.h"
 #include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/profiles/json_io.h"
 
 namespace zeroplan::exec {
 
@@ -32,24 +33,22 @@ namespace {
 
 constexpr const char* kManifestSchema = "zeroplan.checkpoint/1";
 
-void sync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+void sync_folder(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) throw ExecError(detail::format("checkpoint: cannot open {} to sync it", p.string()));
   ::fsync(fd);
   ::close(fd);
 }
 
-// Writes with `write(tmp)` into a temporary name beside `path`, syncs it, renames it into place, syncs
-// the folder.
-template <typename F>
-void write_atomically(const fs::path& path, F write) {
-  const fs::path tmp = path.parent_path() / (".tmp-" + path.filename().string() + "-" + std::to_string(::getpid()));
-  write(tmp);
-  sync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw ExecError(detail::format("checkpoint: cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message()));
-  sync_path(path.parent_path(), true);
+// Writes `path` atomically (profiles' write_file_atomically: a temporary file, synced, renamed, the folder
+// synced): `contents` is the bytes, or fill(tmp) writing the temporary file.
+template <typename Contents>
+void write_atomically(const fs::path& path, const Contents& contents) {
+  try {
+    write_file_atomically(path, path, contents);
+  } catch (const SchemaError& e) {
+    throw ExecError(detail::format("checkpoint: {}", e.what()));
+  }
 }
 
 fs::path step_dir(const std::string& dir, std::int64_t step) { return fs::path(dir) / ("step-" + std::to_string(step)); }
@@ -100,7 +99,7 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
     std::error_code ec;
     fs::create_directories(sdir, ec);
     if (ec) throw ExecError(detail::format("checkpoint: cannot create {}: {}", sdir.string(), ec.message()));
-    if (fs::remove(sdir / "manifest.json", ec)) sync_path(sdir, true);
+    if (fs::remove(sdir / "manifest.json", ec)) sync_folder(sdir);
   }
   c_.comm.barrier();
   torch::serialize::OutputArchive ar;
@@ -140,7 +139,7 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
   m["loss_scale"] = precision_.scaler().scale();
   m["loss_scale_clean_steps"] = precision_.scaler().clean_steps();
   for (const UnitRT& U : c_.units) m["units"].push_back({{"name", U.name}, {"numel", U.numel()}});
-  write_atomically(sdir / "manifest.json", [&](const fs::path& tmp) { std::ofstream(tmp) << m.dump(1) << "\n"; });
+  write_atomically(sdir / "manifest.json", m.dump(1) + "\n");
 }
 
 std::int64_t Checkpoint::load(const std::string& dir) {

@@ -3,7 +3,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
 #include <utility>
 
 #include "zeroplan/config.h"
@@ -11,7 +16,10 @@
 #include "zeroplan/profiles/counting_allocator.h"
 
 #if ZEROPLAN_HAVE_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -76,6 +84,77 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
+// The CPU side lane: one thread, jobs in a queue; finished jobs are dropped by wait() on the caller.
+class CpuSideLane final : public SideLane {
+ public:
+  CpuSideLane() : worker_([this] { run(); }) {}
+  ~CpuSideLane() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
+    if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes())
+      throw ExecError("side lane: copies contiguous tensors of one size (" + std::to_string(dst.nbytes()) + " <- " +
+                      std::to_string(src.nbytes()) + " bytes)");
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back({dst, src, ++submitted_});
+    cv_.notify_all();
+    return submitted_;
+  }
+  void wait(std::uint64_t ticket) override {
+    std::deque<Job> finished;  // dropped outside the lock
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return done_ >= ticket; });
+      while (!jobs_.empty() && jobs_.front().ticket <= done_) {
+        finished.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
+    }
+  }
+  double busy_s() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_s_;
+  }
+
+ private:
+  struct Job {
+    torch::Tensor dst, src;
+    std::uint64_t ticket = 0;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || started_ < submitted_; });
+      if (started_ == submitted_) return;  // stopping with nothing left
+      const Job& job = jobs_[static_cast<std::size_t>(started_ + 1 - jobs_.front().ticket)];
+      ++started_;
+      void* dst = job.dst.data_ptr();
+      const void* src = job.src.data_ptr();
+      const std::size_t n = job.dst.nbytes();
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::memcpy(dst, src, n);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      lock.lock();
+      busy_s_ += dt;
+      done_ = started_;
+      done_cv_.notify_all();
+    }
+  }
+  mutable std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job> jobs_;  // tickets done_+1 .. submitted_ and finished ones not yet dropped
+  std::uint64_t submitted_ = 0, started_ = 0, done_ = 0;
+  double busy_s_ = 0;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts once the members above exist
+};
+
 // CPU: the device pool is every tensor ATen allocates (counting allocator, installed for the
 // device's lifetime); the host pool is aligned malloc outside it. Copies are synchronous.
 class CpuDevice final : public Device {
@@ -100,12 +179,14 @@ class CpuDevice final : public Device {
   void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src); }
   void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src); }
   void wait_copies() override {}
+  SideLane& side_lane() override { return lane_; }
   torch::Tensor rng_state() override { return cpu_rng_state(); }
   void set_rng_state(const torch::Tensor& state) override { set_cpu_rng_state(state); }
 
  private:
   ScopedCpuAllocator scope_;
   HostPool host_;
+  CpuSideLane lane_;
 };
 
 #if ZEROPLAN_HAVE_CUDA
@@ -114,6 +195,65 @@ void* pinned_alloc(std::size_t bytes) {
   return cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess ? p : nullptr;
 }
 void pinned_free(void* p) { cudaFreeHost(p); }
+
+// The CUDA side lane: a stream from the pool; each copy waits for an event recorded on the compute
+// stream at submit, and records its own; wait() makes the compute stream wait for it, and jobs are
+// dropped once their event has completed (their memory is then free to reuse on any stream).
+class CudaSideLane final : public SideLane {
+ public:
+  explicit CudaSideLane(c10::DeviceIndex index) : index_(index), stream_(c10::cuda::getStreamFromPool(false, index)) {}
+  ~CudaSideLane() override { stream_.synchronize(); }
+  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
+    if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes())
+      throw ExecError("side lane: copies contiguous tensors of one size (" + std::to_string(dst.nbytes()) + " <- " +
+                      std::to_string(src.nbytes()) + " bytes)");
+    drop_finished();
+    at::cuda::CUDAEvent ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(index_));
+    ready.block(stream_);
+    Job job{dst, src, ++submitted_, std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault),
+            std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault)};
+    {
+      c10::cuda::CUDAStreamGuard guard(stream_);
+      job.start->record(stream_);
+      job.dst.copy_(job.src, /*non_blocking=*/true);
+      job.done->record(stream_);
+    }
+    jobs_.push_back(std::move(job));
+    return submitted_;
+  }
+  void wait(std::uint64_t ticket) override {
+    for (Job& j : jobs_) {
+      if (j.ticket > ticket) break;
+      if (!j.waited) j.done->block(c10::cuda::getCurrentCUDAStream(index_));
+      j.waited = true;
+    }
+    drop_finished();
+  }
+  double busy_s() const override {
+    const_cast<CudaSideLane*>(this)->drop_finished();
+    return busy_s_;
+  }
+
+ private:
+  struct Job {
+    torch::Tensor dst, src;
+    std::uint64_t ticket = 0;
+    std::unique_ptr<at::cuda::CUDAEvent> start, done;
+    bool waited = false;
+  };
+  void drop_finished() {
+    while (!jobs_.empty() && jobs_.front().waited && jobs_.front().done->query()) {
+      busy_s_ += jobs_.front().start->elapsed_time(*jobs_.front().done) * 1e-3;
+      jobs_.pop_front();
+    }
+  }
+  c10::DeviceIndex index_;
+  c10::cuda::CUDAStream stream_;
+  std::deque<Job> jobs_;
+  std::uint64_t submitted_ = 0;
+  double busy_s_ = 0;
+};
 
 // CUDA: the caching allocator's statistics; the limit is a memory fraction; the host pool is pinned.
 // Copies are queued on the current stream with non_blocking (ordered with compute).
@@ -146,6 +286,10 @@ class CudaDevice final : public Device {
   void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src, true); }
   void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) override { dst.copy_(src, true); }
   void wait_copies() override { synchronize(); }
+  SideLane& side_lane() override {
+    if (!lane_) lane_ = std::make_unique<CudaSideLane>(index_);
+    return *lane_;
+  }
   torch::Tensor rng_state() override {
     // CPU and CUDA states side by side.
     const at::Generator& g = at::cuda::detail::getDefaultCUDAGenerator(index_);
@@ -172,6 +316,7 @@ class CudaDevice final : public Device {
   c10::DeviceIndex index_;
   std::int64_t limit_ = 0;
   HostPool host_;
+  std::unique_ptr<CudaSideLane> lane_;
 };
 #endif
 

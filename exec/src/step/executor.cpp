@@ -35,6 +35,9 @@ using pieces::Checkpoint;
 using pieces::OffloadModel;
 using pieces::Pipeline;
 using pieces::UnitRT;
+using pieces::differentiate;
+using pieces::loss_grad;
+using pieces::model_input;
 
 // The step driver: for each microbatch, forward over the units then backward in reverse, asking the
 // pieces (pieces.h) what each unit waits for and what follows it; then the optimizer step. It reads like
@@ -80,7 +83,7 @@ class Executor::Impl {
       optimizer_ = std::make_unique<OptimizerStep>(*c_, *params_, *grads_, *precision_);
       replicas_ = std::make_unique<ReplicaSync>(*c_, *params_, *grads_);
       if (plan.adascale) adascale_ = std::make_unique<AdaScale>(*c_);
-      if (plan.offload_model.enabled) offload_model_ = std::make_unique<OffloadModel>(*c_, *params_, *grads_);
+      if (plan.offload_model.enabled) offload_model_ = std::make_unique<OffloadModel>(*c_, *params_, *grads_, adascale_.get());
       checkpoint_ = std::make_unique<Checkpoint>(*c_, *params_, *optimizer_, *precision_);
     });
   }
@@ -116,6 +119,15 @@ class Executor::Impl {
     return static_cast<int>(std::count_if(c_->units.begin(), c_->units.end(), [](const UnitRT& u) { return u.numel() > 0; }));
   }
   bool views_valid() const { return params_->views_valid(); }
+  // A microbatch that offloaded (a pipeline's checkpointed microbatches recompute on the device).
+  std::vector<OffloadedActivations> offloaded_activations() const {
+    if (!acts_.front()->offload().on()) return {};
+    for (const auto& a : acts_) {
+      const auto& s = a->offload().summary();
+      if (std::any_of(s.begin(), s.end(), [](const OffloadedActivations& o) { return o.offloaded > 0; })) return s;
+    }
+    return acts_.front()->offload().summary();
+  }
   LossScaler& loss_scaler() { return precision_->scaler(); }
 
  private:
@@ -176,55 +188,13 @@ class Executor::Impl {
     return x;
   }
 
-  // Differentiates unit u's output `out` (with its graph) from its input leaf `in` with the incoming
-  // gradient: the gradients of its parameters (and of the weights it borrows) accumulate into
-  // region(owner); returns the gradient of its input (undefined for the model's input).
-  template <typename Region>
-  torch::Tensor differentiate(int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad, Region region) {
-    UnitRT& U = c_->unit(u);
-    std::vector<torch::Tensor> inputs;
-    const bool input_grad = in.defined() && in.requires_grad();
-    if (input_grad) inputs.push_back(in);
-    for (const auto& s : U.flat.slots()) inputs.push_back(s.param);
-    for (const auto& b : U.borrows) inputs.push_back(b.param);
-    std::vector<torch::Tensor> grads;
-    if (!inputs.empty() && grad.defined() && out.requires_grad()) {
-      // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
-      const torch::Tensor g = grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
-      grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
-                                    /*allow_unused=*/true);
-    } else {
-      grads.assign(inputs.size(), torch::Tensor());
-    }
-    {
-      torch::NoGradGuard no_grad;
-      std::size_t i = input_grad ? 1 : 0;
-      torch::Tensor own = U.numel() > 0 ? region(u) : torch::Tensor();
-      for (const auto& s : U.flat.slots()) {
-        const torch::Tensor& g = grads[i++];
-        if (!g.defined()) continue;
-        own.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
-        if (adascale_) adascale_->own(u, s.offset, g);
-      }
-      for (const auto& b : U.borrows) {
-        const torch::Tensor& g = grads[i++];
-        if (!g.defined()) continue;
-        region(b.owner).narrow(0, b.offset, b.numel).add_(g.reshape({-1}));
-        if (adascale_) adascale_->borrowed(b.owner, b.offset, g);
-      }
-    }
-    torch::Tensor grad_in;
-    if (input_grad) grad_in = grads[0].defined() ? grads[0] : torch::zeros_like(in);
-    return grad_in;
-  }
-
   // Unit u's backward: gradients of its parameters (and of the weights it borrows) accumulate where
   // GradSync keeps them; returns the gradient of its input (undefined for the model's input).
   torch::Tensor unit_backward(int u, const torch::Tensor& grad, int micro) {
     torch::Tensor out = acts(micro).output_for_backward(u, micro);
     const double t0 = c_->rec.now_s();
-    torch::Tensor grad_in =
-        differentiate(u, std::move(out), acts(micro).input(u), grad, [this](int owner) { return grads_->region(owner); });
+    torch::Tensor grad_in = differentiate(*c_, u, std::move(out), acts(micro).input(u), grad,
+                                          [this](int owner) { return grads_->region(owner); }, adascale_.get());
     acts(micro).after_bwd(u);
     dev_.synchronize();
     c_->rec.span(Lane::compute, "backward " + c_->unit(u).name, t0, c_->rec.now_s(), "backward", u, micro);
@@ -246,172 +216,11 @@ class Executor::Impl {
     return grad;
   }
 
-  // The loss of one microbatch from the last unit's output, its gradient scaled by `scale`: the loss in
-  // fp32 (autocast's rule for losses) from the logits in their compute dtype; the gradient comes back in
-  // that dtype, the fp32 copy and its gradient freed with the loss (as the profiler measures the last unit).
-  torch::Tensor loss_grad(torch::Tensor last, const torch::Tensor& target, int k, double scale, double& loss_sum) {
-    Ctx& c = *c_;
-    c.at(c.units.back().name, "loss");
-    const double t0 = c.rec.now_s();
-    torch::Tensor z = last.detach().requires_grad_(true);
-    last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
-    torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
-    loss_sum += loss.item<double>();
-    torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
-    // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
-    c.rec.span(Lane::compute, "loss", t0, c.rec.now_s(), "forward", c.unit_count() - 1, k);
-    return gz;
-  }
-
   zoo::Batch data(std::int64_t step, int k) {
     Ctx& c = *c_;
     c.at("all", "data");
     const std::int64_t mb = c.plan.micro_batch;
     return c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * c.plan.microbatches + k) * mb, mb);
-  }
-
-  // The model's input on the device; floating inputs (images) in the compute dtype, as the profiler feeds
-  // them (16-bit weights compute on 16-bit inputs; token ids stay integers).
-  torch::Tensor model_input(torch::Tensor t) const {
-    if (t.is_floating_point() && t.scalar_type() != c_->dt.compute) return t.to(dev_.torch_device(), c_->dt.compute);
-    return t.to(dev_.torch_device());
-  }
-
-  // One unit's forward (or recompute) inside OffloadModel's schedule: the input a leaf when grad mode is
-  // on (unless it is the model's input), kept in *in_leaf when given; the output with its graph, or none
-  // under no_grad.
-  torch::Tensor om_unit_forward(int u, const torch::Tensor& x, int micro, bool recompute, torch::Tensor* in_leaf) {
-    Ctx& c = *c_;
-    const char* phase = recompute ? "recompute" : "forward";
-    c.at(c.unit(u).name, phase);
-    torch::Tensor in = (u > 0 && x.is_floating_point() && torch::GradMode::is_enabled()) ? x.detach().requires_grad_(true) : x;
-    const double t0 = c.rec.now_s();
-    torch::Tensor out;
-    {
-      pieces::ComputeScope compute(c.dt, dev_.torch_device().type());
-      out = c.unit(u).module->forward(in);
-    }
-    dev_.synchronize();
-    c.rec.span(Lane::compute, std::string(phase) + " " + c.unit(u).name, t0, c.rec.now_s(), phase, u, micro);
-    if (in_leaf != nullptr) *in_leaf = in;
-    return out;
-  }
-
-  // fairscale OffloadModel, one accumulation microbatch `j` (sim/src/lowering/offload_model.cpp): the
-  // micro batch in K chunks; forward slice by slice, each slice loaded once and run over every chunk
-  // (checkpoint_activation: under no_grad, the slice's output for each chunk sent to the host, the model's
-  // input too); the loss per chunk after the last slice; backward slice by slice in reverse, each loaded
-  // with its gradients and run over every chunk (checkpoint_activation: the chunk's slice input back from
-  // the host and the slice recomputed first), then its gradients home.
-  void offload_model_microbatch(std::int64_t step, int j, double scale, double& loss_sum) {
-    Ctx& c = *c_;
-    OffloadModel& om = *offload_model_;
-    const int K = c.plan.offload_model.microbatches;
-    const bool ckpt = c.plan.offload_model.checkpoint_activation;
-    const int m = c.plan.microbatches, n_units = c.unit_count(), S = om.slices();
-    const std::int64_t chunk = c.plan.micro_batch / K;
-    auto micro = [&](int k) { return j * K + k; };
-    std::vector<torch::Tensor> x(static_cast<std::size_t>(K)), target(static_cast<std::size_t>(K)),
-        grad(static_cast<std::size_t>(K));
-    // checkpoint_activation: per slice and chunk, the slice's input on the host and the RNG state.
-    std::vector<torch::Tensor> boundary(static_cast<std::size_t>(S * K)), rng(static_cast<std::size_t>(S * K));
-    auto at = [&](int s, int k) { return static_cast<std::size_t>(s * K + k); };
-    // Without checkpoint_activation: per unit and chunk, its input leaf and its output with the graph.
-    std::vector<torch::Tensor> ins(static_cast<std::size_t>(n_units * K)), outs(static_cast<std::size_t>(n_units * K));
-    auto ui = [&](int u, int k) { return static_cast<std::size_t>(u * K + k); };
-    auto to_host = [&](const torch::Tensor& t, int u, int k) {
-      torch::Tensor h = dev_.host_pool().empty(t.numel(), t.scalar_type());
-      const double t0 = c.rec.now_s();
-      dev_.copy_d2h(h, t.detach().reshape({-1}));
-      dev_.wait_copies();
-      c.rec.span(Lane::d2h, "d2h activations " + c.unit(u).name, t0, c.rec.now_s(), "d2h", u, micro(k));
-      return std::make_pair(h, t.sizes().vec());
-    };
-    std::vector<std::vector<std::int64_t>> shapes(static_cast<std::size_t>(S * K));
-    auto to_device = [&](int s, int k) {
-      const torch::Tensor& h = boundary[at(s, k)];
-      torch::Tensor d = torch::empty(shapes[at(s, k)], h.options().device(dev_.torch_device()));
-      const double t0 = c.rec.now_s();
-      dev_.copy_h2d(d.view({-1}), h);
-      dev_.wait_copies();
-      c.rec.span(Lane::h2d, "h2d activations " + c.unit(om.first(s)).name, t0, c.rec.now_s(), "h2d", om.first(s), micro(k));
-      return d;
-    };
-
-    c.at("all", "data");
-    for (int k = 0; k < K; ++k) {
-      zoo::Batch batch = c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * m + j) * c.plan.micro_batch + k * chunk, chunk);
-      x[static_cast<std::size_t>(k)] = model_input(std::exchange(batch.input, torch::Tensor()));
-      target[static_cast<std::size_t>(k)] = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
-      if (ckpt) {
-        auto [h, shape] = to_host(x[static_cast<std::size_t>(k)], 0, k);
-        boundary[at(0, k)] = h;
-        shapes[at(0, k)] = shape;
-        x[static_cast<std::size_t>(k)] = torch::Tensor();
-      }
-    }
-    for (int s = 0; s < S; ++s) {
-      om.load_forward(s, j);
-      for (int k = 0; k < K; ++k) {
-        torch::Tensor cur = ckpt ? to_device(s, k) : std::exchange(x[static_cast<std::size_t>(k)], torch::Tensor());
-        if (ckpt) rng[at(s, k)] = dev_.rng_state();
-        {
-          torch::NoGradGuard no_grad;
-          torch::AutoGradMode mode(!ckpt);
-          for (int u = om.first(s); u < om.end(s); ++u) {
-            torch::Tensor out = om_unit_forward(u, cur, micro(k), false, ckpt ? nullptr : &ins[ui(u, k)]);
-            if (!ckpt) outs[ui(u, k)] = out;
-            cur = out.detach();
-          }
-        }
-        if (s + 1 < S) {
-          if (ckpt) {
-            auto [h, shape] = to_host(cur, om.end(s) - 1, k);
-            boundary[at(s + 1, k)] = h;
-            shapes[at(s + 1, k)] = shape;
-          } else {
-            x[static_cast<std::size_t>(k)] = std::move(cur);
-          }
-        } else {
-          grad[static_cast<std::size_t>(k)] =
-              loss_grad(std::move(cur), target[static_cast<std::size_t>(k)], micro(k), scale, loss_sum);
-          target[static_cast<std::size_t>(k)] = torch::Tensor();
-        }
-        cur = torch::Tensor();
-      }
-      om.drop_forward(s);
-    }
-    for (int s = S - 1; s >= 0; --s) {
-      om.load_backward(s, j);
-      for (int k = 0; k < K; ++k) {
-        if (ckpt) {  // the slice's input back and the slice's forward again, with its graph
-          torch::Tensor cur = to_device(s, k);
-          boundary[at(s, k)] = torch::Tensor();
-          torch::Tensor now_state = dev_.rng_state();
-          dev_.set_rng_state(rng[at(s, k)]);
-          rng[at(s, k)] = torch::Tensor();
-          for (int u = om.first(s); u < om.end(s); ++u) {
-            torch::Tensor out = om_unit_forward(u, cur, micro(k), true, &ins[ui(u, k)]);
-            outs[ui(u, k)] = out;
-            cur = out.detach();
-          }
-          dev_.set_rng_state(now_state);
-        }
-        torch::Tensor g = std::exchange(grad[static_cast<std::size_t>(k)], torch::Tensor());
-        for (int u = om.end(s) - 1; u >= om.first(s); --u) {
-          c.at(c.unit(u).name, "backward");
-          const double t0 = c.rec.now_s();
-          torch::Tensor in = std::exchange(ins[ui(u, k)], torch::Tensor());
-          g = differentiate(u, std::exchange(outs[ui(u, k)], torch::Tensor()), in, g,
-                            [&om](int owner) { return om.region(owner); });
-          in = torch::Tensor();
-          dev_.synchronize();
-          c.rec.span(Lane::compute, "backward " + c.unit(u).name, t0, c.rec.now_s(), "backward", u, micro(k));
-        }
-        grad[static_cast<std::size_t>(k)] = std::move(g);
-      }
-      om.finish_backward(s, j, j == m - 1);
-    }
   }
 
   // A pipeline stage's step: the schedule's forwards and backwards in the Pipeline piece's order, the
@@ -427,52 +236,47 @@ class Executor::Impl {
     double loss_sum = 0, busy_s = 0, span_s = 0;
     const double loss_scale = precision_->loss_scale();
     const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
-    std::vector<torch::Tensor> kept_in(static_cast<std::size_t>(m)), rng(static_cast<std::size_t>(m)),
-        gz(static_cast<std::size_t>(m));
+    std::vector<torch::Tensor> kept_in(static_cast<std::size_t>(m)), gz(static_cast<std::size_t>(m));
+    std::vector<pieces::Recompute> recompute(static_cast<std::size_t>(m));
+    std::vector<std::shared_ptr<zoo::UnitModule>> modules;  // a checkpointed microbatch recomputes them all
+    for (const UnitRT& U : c.units) modules.push_back(U.module);
     auto target = [&](int k) { return data(step, k).target.to(dev_.torch_device()); };
     for (const PipelineOp& op : pp.order()) {
       const int k = op.microbatch;
       const auto j = static_cast<std::size_t>(k);
       const bool ckpt = pp.checkpointed(k);
       if (op.forward) {
-        torch::Tensor x = pp.first() ? model_input(data(step, k).input) : pp.recv_input(k);
+        torch::Tensor x = pp.first() ? model_input(c, data(step, k).input) : pp.recv_input(k);
         const double t0 = c.rec.now_s();
         if (ckpt) {
           kept_in[j] = x;
-          rng[j] = dev_.rng_state();
+          recompute[j].save_rng(dev_);
           x = forward_no_graph(std::move(x), k);
         } else {
           x = forward(std::move(x), k);
         }
-        if (pp.last() && !ckpt) gz[j] = loss_grad(std::move(x), target(k), k, scale, loss_sum);
+        if (pp.last() && !ckpt) gz[j] = loss_grad(c, std::move(x), target(k), k, scale, loss_sum);
         busy_s += c.rec.now_s() - t0;
         if (!pp.last()) pp.send_output(k, x);
         continue;
       }
       torch::Tensor g;
       double t0 = c.rec.now_s();
-      std::vector<torch::Tensor> kept_buffers;  // BatchNorm-style statistics the recompute updates again
       if (ckpt) {
-        for (const UnitRT& U : c.units)
-          for (const auto& b : U.module->buffers()) kept_buffers.push_back(b.clone());
-        torch::Tensor now_rng = dev_.rng_state();
-        dev_.set_rng_state(rng[j]);
-        torch::Tensor x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
-        dev_.set_rng_state(now_rng);
-        rng[j] = torch::Tensor();
-        if (pp.last()) gz[j] = loss_grad(std::move(x), target(k), k, scale, loss_sum);
+        torch::Tensor x;
+        {
+          pieces::Recompute::Replay replay(recompute[j], dev_, modules);
+          x = forward(std::exchange(kept_in[j], torch::Tensor()), k, "recompute");
+        }
+        recompute[j].drop_rng();
+        if (pp.last()) gz[j] = loss_grad(c, std::move(x), target(k), k, scale, loss_sum);
       }
       busy_s += c.rec.now_s() - t0;
       g = pp.last() ? std::exchange(gz[j], torch::Tensor()) : pp.recv_grad(k);
       t0 = c.rec.now_s();
       torch::Tensor g_in = backward(std::move(g), k, k == m - 1);
       grads_->finish_microbatch();
-      if (!kept_buffers.empty()) {
-        torch::NoGradGuard no_grad;
-        std::size_t i = 0;
-        for (const UnitRT& U : c.units)
-          for (auto& b : U.module->buffers()) b.copy_(kept_buffers[i++]);
-      }
+      recompute[j].restore_buffers();  // BatchNorm-style statistics the recompute updated again
       busy_s += c.rec.now_s() - t0;
       span_s = c.rec.now_s() - t_step;
       if (!pp.first()) pp.send_grad(k, g_in);
@@ -506,15 +310,15 @@ class Executor::Impl {
     const double loss_scale = precision_->loss_scale();
     const double scale = loss_scale / (static_cast<double>(replicas_->grad_ranks()) * m);
     for (int k = 0; k < m && offload_model_; ++k) {
-      offload_model_microbatch(step, k, scale / c.plan.offload_model.microbatches, loss_sum);
+      offload_model_->microbatch(step, k, scale / c.plan.offload_model.microbatches, loss_sum);
     }
     for (int k = 0; k < m && !offload_model_; ++k) {
       zoo::Batch batch = data(step, k);
       // The batch's own references go (on a CPU device `to` is the same tensor): the input lives as long
       // as the first unit keeps it.
-      torch::Tensor input = model_input(std::exchange(batch.input, torch::Tensor()));
+      torch::Tensor input = model_input(c, std::exchange(batch.input, torch::Tensor()));
       torch::Tensor target = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
-      torch::Tensor gz = loss_grad(forward(std::move(input), k), target, k, scale, loss_sum);
+      torch::Tensor gz = loss_grad(c, forward(std::move(input), k), target, k, scale, loss_sum);
       backward(std::move(gz), k, k == m - 1);  // the logits' gradient dies with the last unit's backward
       grads_->finish_microbatch();
     }
@@ -558,6 +362,7 @@ std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_s
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }
 bool Executor::views_valid() const { return impl_->views_valid(); }
+std::vector<OffloadedActivations> Executor::offloaded_activations() const { return impl_->offloaded_activations(); }
 LossScaler& Executor::loss_scaler() { return impl_->loss_scaler(); }
 int Executor::first_unit() const { return impl_->first_unit(); }
 int Executor::pipeline_stage() const { return impl_->pipeline_stage(); }

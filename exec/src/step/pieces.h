@@ -9,6 +9,8 @@
 //                   0-1), per-unit reduce-scatter into this rank's shard (stages 2-3)         (dp_sync.cpp)
 //   Activations     one microbatch's activations per unit: kept, or checkpointed and recomputed
 //                                                                                       (activations.cpp)
+//   ActivationOffload  a ratio of the kept ones' saved tensors to the host on the side lane and back
+//                   before their unit's backward                                (activation_offload.cpp)
 //   OptimizerStep   the optimizer state and the step on the device or the host, and the updated
 //                   parameters back where ParamResidency keeps them                    (optimizer_step.cpp)
 //   Precision       the dtype of every copy (Dtypes, in Ctx), the loss scale, and whether the ranks
@@ -20,18 +22,22 @@
 //                   when the number of ranks changed                                     (checkpoint.cpp)
 //   OffloadModel    fairscale OffloadModel: slices of consecutive units visit the device one at a time,
 //                   their gradients carried to the host; the micro batch in chunks, slice-boundary
-//                   activations on the host with checkpoint_activation             (offload_model.cpp)
+//                   activations on the host with checkpoint_activation; its own schedule  (offload_model.cpp)
 //   Pipeline        pipeline stages: which units this rank runs, the schedule's order, activations and
 //                   their gradients to and from the neighbouring stages, tied weights across stages, the
 //                   loss from the last stage                                                (pipeline.cpp)
+// and what every step driver does alike: a unit's backward, the loss, the model's input, the RNG state and
+// buffers around a recompute (Recompute)                                              (autograd_step.cpp).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,8 +49,11 @@
 #include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/optimizer.h"
 #include "zeroplan/exec/recorder.h"
+#include "zeroplan/profiles/activation_offload.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/run_record.h"
+#include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::exec::pieces {
@@ -110,6 +119,37 @@ class ComputeScope {
   bool on_ = false, was_enabled_ = false;
   at::DeviceType device_;
   torch::ScalarType was_dtype_ = torch::kBFloat16;
+};
+
+// The checkpointing contract around a recompute (torch.utils.checkpoint's preserve_rng_state): a forward
+// run without its graph is recomputed under the RNG state it started from, the caller's state going on
+// after the recompute; buffers the recompute updates a second time (BatchNorm's running statistics) are
+// put back once the backward ran (the recompute's graph holds them until then). One per checkpointed
+// unit (Activations), slice and chunk (OffloadModel) or pipeline microbatch (executor.cpp).
+class Recompute {
+ public:
+  void save_rng(Device& dev) { rng_ = dev.rng_state(); }  // at the forward
+  // While alive: the forward's RNG state, the caller's again when it ends; `modules`' buffers kept (for
+  // restore_buffers) once the state is switched.
+  class Replay {
+   public:
+    Replay(Recompute& r, Device& dev, const std::vector<std::shared_ptr<zoo::UnitModule>>& modules = {});
+    ~Replay() { dev_.set_rng_state(caller_rng_); }
+    Replay(const Replay&) = delete;
+    Replay& operator=(const Replay&) = delete;
+
+   private:
+    Device& dev_;
+    torch::Tensor caller_rng_;
+  };
+  void drop_rng() { rng_ = torch::Tensor(); }  // the forward's state, once no recompute needs it
+  // After the backward: the kept buffers back (a no-op when none were kept), the forward's state dropped.
+  void restore_buffers();
+
+ private:
+  torch::Tensor rng_;
+  std::vector<std::shared_ptr<zoo::UnitModule>> modules_;
+  std::vector<torch::Tensor> kept_;  // the modules' buffers before the recompute, in their order
 };
 
 // The model's units this rank runs: all of them, or one pipeline stage's.
@@ -266,6 +306,47 @@ class GradSync {
   std::deque<CastBucket> cast_buckets_;  // at most one in flight (one cast buffer at a time)
 };
 
+// Activation offload for one microbatch's units (activation_offload.cpp): the saved tensors the policy
+// picks go to the host on the side lane and come back before their unit's backward.
+class ActivationOffload final : public saved_tensors::Handler {
+ public:
+  struct Entry;
+  struct Slot;
+  explicit ActivationOffload(Ctx& c);
+  ~ActivationOffload() override;
+  bool on() const { return ratio_ > 0; }
+  // Unit u's forward runs while the returned scope lives (nothing when off or checkpointed); then
+  // end_forward, for every unit.
+  std::optional<saved_tensors::Scope> capture(int u, bool checkpointed);
+  void end_forward(int u, const torch::Tensor& in, const torch::Tensor& out);
+  void before_bwd(int u);  // u's tensors back on the device; earlier units prefetched within the budget
+  void after_bwd(int u);
+  const std::vector<OffloadedActivations>& summary() const { return summary_; }  // the last microbatch's picks
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks() override;
+  torch::Tensor unpack(Slot& slot);
+
+ private:
+  struct UnitState {
+    std::vector<std::shared_ptr<Slot>> slots;     // saved in the forward, until end_forward
+    std::vector<std::shared_ptr<Entry>> entries;  // sent to the host, until restored
+    int tensors = 0, offloaded = 0;
+    std::int64_t bytes = 0, offloaded_bytes = 0;
+    bool let_go = false;
+    bool captured = false;  // its forward ran inside capture(), end_forward not yet
+  };
+  void let_go(int u);
+  void copy_back(int u);
+  Ctx& c_;
+  double ratio_;
+  OffloadPolicy policy_{0};
+  int capturing_ = 0;
+  std::vector<UnitState> units_;
+  std::vector<int> points_;  // prefetch_points for this microbatch's backward
+  std::uint64_t last_ticket_ = 0;
+  std::vector<OffloadedActivations> summary_;
+};
+
 class Activations {
  public:
   explicit Activations(Ctx& c);
@@ -279,8 +360,8 @@ class Activations {
 
  private:
   struct State {
-    torch::Tensor in, out, rng;
-    std::vector<torch::Tensor> kept_buffers;
+    torch::Tensor in, out;
+    Recompute recompute;
     // checkpoint_offload: the kept input on the host between the forward and the recompute.
     torch::Tensor in_host;
     std::vector<std::int64_t> in_shape;
@@ -288,6 +369,10 @@ class Activations {
   };
   Ctx& c_;
   std::vector<State> state_;
+  ActivationOffload offload_;
+
+ public:
+  const ActivationOffload& offload() const { return offload_; }
 };
 
 class Precision {
@@ -371,6 +456,21 @@ class AdaScale {
   std::map<std::pair<int, std::int64_t>, torch::Tensor> tied_;
 };
 
+// Differentiates unit u's output `out` (with its graph) from its input leaf `in` with the incoming
+// gradient: the gradients of its parameters (and of the weights it borrows) accumulate into
+// region(owner), AdaScale (when given) seeing each; returns the gradient of its input (undefined for the
+// model's input).
+torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
+                            const std::function<torch::Tensor(int)>& region, AdaScale* adascale);
+// The loss of one microbatch from the last unit's output, its gradient scaled by `scale`: the loss in
+// fp32 (autocast's rule for losses) from the logits in their compute dtype; the gradient comes back in
+// that dtype, the fp32 copy and its gradient freed with the loss (as the profiler measures the last unit).
+torch::Tensor loss_grad(Ctx& c, torch::Tensor last, const torch::Tensor& target, int micro, double scale,
+                        double& loss_sum);
+// The model's input on the device; floating inputs (images) in the compute dtype, as the profiler feeds
+// them (16-bit weights compute on 16-bit inputs; token ids stay integers).
+torch::Tensor model_input(const Ctx& c, torch::Tensor t);
+
 class Checkpoint {
  public:
   Checkpoint(Ctx& c, ParamResidency& params, OptimizerStep& opt, Precision& precision);
@@ -401,7 +501,14 @@ class Checkpoint {
 // is all-reduced on the last one (no_sync before it) and copied home.
 class OffloadModel {
  public:
-  OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads);
+  // adascale: when the plan runs AdaScale (it sees every parameter gradient), else nullptr.
+  OffloadModel(Ctx& c, ParamResidency& params, GradSync& grads, AdaScale* adascale);
+  // One accumulation microbatch `j` of step `step` (sim/src/lowering/offload_model.cpp): forward and
+  // backward over the slices, the loss (the chunks' losses added to loss_sum, the gradient scaled by
+  // `scale`), the gradients home.
+  void microbatch(std::int64_t step, int j, double scale, double& loss_sum);
+
+ private:
   int slices() const { return static_cast<int>(starts_.size()) - 1; }
   int first(int s) const { return starts_[static_cast<std::size_t>(s)]; }
   int end(int s) const { return starts_[static_cast<std::size_t>(s) + 1]; }
@@ -415,15 +522,17 @@ class OffloadModel {
   void finish_backward(int s, int micro, bool last_micro);
   // Where unit u's gradient accumulates (on the device while its slice or a borrower's is loaded).
   torch::Tensor region(int u);
-
- private:
-  std::vector<int> members(int s) const;  // the slice's units and the owners its units borrow from
+  torch::Tensor unit_forward(int u, const torch::Tensor& x, int micro, bool recompute, torch::Tensor* in_leaf);
+  // The slice's units and the owners its units borrow from (offload_model_slice_members).
+  const std::vector<int>& members(int s) const { return members_[static_cast<std::size_t>(s)]; }
   void load_params(int u, int micro);
   void drop_params(int u);
   Ctx& c_;
   ParamResidency& params_;
   GradSync& grads_;
+  AdaScale* adascale_ = nullptr;
   std::vector<int> starts_;
+  std::vector<std::vector<int>> members_;
   std::vector<char> loaded_;
   std::vector<torch::Tensor> grad_;  // per unit: its device gradient while it exists
   int micro_ = 0;                    // the outer microbatch of the backward under way

@@ -80,7 +80,10 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     const bool warmup = s < options.warmup_steps;
     if (s == options.warmup_steps) cpu_from = read_cpu_times();
     recorder.begin_step(s, warmup);
+    const double lane0 = device->side_lane().busy_s();
     StepStats st = executor.step(first_step + s);
+    // The side lane's copies (activation offload), overlapping the phases: seconds it copied this step.
+    if (const double lane = device->side_lane().busy_s() - lane0; lane > 0) st.phase_s["side_lane"] = lane;
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
@@ -132,6 +135,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     result.first_unit = executor.first_unit();
     result.stage_units = options.plan.pipeline.balance.units[static_cast<std::size_t>(result.pipeline_stage)];
   }
+  result.offloaded_activations = executor.offloaded_activations();
   result.device_peak_bytes = std::max(device_peak, device->peak_bytes());
   result.host_peak_bytes = std::max(host_peak, device->host_pool().peak_bytes());
   result.device_peak_at = recorder.peak_at();
@@ -278,6 +282,16 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
     rec.bubble_fraction = span > 0 ? std::clamp(1 - busy / span, 0.0, 1.0) : 0.0;
   }
+  // Activation offload's picks per unit, in model order (a pipeline stage's ranks report its units).
+  for (const RunResult* r : ranks) {
+    for (const OffloadedActivations& o : r->offloaded_activations) {
+      if (std::none_of(rec.offloaded_activations.begin(), rec.offloaded_activations.end(),
+                       [&](const OffloadedActivations& x) { return x.unit == o.unit; }))
+        rec.offloaded_activations.push_back(o);
+    }
+  }
+  std::sort(rec.offloaded_activations.begin(), rec.offloaded_activations.end(),
+            [](const OffloadedActivations& a, const OffloadedActivations& b) { return a.unit < b.unit; });
   rec.losses = ranks[0]->losses;
   rec.loss_scales = ranks[0]->loss_scales;
   rec.skipped_steps = ranks[0]->skipped_steps;
@@ -328,6 +342,11 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"stage_units", r.stage_units},
                      {"pipeline_busy_s", r.pipeline_busy_s},
                      {"pipeline_span_s", r.pipeline_span_s}};
+  nlohmann::json off = nlohmann::json::array();
+  for (const OffloadedActivations& o : r.offloaded_activations)
+    off.push_back({{"unit", o.unit}, {"name", o.name}, {"tensors", o.tensors}, {"offloaded", o.offloaded},
+                   {"bytes", o.bytes}, {"offloaded_bytes", o.offloaded_bytes}});
+  j["offloaded_activations"] = std::move(off);
 }
 
 void from_json(const nlohmann::json& j, RunResult& r) {
@@ -362,6 +381,13 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   if (j.contains("stage_units")) j.at("stage_units").get_to(r.stage_units);
   if (j.contains("pipeline_busy_s")) j.at("pipeline_busy_s").get_to(r.pipeline_busy_s);
   if (j.contains("pipeline_span_s")) j.at("pipeline_span_s").get_to(r.pipeline_span_s);
+  r.offloaded_activations.clear();
+  if (j.contains("offloaded_activations")) {
+    for (const auto& o : j.at("offloaded_activations"))
+      r.offloaded_activations.push_back({o.at("unit").get<int>(), o.at("name").get<std::string>(), o.at("tensors").get<int>(),
+                                         o.at("offloaded").get<int>(), o.at("bytes").get<std::int64_t>(),
+                                         o.at("offloaded_bytes").get<std::int64_t>()});
+  }
 }
 
 }  // namespace zeroplan::exec

@@ -39,27 +39,12 @@ double gpt_layer_saved_bytes_flash(std::int64_t seq, std::int64_t batch, std::in
 
 namespace {
 UnitOp gemm_op(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias) {
-  UnitOp o;
-  o.kind = "gemm";
-  o.name = name;
-  o.m = m;
-  o.n = n;
-  o.k = k;
-  o.bias = bias;
-  return o;
+  return {.kind = "gemm", .name = name, .m = m, .n = n, .k = k, .bias = bias};
 }
 UnitOp memory_op(const char* name, double elems_fwd, double bytes_fwd, int kernels_fwd, double elems_bwd,
                  double bytes_bwd, int kernels_bwd) {
-  UnitOp o;
-  o.kind = "memory";
-  o.name = name;
-  o.elems_fwd = elems_fwd;
-  o.bytes_fwd = bytes_fwd;
-  o.kernels_fwd = kernels_fwd;
-  o.elems_bwd = elems_bwd;
-  o.bytes_bwd = bytes_bwd;
-  o.kernels_bwd = kernels_bwd;
-  return o;
+  return {.kind = "memory", .name = name, .elems_fwd = elems_fwd, .elems_bwd = elems_bwd, .bytes_fwd = bytes_fwd,
+          .bytes_bwd = bytes_bwd, .kernels_fwd = kernels_fwd, .kernels_bwd = kernels_bwd};
 }
 }  // namespace
 
@@ -67,16 +52,9 @@ std::vector<UnitOp> gpt_block_ops(std::int64_t seq, std::int64_t batch, std::int
                                   bool flash_attention) {
   const std::int64_t T = seq * batch, h = hidden;
   const double Th = static_cast<double>(T) * static_cast<double>(h);
-  UnitOp attention;
-  attention.kind = "attention";
-  attention.name = "attention";
-  attention.m = seq;
-  attention.n = seq;
-  attention.k = hidden / heads;
-  attention.batch = batch * heads;
-  attention.fused = flash_attention;
-  attention.causal = true;
-  attention.dropout = !flash_attention;  // flash applies dropout inside its kernel
+  // Flash attention applies dropout inside its kernel.
+  const UnitOp attention{.kind = "attention", .name = "attention", .m = seq, .n = seq, .k = hidden / heads,
+                         .batch = batch * heads, .fused = flash_attention, .causal = true, .dropout = !flash_attention};
   return {
       memory_op("layernorm1", 2 * Th, 0, 1, 3 * Th, 0, 2),
       gemm_op("qkv", T, 3 * h, h, true),

@@ -1,5 +1,6 @@
 #include "zeroplan/profiles/json_io.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -131,6 +132,24 @@ std::string to_json_string(const T& document) {
   return to_ordered_json(document).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+namespace {
+// The temporary file written beside `target` before it replaces it (and check_output's probe).
+std::filesystem::path temp_beside(const std::filesystem::path& target) {
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  return dir / ("." + target.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+}
+
+// Writes `bytes` to `to` (named `file` in errors), flushed.
+void write_bytes(const std::filesystem::path& file, const std::filesystem::path& to, std::string_view bytes) {
+  std::FILE* out = std::fopen(to.c_str(), "wb");
+  if (out == nullptr) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), out) == bytes.size() && std::fflush(out) == 0;
+  const int write_errno = errno;
+  if (std::fclose(out) != 0 || !written)
+    throw SchemaError(file.string() + ": cannot write: " + std::strerror(written ? errno : write_errno));
+}
+}  // namespace
+
 template <class T>
 void write_document(const std::filesystem::path& file, const T& document) {
   try {
@@ -144,36 +163,47 @@ void write_document(const std::filesystem::path& file, const T& document) {
   const auto status = std::filesystem::status(target, status_ec);
   if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
     // A device, a pipe or a socket is written in place, never replaced.
-    std::FILE* out = std::fopen(target.c_str(), "wb");
-    if (out == nullptr) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
-    const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size() && std::fflush(out) == 0;
-    const int write_errno = errno;
-    if (std::fclose(out) != 0 || !written)
-      throw SchemaError(file.string() + ": cannot write: " + std::strerror(written ? errno : write_errno));
+    write_bytes(file, target, text);
     return;
   }
-  write_document_file(file, target, text);
+  write_file_atomically(file, target, text);
 }
 
-void write_document_file(const std::filesystem::path& file, const std::filesystem::path& target,
-                         const std::string& text) {
-  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
-  const std::filesystem::path temp =
-      dir / ("." + target.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+void write_file_atomically(const std::filesystem::path& file, const std::filesystem::path& target,
+                           const std::function<void(const std::filesystem::path& temp)>& fill) {
+  const std::filesystem::path temp = temp_beside(target);
   auto cannot = [&](const std::string& what) {
     std::error_code ignored;
     std::filesystem::remove(temp, ignored);
     throw SchemaError(file.string() + ": cannot write: " + what);
   };
-  std::FILE* out = std::fopen(temp.c_str(), "wb");
-  if (out == nullptr) cannot(std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size() && std::fflush(out) == 0 &&
-                       ::fsync(::fileno(out)) == 0;
-  const int write_errno = errno;
-  if (std::fclose(out) != 0 || !written) cannot(std::strerror(written ? errno : write_errno));
+  try {
+    fill(temp);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+    throw;
+  }
+  const int fd = ::open(temp.c_str(), O_RDONLY);
+  if (fd < 0) cannot(std::strerror(errno));
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_errno = errno;
+  ::close(fd);
+  if (!synced) cannot(std::strerror(sync_errno));
   std::error_code ec;
   std::filesystem::rename(temp, target, ec);
   if (ec) cannot(ec.message());
+  // The rename on disk too (best effort: a folder this process cannot open keeps the file all the same).
+  const std::filesystem::path dir = temp.parent_path();
+  if (const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+void write_file_atomically(const std::filesystem::path& file, const std::filesystem::path& target,
+                           std::string_view bytes) {
+  write_file_atomically(file, target, [&](const std::filesystem::path& temp) { write_bytes(file, temp, bytes); });
 }
 
 std::filesystem::path output_target(const std::filesystem::path& file) {
@@ -198,8 +228,7 @@ void check_output(const std::filesystem::path& file) {
     throw SchemaError(file.string() + ": cannot write: no folder " + dir.string());
   // Create (and remove) the temporary file write_document would: the only test that holds for root, for
   // read-only mounts and for pseudo-filesystems such as /proc.
-  const std::filesystem::path probe =
-      dir / ("." + target.filename().string() + ".tmp." + std::to_string(static_cast<long>(::getpid())));
+  const std::filesystem::path probe = temp_beside(target);
   std::FILE* out = std::fopen(probe.c_str(), "wb");
   if (out == nullptr) throw SchemaError(file.string() + ": cannot write: " + std::strerror(errno));
   std::fclose(out);

@@ -47,7 +47,7 @@ const std::vector<std::string> kDtypes = {"fp32", "fp16", "bf16"};
 
 std::vector<Knob> build() {
   using T = KnobType;
-  const Support no = Support::no, ignored = Support::ignored;
+  const Support ignored = Support::ignored;
   const std::vector<Entry> e = {
       Entry("world_size", T::integer, ">= 1", "1", "ranks: data-parallel size x pipeline_stages", ZP_ASSIGN(world_size)),
       Entry("global_batch", T::integer, ">= 1", "1", "samples per optimizer step, over all ranks", ZP_ASSIGN(global_batch)),
@@ -105,7 +105,11 @@ std::vector<Knob> build() {
       Entry("offload.activations_ratio", T::number, "[0, 1]", "0",
             "share of saved activations sent to the host on a copy stream (hfai CPUOffload)",
             ZP_ASSIGN(offload.activations_ratio))
-          .tune_knob("offload_activations").alias("offload_activations").run(no),
+          .tune_knob("offload_activations").alias("offload_activations"),
+      Entry("offload.activations_prefetch_bytes", T::integer, "-1 or >= 0", "-1",
+            "offloaded activations copied back ahead of need, in bytes (-1: one unit's worth, 0: none)",
+            ZP_ASSIGN(offload.activations_prefetch_bytes))
+          .in_use([](const Plan& p) { return p.offload.activations_ratio > 0; }),
       Entry("offload_model.enabled", T::boolean, "zero_stage 0, pipeline_stages 1", "false",
             "fairscale OffloadModel: the model lives on the host, copied to the device slice by slice",
             ZP_ASSIGN(offload_model.enabled))

@@ -88,6 +88,7 @@ ojson write_unit(const UnitProfile& u) {
     }
   }
   if (!u.ops.empty()) j["ops"] = write_array(u.ops, write_op);
+  if (!u.saved_tensors.empty()) j["saved_tensors"] = u.saved_tensors;
   return j;
 }
 
@@ -219,6 +220,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("borrowed", u.borrowed);
   r.opt("times_at_dtype", u.times_at_dtype);
   r.opt("ops", u.ops);
+  r.opt("saved_tensors", u.saved_tensors);
   r.finish();
 }
 
@@ -344,6 +346,15 @@ void validate(const ModelProfile& m) {
                     num(o.k) + ", " + num(o.batch) + ")");
       }
     }
+    double saved_sum = 0;
+    for (std::size_t k = 0; k < u.saved_tensors.size(); ++k) {
+      const auto b = static_cast<double>(u.saved_tensors[k]);
+      if (!(b >= 1 && b <= kMaxFigure))
+        model_error(at + ".saved_tensors[" + std::to_string(k) + "] must be in [1, 1e18] bytes (got " + num(b) + ")");
+      saved_sum += b;
+    }
+    if (saved_sum > u.bytes_saved.value * (1 + 1e-9) + 1)
+      model_error(at + ".saved_tensors sum to " + num(saved_sum) + " bytes, more than bytes_saved " + num(u.bytes_saved.value));
     for (std::size_t k = 0; k < u.borrowed.size(); ++k) {
       const BorrowedParams& b = u.borrowed[k];
       const std::string bw = at + ".borrowed[" + std::to_string(k) + "]";

@@ -1,6 +1,7 @@
 // Pipeline stage balance: the min-max contiguous partition of the units' weights.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "zeroplan/profiles/pipeline.h"
 
@@ -124,6 +125,22 @@ std::vector<int> offload_model_slice_starts(const std::vector<std::int64_t>& uni
   }
   starts.push_back(n);
   return starts;
+}
+
+std::vector<std::vector<int>> offload_model_slice_members(const std::vector<int>& starts,
+                                                          const std::vector<std::vector<int>>& borrow_owners) {
+  std::vector<std::vector<int>> members;
+  for (std::size_t s = 0; s + 1 < starts.size(); ++s) {
+    std::vector<int> out;
+    for (int u = starts[s]; u < starts[s + 1]; ++u) out.push_back(u);
+    for (int u = starts[s]; u < starts[s + 1]; ++u) {
+      for (const int o : borrow_owners[static_cast<std::size_t>(u)]) {
+        if (o < starts[s] && std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
+      }
+    }
+    members.push_back(std::move(out));
+  }
+  return members;
 }
 
 }  // namespace zeroplan

@@ -11,6 +11,7 @@ namespace zeroplan {
 namespace {
 
 constexpr const char* kWhere = "plan";
+constexpr std::int64_t kMaxPrefetchBytes = 1000000000000000;  // 1e15 bytes
 
 [[noreturn]] void plan_error(const std::string& message) { fail(kWhere, message); }
 
@@ -22,6 +23,7 @@ ojson write_offload(const Offload& o) {
   j["grads"] = o.grads;
   j["optimizer"] = o.optimizer;
   j["activations_ratio"] = o.activations_ratio;
+  j["activations_prefetch_bytes"] = o.activations_prefetch_bytes;
   return j;
 }
 
@@ -111,6 +113,7 @@ void read_value(const nlohmann::json& j, Offload& o, const std::string& path) {
   r.opt("grads", o.grads);
   r.opt("optimizer", o.optimizer);
   r.opt("activations_ratio", o.activations_ratio);
+  r.opt("activations_prefetch_bytes", o.activations_prefetch_bytes);
   r.finish();
 }
 
@@ -361,6 +364,9 @@ void validate(const Plan& p) {
     plan_error("offload.grads requires offload.optimizer (the host optimizer consumes the gradients)");
   if (!(p.offload.activations_ratio >= 0 && p.offload.activations_ratio <= 1))
     plan_error("offload.activations_ratio must be in [0, 1] (got " + num(p.offload.activations_ratio) + ")");
+  if (p.offload.activations_prefetch_bytes < -1 || p.offload.activations_prefetch_bytes > kMaxPrefetchBytes)
+    plan_error("offload.activations_prefetch_bytes must be -1 (one unit) or in [0, 1e15] (got " +
+               num(p.offload.activations_prefetch_bytes) + ")");
 
   // OffloadModel.
   if (p.offload_model.enabled) {

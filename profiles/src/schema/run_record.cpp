@@ -88,6 +88,17 @@ ojson write_stage(const RunStage& s) {
   return j;
 }
 
+ojson write_offloaded(const OffloadedActivations& o) {
+  ojson j;
+  j["unit"] = o.unit;
+  j["name"] = o.name;
+  j["tensors"] = o.tensors;
+  j["offloaded"] = o.offloaded;
+  j["bytes"] = o.bytes;
+  j["offloaded_bytes"] = o.offloaded_bytes;
+  return j;
+}
+
 bool same_double(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 }  // namespace
@@ -124,6 +135,17 @@ void read_value(const nlohmann::json& j, RunStage& s, const std::string& path) {
   r.req("device_peak_bytes", s.device_peak_bytes);
   r.req("host_peak_bytes", s.host_peak_bytes);
   r.opt("compute_busy_s", s.compute_busy_s);
+  r.finish();
+}
+
+void read_value(const nlohmann::json& j, OffloadedActivations& o, const std::string& path) {
+  ObjectReader r(j, path);
+  r.req("unit", o.unit);
+  r.req("name", o.name);
+  r.req("tensors", o.tensors);
+  r.req("offloaded", o.offloaded);
+  r.req("bytes", o.bytes);
+  r.req("offloaded_bytes", o.offloaded_bytes);
   r.finish();
 }
 
@@ -166,7 +188,7 @@ bool RunRecord::operator==(const RunRecord& o) const {
          std::equal(losses.begin(), losses.end(), o.losses.begin(), o.losses.end(), same_double) && units == o.units &&
          lr_gains == o.lr_gains && fallbacks == o.fallbacks && trace_paths == o.trace_paths &&
          loss_scales == o.loss_scales && skipped_steps == o.skipped_steps && stages == o.stages &&
-         bubble_fraction == o.bubble_fraction;
+         bubble_fraction == o.bubble_fraction && offloaded_activations == o.offloaded_activations;
 }
 
 ojson to_ordered_json(const RunRecord& r) {
@@ -190,6 +212,7 @@ ojson to_ordered_json(const RunRecord& r) {
   j["trace_paths"] = r.trace_paths;
   if (!r.stages.empty()) j["stages"] = write_array(r.stages, write_stage);
   if (!r.stages.empty() || r.bubble_fraction != 0) j["bubble_fraction"] = r.bubble_fraction;
+  if (!r.offloaded_activations.empty()) j["offloaded_activations"] = write_array(r.offloaded_activations, write_offloaded);
   j["plan"] = to_ordered_json(r.plan);
   return j;
 }
@@ -244,6 +267,13 @@ void validate(const RunRecord& r) {
     for (const int rank : st.ranks)
       if (rank < 0 || rank >= e.ranks) record_error(at + ".ranks has rank " + num(rank) + " of " + num(e.ranks));
   }
+  for (std::size_t i = 0; i < r.offloaded_activations.size(); ++i) {
+    const OffloadedActivations& o = r.offloaded_activations[i];
+    if (o.offloaded < 0 || o.offloaded > o.tensors || o.offloaded_bytes < 0 || o.offloaded_bytes > o.bytes)
+      record_error("offloaded_activations[" + std::to_string(i) + "] (" + o.name + "): offloaded " + num(o.offloaded) +
+                   " of " + num(o.tensors) + " tensors, " + num(o.offloaded_bytes) + " of " + num(o.bytes) +
+                   " bytes: the offloaded part must be within [0, all]");
+  }
   if (!(r.bubble_fraction >= 0 && r.bubble_fraction <= 1))
     record_error("bubble_fraction must be in [0, 1] (got " + num(r.bubble_fraction) + ")");
   if (static_cast<int>(r.lr_gains.size()) > steps)
@@ -294,6 +324,7 @@ void from_json(const nlohmann::json& j, RunRecord& rec) {
   r.opt("trace_paths", rec.trace_paths);
   r.opt("stages", rec.stages);
   r.opt("bubble_fraction", rec.bubble_fraction);
+  r.opt("offloaded_activations", rec.offloaded_activations);
   r.req("plan", rec.plan);
   r.finish();
   validate(rec);

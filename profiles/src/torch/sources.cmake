@@ -7,6 +7,8 @@ add_library(zeroplan_profiles
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/gpt.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/resnet.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/zoo/torchscript.cpp
+  # saved-tensor hooks (autograd engine subclass)
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/autograd/saved_tensors.cpp
   # profiler
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/counting_allocator.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/flops.cpp

@@ -1,16 +1,21 @@
 // Activation policy per unit: keep the saved activations until the unit's backward; or offload a ratio
-// of them (hfai CPUOffload: D2H on its own stream after the forward, H2D prefetched before the backward,
-// the device keeps 1 - ratio); or checkpoint (keep only the unit's input, recompute the forward before
-// the backward), with checkpoint_offload the kept input on the host (fairscale checkpoint_wrapper
-// offload_to_cpu: D2H on the copy stream after the forward, which frees the device copy; H2D when the
-// backward reaches the unit, after the next unit's backward, with no prefetch: the recompute waits).
+// of them (hfai CPUOffload, as the executor's ActivationOffload runs it, one saved tensor at a time:
+// activation_offload.h picks which of the profile's saved tensors go; their D2H runs on the copy lane
+// after the unit's forward and the device lets them go when the next unit's forward ends, the compute
+// lane waiting for the copy there (the last two units' at the backward's start: the last unit's forward
+// runs on into the loss); before unit u's backward
+// its tensors are back (H2D), units before it prefetched within the byte budget); or checkpoint (keep
+// only the unit's input, recompute the forward before the backward), with checkpoint_offload the kept
+// input on the host (fairscale checkpoint_wrapper offload_to_cpu: D2H on the copy stream after the
+// forward, which frees the device copy; H2D when the backward reaches the unit, after the next unit's
+// backward, with no prefetch: the recompute waits).
 // Forward and backward workspaces are transient allocations of their task. The forward of unit u waits
-// for the D2H of unit u-2, so at most two units' copies are pending when the copy stream is slower than
-// compute (else a higher ratio could hold more on the device, waiting to be copied).
+// for the D2H of unit u-2.
 #include <algorithm>
 #include <cmath>
 
 #include "context.h"
+#include "zeroplan/profiles/activation_offload.h"
 #include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::sim::lowering {
@@ -42,7 +47,63 @@ std::int64_t Activations::fwd_workspace(int u) const {
   return forward_workspace(c_.units, static_cast<std::size_t>(u)) + model_input;
 }
 
+void Activations::pick_offloaded() {
+  const std::size_t n = c_.units.size();
+  off_sizes_.assign(n, {});
+  off_bytes_.assign(n, 0);
+  off_device_.assign(n, kNone);
+  h2d_.assign(n, kNone);
+  const double ratio = c_.plan.offload.activations_ratio;
+  if (ratio <= 0 || n == 0 || keep_on_device_) return;
+  if (c_.units[0].tensor_list) {
+    std::vector<std::vector<std::int64_t>> lists;
+    std::vector<bool> keeps;
+    for (const Unit& x : c_.units) {
+      lists.push_back(x.saved_tensors);
+      keeps.push_back(!x.checkpoint);
+    }
+    const auto picked = offloaded_tensors(lists, keeps, ratio);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Unit& x = c_.units[i];
+      for (std::size_t k = 0; k < picked[i].size(); ++k) {
+        if (!picked[i][k]) continue;
+        const double bytes = static_cast<double>(x.saved_tensors[k]) * x.saved_tensor_scale;
+        off_sizes_[i].push_back(bytes);
+        off_bytes_[i] += static_cast<std::int64_t>(std::llround(bytes));
+      }
+      off_bytes_[i] = std::min(off_bytes_[i], x.saved);
+    }
+    return;
+  }
+  // No saved tensors in the profile (analytic): the ratio of what each kept unit saves beside its input
+  // (which the unit keeps anyway), as one tensor.
+  for (std::size_t i = 0; i < n; ++i) {
+    const Unit& x = c_.units[i];
+    if (x.checkpoint) continue;
+    const std::int64_t input = i > 0 ? c_.units[i - 1].output : c_.input0;
+    off_bytes_[i] = static_cast<std::int64_t>(std::llround(static_cast<double>(std::max<std::int64_t>(0, x.saved - input)) * ratio));
+    if (off_bytes_[i] > 0) off_sizes_[i].push_back(static_cast<double>(off_bytes_[i]));
+  }
+}
+
+namespace {
+double copies_time(const ClusterProfile& cluster, CopyDir dir, const std::vector<double>& sizes) {
+  double t = 0;
+  for (double b : sizes) t += copy_time(cluster, dir, b);
+  return t;
+}
+}  // namespace
+
+void Activations::copy_back(int v, int mb, TaskId after) {
+  const auto i = static_cast<std::size_t>(v);
+  h2d_[i] = c_.g.add_task(c_.h2d, copies_time(c_.cluster, CopyDir::h2d, off_sizes_[i]), c_.label(c_.n_h2d, v, mb),
+                          {d2h_[i], after}, c_.n_cat_copy);
+  offloaded_[i] = c_.g.alloc(h2d_[i], c_.dev, off_bytes_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, v, mb), kNone);
+  c_.g.set_free_at(host_part_[i], h2d_[i]);
+}
+
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
+  if (off_bytes_.empty()) pick_offloaded();
   if (pending_.empty()) {
     pending_.assign(c_.units.size(), kNone);
     offloaded_.assign(c_.units.size(), kNone);
@@ -52,7 +113,17 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   }
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
+  if (i + 1 == c_.units.size()) last_fwd_ = fwd;
   if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
+  // Activation offload: the previous unit's copies had this forward to run; the device lets them go once
+  // both are done, the compute lane waiting for the copy (a zero-time task on it). The last unit's forward
+  // runs on into the loss: its predecessor's go when the backward starts, with its own.
+  if (u >= 1 && i + 1 < c_.units.size() && off_device_[i - 1] != kNone) {
+    const TaskId let_go = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u - 1, mb), {fwd, d2h_[i - 1]},
+                                        c_.n_cat_compute);
+    c_.g.set_free_at(off_device_[i - 1], let_go);
+    off_device_[i - 1] = kNone;
+  }
   // A checkpointed forward saves nothing: its peak is bounded by the profiled (grad-mode) one (the last
   // unit's output aside: the loss's allocation below; after the loss the output's gradient waits in
   // its place).
@@ -81,14 +152,14 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
     d2h_[i] = d2h;
     return;
   }
-  const double ratio = c_.plan.offload.activations_ratio;
-  const auto off = static_cast<std::int64_t>(std::llround(static_cast<double>(x.saved) * ratio));
+  const std::int64_t off = off_bytes_[i];
   pending_[i] = c_.g.alloc(fwd, c_.dev, x.saved - off, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (off <= 0) return;
-  // The offloaded part is written on the device by the forward, then copied out and freed.
-  const TaskId d2h = c_.g.add_task(c_.d2h, copy_time(c_.cluster, CopyDir::d2h, static_cast<double>(off)),
-                                   c_.label(c_.n_d2h, u, mb), {fwd}, c_.n_cat_copy);
-  c_.g.alloc(fwd, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), d2h);
+  // The offloaded tensors are written on the device by the forward, copied out on the copy lane (into host
+  // memory taken when the forward ends) and let go after the next unit's forward.
+  const TaskId d2h = c_.g.add_task(c_.d2h, copies_time(c_.cluster, CopyDir::d2h, off_sizes_[i]), c_.label(c_.n_d2h, u, mb),
+                                   {fwd}, c_.n_cat_copy);
+  off_device_[i] = c_.g.alloc(fwd, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
   host_part_[i] = c_.g.alloc(d2h, c_.host, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
   d2h_[i] = d2h;
 }
@@ -96,6 +167,25 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
 TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
+  const auto n = static_cast<int>(c_.units.size());
+  // Activation offload: at the backward's start the last unit's copies are let go (the compute lane waits
+  // for them) and the copies back planned; before each unit's backward the ones due there start, after
+  // the previous backward.
+  TaskId issue_after = u + 1 < n ? c_.bwd[i + 1] : last_fwd_;
+  if (u == n - 1 || points_.empty()) {
+    for (int v = n - 1; v >= std::max(0, n - 2); --v) {
+      const auto vi = static_cast<std::size_t>(v);
+      if (off_device_[vi] == kNone) continue;
+      issue_after = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, v, mb), {last_fwd_, d2h_[vi], issue_after},
+                                  c_.n_cat_compute);
+      c_.g.set_free_at(off_device_[vi], issue_after);
+      off_device_[vi] = kNone;
+    }
+    points_ = prefetch_points(off_bytes_, prefetch_budget(c_.plan.offload.activations_prefetch_bytes, off_bytes_));
+  }
+  for (int v = u; v >= 0; --v) {
+    if (points_[static_cast<std::size_t>(v)] == u) copy_back(v, mb, issue_after);
+  }
   if (x.checkpoint) {
     TaskId input_back = kNone;
     if (d2h_[i] != kNone) {  // checkpoint_offload: the input comes back when the backward reaches the unit
@@ -119,17 +209,7 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
                                c_.label(c_.n_saved, u, mb), kNone);
     return re;
   }
-  if (d2h_[i] == kNone) return kNone;
-  const std::int64_t off = c_.g.allocs()[host_part_[i]].bytes;
-  // Prefetch: copy u back while the backward of u+1 runs (wait for u+2's); else after u+1's.
-  const int back = c_.opt.activation_prefetch ? 2 : 1;
-  const auto units = static_cast<int>(c_.units.size());
-  const TaskId after = u + back < units ? c_.bwd[static_cast<std::size_t>(u + back)] : kNone;
-  const TaskId h2d = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(off)),
-                                   c_.label(c_.n_h2d, u, mb), {d2h_[i], after}, c_.n_cat_copy);
-  offloaded_[i] = c_.g.alloc(h2d, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
-  c_.g.set_free_at(host_part_[i], h2d);
-  return h2d;
+  return h2d_[i];
 }
 
 // An inner unit's backward starts from the gradient of its output, computed by the next unit's
@@ -154,6 +234,7 @@ void Activations::after_bwd(int u, int mb, TaskId bwd) {
   if (offloaded_[i] != kNone) c_.g.set_free_at(offloaded_[i], bwd);
   if (rng_[i] != kNone) c_.g.set_free_at(rng_[i], bwd);
   pending_[i] = offloaded_[i] = host_part_[i] = d2h_[i] = rng_[i] = kNone;
+  h2d_[i] = kNone;
 }
 
 }  // namespace zeroplan::sim::lowering

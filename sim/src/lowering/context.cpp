@@ -29,6 +29,8 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
   const double ref = model.batch;
   // Activations scale with the compute dtype relative to the profiled one.
   const double act_scale = static_cast<double>(b.compute) / dtype_bytes(model.dtype);
+  const bool tensor_lists = std::any_of(model.units.begin(), model.units.end(),
+                                        [](const UnitProfile& u) { return !u.saved_tensors.empty(); });
   std::vector<Unit> units;
   units.reserve(static_cast<std::size_t>(model.expanded_unit_count()));
   std::vector<int> first_expanded;  // profile index -> expanded index of its first repetition
@@ -60,6 +62,9 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       u.peak_fwd = u.peak_recompute + static_cast<std::int64_t>(std::max(0.0, whole - own));
     }
     u.peak_bwd = bytes(up.bytes_peak_bwd);
+    u.saved_tensors = up.saved_tensors;
+    u.saved_tensor_scale = batch / ref * act_scale;
+    u.tensor_list = tensor_lists;
     u.checkpoint = plan.checkpointing.applies_to(i);
     first_expanded.push_back(static_cast<int>(units.size()));
     for (int r = 0; r < up.count; ++r) {

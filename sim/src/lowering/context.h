@@ -32,6 +32,12 @@ struct Unit {
   std::int64_t peak_recompute = 0; // a recompute's peak: the last unit's without its loss, else peak_fwd
   std::int64_t peak_bwd = 0;
   bool checkpoint = false;
+  // Activation offload: the profile's saved tensors the unit alone keeps (UnitProfile::saved_tensors, at
+  // the reference batch, where the policy decides) and their scale to this plan's micro batch and dtype;
+  // tensor_list false when the profile has none (analytic): a ratio of saved - input then goes.
+  std::vector<std::int64_t> saved_tensors;
+  double saved_tensor_scale = 1;
+  bool tensor_list = false;
   // Shared parameters (UnitProfile::borrowed), as expanded unit indices. An owner stays gathered from
   // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
   bool pinned = false;
@@ -155,10 +161,24 @@ struct Activations {
   void on_fwd(int u, int mb, TaskId fwd);
   TaskId before_bwd(int u, int mb, TaskId params_ready);  // H2D or recompute the backward waits for
   void after_bwd(int u, int mb, TaskId bwd);
+  // A pipeline stage's recompute of a checkpointed microbatch, right before its backward, offloads no
+  // activations (as the executor's); call before its first on_fwd.
+  void keep_on_device() { keep_on_device_ = true; }
  private:
+  bool keep_on_device_ = false;
   std::int64_t fwd_workspace(int u) const;
   std::int64_t incoming_grad(int u) const;
+  void pick_offloaded();                     // activation_offload.h's policy over the units
+  void copy_back(int v, int mb, TaskId after);  // unit v's offloaded tensors back to the device
   Ctx& c_;
+  // Activation offload, per unit: the sizes of the tensors sent (bytes at this micro batch), their sum,
+  // the task after which the device lets them go, the copy back, and where it starts (prefetch_points).
+  std::vector<std::vector<double>> off_sizes_;
+  std::vector<std::int64_t> off_bytes_;
+  std::vector<AllocId> off_device_;
+  std::vector<TaskId> h2d_;
+  std::vector<int> points_;
+  TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
   AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward
   std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward

@@ -1,5 +1,5 @@
-// fairscale OffloadModel, as the executor runs it (exec/src/step/executor.cpp offload_model_microbatch,
-// exec/src/step/offload_model.cpp): the model states live on the host (model_states.cpp); slices of
+// fairscale OffloadModel, as the executor runs it (exec/src/step/offload_model.cpp,
+// OffloadModel::microbatch): the model states live on the host (model_states.cpp); slices of
 // consecutive units, balanced by parameter count (offload_model_slice_starts, the executor's function),
 // visit the device. Every accumulation microbatch (plan microbatches) runs the whole schedule, the micro
 // batch in `offload_model.microbatches` chunks:
@@ -32,6 +32,7 @@ struct Schedule {
   bool ckpt = false;
   int n_units = 0;
   std::vector<int> starts;
+  std::vector<std::vector<int>> slice_members;  // offload_model_slice_members
   TaskId prev = kNone;  // the last task in the executor's order
 
   int slices() const { return static_cast<int>(starts.size()) - 1; }
@@ -40,16 +41,7 @@ struct Schedule {
   const Unit& unit(int u) const { return c.units[static_cast<std::size_t>(u)]; }
   std::int64_t input_of(int u) const { return u > 0 ? unit(u - 1).output : 0; }
 
-  std::vector<int> members(int s) const {
-    std::vector<int> out;
-    for (int u = first(s); u < end(s); ++u) out.push_back(u);
-    for (int u = first(s); u < end(s); ++u) {
-      for (const auto& [o, n] : unit(u).borrows) {
-        if (o < first(s) && std::find(out.begin(), out.end(), o) == out.end()) out.push_back(o);
-      }
-    }
-    return out;
-  }
+  const std::vector<int>& members(int s) const { return slice_members[static_cast<std::size_t>(s)]; }
   TaskId chain(TaskId t) {
     c.g.add_dep(t, prev);
     prev = t;
@@ -69,13 +61,19 @@ struct Schedule {
 }  // namespace
 
 void schedule_offload_model(Ctx& c) {
-  Schedule sc{c, 1, false, 0, {}, kNone};
+  Schedule sc{c, 1, false, 0, {}, {}, kNone};
   sc.K = c.plan.offload_model.microbatches;
   sc.ckpt = c.plan.offload_model.checkpoint_activation;
   sc.n_units = static_cast<int>(c.units.size());
   std::vector<std::int64_t> params;
   for (const Unit& u : c.units) params.push_back(u.params);
   sc.starts = offload_model_slice_starts(params, c.plan.offload_model.slices);
+  std::vector<std::vector<int>> owners;
+  for (const Unit& u : c.units) {
+    owners.emplace_back();
+    for (const auto& [o, n] : u.borrows) owners.back().push_back(o);
+  }
+  sc.slice_members = offload_model_slice_members(sc.starts, owners);
   const int K = sc.K, S = sc.slices(), n_units = sc.n_units;
   const bool ckpt = sc.ckpt;
   const std::int64_t in0 = c.input0;  // one chunk of the model's input
@@ -161,7 +159,7 @@ void schedule_offload_model(Ctx& c) {
     // Backward.
     grads_home.clear();
     for (int s = S - 1; s >= 0; --s) {
-      const std::vector<int> mem = sc.members(s);
+      const std::vector<int>& mem = sc.members(s);
       std::int64_t pbytes = 0, gbytes = 0;
       for (int u : mem) {
         pbytes += sc.unit(u).params * c.b.param;

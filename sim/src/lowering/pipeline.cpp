@@ -123,7 +123,9 @@ class Pipeline {
     const int units = static_cast<int>(v.units.size());
     Activations& acts = st.acts[static_cast<std::size_t>(mb)];
     if (checkpointed(mb)) {
-      // Recompute the stage's forward from its kept input: the activations of a normal forward.
+      // Recompute the stage's forward from its kept input: the activations of a normal forward (kept on
+      // the device: the backward needs them next).
+      acts.keep_on_device();
       for (int u = 0; u < units; ++u) {
         const TaskId re = v.compute_task(v.units[static_cast<std::size_t>(u)].fwd_s, v.n_recompute, u, mb);
         v.fwd[static_cast<std::size_t>(u)] = re;

@@ -665,6 +665,69 @@ TEST(ExecutorGlooParity, CheckpointOffloadChangesNoArithmetic) {
   }
 }
 
+// Activation offload (hfai's offload_ratio, per saved tensor) moves tensors to the host and back, never
+// the arithmetic: on 2 ranks, losses and parameters equal the same plan without it bit for bit, for
+// ratios 0.1, 0.5 and 1, with no prefetch, with 2 microbatches, with some units checkpointed and at
+// stage 3, on the GPT and on the resnet (BatchNorm). The RunResult lists what went (every tensor at ratio
+// 1, about half the bytes at 0.5), the host held exactly that, and at ratio 1 the device held less.
+TEST(ExecutorGlooParity, ActivationOffloadChangesNoArithmetic) {
+  // Unit 1 checkpointed (the others kept) where `ckpt`.
+  auto ratio = [](double r, std::int64_t prefetch = -1, bool ckpt = false) {
+    return [=](Plan& p) {
+      p.offload.activations_ratio = r;
+      p.offload.activations_prefetch_bytes = prefetch;
+      if (ckpt) p.checkpointing = {Checkpointing::Mode::units, {1}};
+    };
+  };
+  auto ckpt_only = [](Plan& p) { p.checkpointing = {Checkpointing::Mode::units, {1}}; };
+  for (const ModelSpec& m : {gpt_tiny(), resnet_tiny(16)}) {
+    const PlanSpec s0{0, 1}, s0m2{0, 2}, s3{3, 1, true};
+    // {case, its reference}
+    const std::vector<std::pair<std::size_t, std::size_t>> pairs = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {6, 5}, {8, 7}, {10, 9}};
+    auto res = launch({{m, s0, 3},
+                       {m, s0, 3, 0, 0, false, ratio(0.1)},
+                       {m, s0, 3, 0, 0, false, ratio(0.5)},
+                       {m, s0, 3, 0, 0, false, ratio(1)},
+                       {m, s0, 3, 0, 0, false, ratio(1, 0)},
+                       {m, s0m2, 3},
+                       {m, s0m2, 3, 0, 0, false, ratio(0.5)},
+                       {m, s0, 3, 0, 0, false, ckpt_only},
+                       {m, s0, 3, 0, 0, false, ratio(1, -1, true)},
+                       {m, s3, 3},
+                       {m, s3, 3, 0, 0, false, ratio(0.5)}});
+    for (int r = 0; r < 2; ++r) {
+      const auto& rr = res[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < rr.size(); ++i) expect_ok(rr[i], m.name + " case " + std::to_string(i));
+      for (const auto& [i, ref] : pairs) {
+        const std::string what = m.name + " rank " + std::to_string(r) + " case " + std::to_string(i);
+        EXPECT_TRUE(params_equal(rr[i].params, rr[ref].params)) << what;
+        EXPECT_EQ(rr[i].json.at("losses"), rr[ref].json.at("losses")) << what;
+        const auto& off = rr[i].json.at("offloaded_activations");
+        ASSERT_FALSE(off.empty()) << what;
+        std::int64_t bytes = 0, sent = 0;
+        for (const auto& u : off) {
+          bytes += u.at("bytes").get<std::int64_t>();
+          sent += u.at("offloaded_bytes").get<std::int64_t>();
+        }
+        EXPECT_GT(sent, 0) << what;
+        // The host pool held this microbatch's offloaded tensors (and nothing else in these plans).
+        EXPECT_EQ(rr[i].json.at("host_peak_bytes").get<std::int64_t>(), sent) << what;
+        if (i == 3 || i == 4) {
+          EXPECT_EQ(sent, bytes) << what << ": ratio 1 sends everything";
+        }
+        if (i == 2) {
+          EXPECT_NEAR(static_cast<double>(sent), 0.5 * static_cast<double>(bytes), 0.1 * static_cast<double>(bytes)) << what;
+        }
+        if (i == 3) {
+          EXPECT_LT(rr[i].json.at("device_peak_bytes").get<std::int64_t>(), rr[ref].json.at("device_peak_bytes").get<std::int64_t>())
+              << what;
+        }
+      }
+      EXPECT_TRUE(rr[0].json.at("offloaded_activations").empty());
+    }
+  }
+}
+
 // fairscale OffloadModel moves parameters, gradients and activations between the host and the device,
 // never the arithmetic: on 2 ranks its losses and parameters equal stage 0's bit for bit, with 1, 2 and 4
 // slices, with and without checkpoint_activation, with the micro batch in 2 chunks (against stage 0 with

@@ -5,23 +5,13 @@
 
 #include <cmath>
 
+#include "analytic_gpt.h"
 #include "zeroplan/profiles/errors.h"
 
 namespace zeroplan {
 namespace {
 
-AnalyticGptOptions gpt3_175b() {
-  AnalyticGptOptions o;
-  o.layers = 96;
-  o.hidden = 12288;
-  o.heads = 96;
-  o.seq = 2048;
-  o.vocab = 50257;
-  o.batch = 1;
-  o.dtype = "fp16";
-  o.name = "gpt3-175b";
-  return o;
-}
+using fixtures::gpt3_175b;
 
 TEST(AnalyticGpt, Gpt3ParametersWithinHalfPercent) {
   ModelProfile p = analytic_gpt(gpt3_175b());

@@ -13,6 +13,7 @@
 
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/timer.h"
 #include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
@@ -91,6 +92,46 @@ TEST(Profiler, UnitThatSavesNothingOfItsInputStillHoldsIt) {
   UnitMeasurement m = profile_unit(unit, torch::randn({64, 64}), quick());
   EXPECT_EQ(m.bytes_saved, 64 * 64 * 4);
   EXPECT_EQ(m.bytes_output, 64 * 64 * 4);
+}
+
+TEST(Profiler, SavedTensorsAreWhatTheUnitAloneKeeps) {
+  // Linear -> tanh -> Linear: autograd saves x (the input: kept anyway), tanh's output h (saved by
+  // tanh's backward and by the second Linear: one storage) and the weights (parameters). The unit alone
+  // keeps h: one tensor of batch x hidden x 4 bytes.
+  struct TwoLayer : zoo::UnitModule {
+    TwoLayer() : a(register_module("a", torch::nn::Linear(32, 48))), b(register_module("b", torch::nn::Linear(48, 16))) {}
+    torch::Tensor forward(const torch::Tensor& x) override { return b->forward(torch::tanh(a->forward(x))); }
+    torch::nn::Linear a, b;
+  } unit;
+  UnitMeasurement m = profile_unit(unit, torch::randn({8, 32}), quick());
+  EXPECT_EQ(m.saved_tensors, (std::vector<std::int64_t>{8 * 48 * 4}));
+  // What the unit keeps is its input plus these.
+  EXPECT_NEAR(m.bytes_saved, 8 * 32 * 4 + 8 * 48 * 4, 64);
+}
+
+TEST(SavedTensorHooks, EveryTensorAutogradSavesPassesThroughThemAndGradientsAreUnchanged) {
+  torch::manual_seed(3);
+  torch::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  torch::Tensor x = torch::randn({4, 16});
+  auto loss_of = [&] { return torch::relu(torch::mm(x, w)).pow(2).sum(); };
+  torch::Tensor plain = torch::autograd::grad({loss_of()}, {w})[0];
+  saved_tensors::Recorder rec;
+  torch::Tensor y;
+  {
+    saved_tensors::Scope scope(rec);
+    y = loss_of();
+  }
+  // mm saves x and w; relu its output; pow its input (relu's output again).
+  EXPECT_GE(rec.saved().size(), 3u);
+  const auto own = saved_tensors::distinct_storages(rec.saved(), {x, w}, torch::kCPU);
+  ASSERT_EQ(own.size(), 1u);  // relu's output, saved twice, one storage
+  EXPECT_EQ(rec.saved()[own[0]].bytes, 4 * 16 * 4);
+  torch::Tensor hooked = torch::autograd::grad({y}, {w})[0];
+  EXPECT_TRUE(torch::equal(plain, hooked));
+  // Outside the scope nothing is recorded.
+  const std::size_t n = rec.saved().size();
+  (void)loss_of();
+  EXPECT_EQ(rec.saved().size(), n);
 }
 
 TEST(Profiler, SameUnitTwiceGivesIdenticalMemoryFigures) {

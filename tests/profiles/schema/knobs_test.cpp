@@ -35,6 +35,7 @@ const std::map<std::string, Case>& cases() {
       {"offload.grads", {{{"zero_stage", "1"}, {"offload.optimizer", "true"}}, "true", true}},
       {"offload.optimizer", {{{"zero_stage", "1"}}, "yes", true}},
       {"offload.activations_ratio", {{}, "0.25", 0.25}},
+      {"offload.activations_prefetch_bytes", {{{"offload.activations_ratio", "0.5"}}, "1048576", 1048576}},
       {"offload_model.enabled", {{}, "true", true}},
       {"offload_model.slices", {{{"offload_model.enabled", "true"}}, "2", 2}},
       {"offload_model.checkpoint_activation", {{{"offload_model.enabled", "true"}}, "on", true}},
@@ -151,7 +152,8 @@ TEST(Knobs, UnknownKnobIsOneLineWithTheCloseNames) {
     EXPECT_NE(std::string(e.what()).find("knobs: world_size, global_batch,"), std::string::npos) << e.what();
   }
   EXPECT_EQ(close_knob_names("offload"),
-            (std::vector<std::string>{"offload.params", "offload.grads", "offload.optimizer", "offload.activations_ratio"}));
+            (std::vector<std::string>{"offload.params", "offload.grads", "offload.optimizer", "offload.activations_ratio",
+                                      "offload.activations_prefetch_bytes"}));
 }
 
 // reshard_after_forward is true at stage 3 whether the stage came from JSON or from --set, unless given.
@@ -208,8 +210,7 @@ TEST(Knobs, TheBatchSplitFollowsTheHalfThatIsGiven) {
 // The executor's list of what it does not run is the registry's (exec/src/step/executor.cpp asks it):
 // each knob marked run: no is named when a plan uses it, and only those.
 TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
-  const std::set<std::string> not_run = {
-      "offload.activations_ratio"};
+  const std::set<std::string> not_run = {};  // every knob runs since activation offload did (#13)
   EXPECT_TRUE(unsupported_knobs(base(), Component::run).empty());
   for (const Knob& k : knobs()) {
     SCOPED_TRACE(k.name);
@@ -228,7 +229,8 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
             "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
-            "offload_model,checkpointing,checkpoint_offload,pipeline,micro_batch,localsgd,broadcast_fp16,fp32_reduce_scatter,adascale");
+            "offload_model,checkpointing,checkpoint_offload,offload_activations,pipeline,micro_batch,localsgd,broadcast_fp16,"
+            "fp32_reduce_scatter,adascale");
 }
 
 TEST(Knobs, TuneKnobsMoveRegistryKnobs) {

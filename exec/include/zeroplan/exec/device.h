@@ -40,6 +40,21 @@ class HostPool {
   std::int64_t peak_ = 0;
 };
 
+// The side lane: copies that overlap compute (activation offload's). On CPU a thread of its own that
+// copies contiguous bytes (a memcpy: no intra-op threads); on CUDA a stream of its own, each copy queued
+// after what the compute stream had queued. submit() keeps both tensors referenced until wait() for its
+// ticket (or a later one) returns on the caller's thread, so no memory is freed on the lane and the
+// compute lane may use dst and drop src after it.
+class SideLane {
+ public:
+  virtual ~SideLane() = default;
+  // dst <- src, both contiguous and of the same byte size. Returns the copy's ticket (1, 2, ...).
+  virtual std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) = 0;
+  virtual void wait(std::uint64_t ticket) = 0;  // the copy `ticket` and every earlier one are done
+  // Seconds the lane spent copying since it was made (the side-lane benchmark's "copies alone").
+  virtual double busy_s() const = 0;
+};
+
 // A refused device allocation (the limit was hit).
 struct DeviceRefusal {
   std::int64_t need_bytes = 0;
@@ -72,6 +87,8 @@ class Device {
   virtual void copy_d2h(const torch::Tensor& dst, const torch::Tensor& src) = 0;
   virtual void copy_h2d(const torch::Tensor& dst, const torch::Tensor& src) = 0;
   virtual void wait_copies() = 0;
+
+  virtual SideLane& side_lane() = 0;
 
   // Random state of the device's default generator (dropout), for checkpoint recompute.
   virtual torch::Tensor rng_state() = 0;

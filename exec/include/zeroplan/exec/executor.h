@@ -29,6 +29,7 @@
 #include "zeroplan/exec/loss_scaler.h"
 #include "zeroplan/exec/recorder.h"
 #include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/run_record.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::exec {
@@ -84,6 +85,8 @@ class Executor {
   LossScaler& loss_scaler();                   // precision.loss_scale's scaler (tests set its interval)
   int first_unit() const;                      // the model's index of this rank's first unit (pipelines)
   int pipeline_stage() const;                  // this rank's pipeline stage; -1 without pipeline stages
+  // Activation offload's picks per unit of this rank's last microbatch (empty without it).
+  std::vector<OffloadedActivations> offloaded_activations() const;
 
  private:
   class Impl;

@@ -80,6 +80,7 @@ struct RunResult {
   int pipeline_stage = -1;
   int first_unit = 0, stage_units = 0;
   std::vector<double> pipeline_busy_s, pipeline_span_s;
+  std::vector<OffloadedActivations> offloaded_activations;  // activation offload's picks (RunRecord's)
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // when keep_parameters; not in JSON
 };
 

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -48,9 +50,15 @@ void check_output(const std::filesystem::path& file);
 // The path written for `file`: symlinks resolved, a missing tail kept.
 std::filesystem::path output_target(const std::filesystem::path& file);
 
-// The atomic replacement write_document does for a regular file `target` (named `file` in errors).
-void write_document_file(const std::filesystem::path& file, const std::filesystem::path& target,
-                         const std::string& text);
+// The atomic replacement write_document does for a regular file `target` (named `file` in errors), and
+// checkpoints for their files: `fill(temp)` writes a temporary file beside `target`, which is synced to
+// disk and renamed over it, then the folder is synced. Throws SchemaError ("FILE: cannot write: reason");
+// what `fill` throws passes through, the temporary file removed.
+void write_file_atomically(const std::filesystem::path& file, const std::filesystem::path& target,
+                           const std::function<void(const std::filesystem::path& temp)>& fill);
+// The same with `bytes` as the file's contents.
+void write_file_atomically(const std::filesystem::path& file, const std::filesystem::path& target,
+                           std::string_view bytes);
 
 // The "schema" string of a JSON document, or "" if it has none (to dispatch on an unknown file).
 std::string schema_of(const nlohmann::json& j);

@@ -85,6 +85,10 @@ struct UnitProfile {
   std::vector<BorrowedParams> borrowed;  // optional, default none
   std::map<std::string, DtypeTimes> times_at_dtype;  // "bf16" -> times at bf16; optional, default none
   std::vector<UnitOp> ops;               // optional, default none: the unit's kernels (see UnitOp)
+  // Bytes of each tensor autograd saves in the forward that the unit alone keeps (not its input, output,
+  // parameters or buffers), one per storage, in the order saved, at the reference batch: what activation
+  // offload chooses from (activation_offload.h). Optional: empty when not recorded (analytic, older).
+  std::vector<std::int64_t> saved_tensors;
 
   bool operator==(const UnitProfile&) const = default;
 };

@@ -49,4 +49,11 @@ std::vector<int> balanced_blocks(const std::vector<double>& weights, int parts);
 // REQUIRES: slices >= 1, unit_params non-empty, every count >= 0.
 std::vector<int> offload_model_slice_starts(const std::vector<std::int64_t>& unit_params, int slices);
 
+// Each OffloadModel slice's units on the device: its own units in order, then the earlier units whose
+// weights they borrow (tied weights: fairscale moves a shared parameter with whichever shard holds it),
+// in the order first borrowed. `starts` as offload_model_slice_starts returns it; borrow_owners[u]: the
+// units unit u borrows from. The simulator and the executor load a slice with this one function.
+std::vector<std::vector<int>> offload_model_slice_members(const std::vector<int>& starts,
+                                                          const std::vector<std::vector<int>>& borrow_owners);
+
 }  // namespace zeroplan

@@ -18,6 +18,9 @@ struct Offload {
   bool grads = false;             // gradients copied to the host for the host optimizer
   bool optimizer = false;         // optimizer state on the host; the step runs there
   double activations_ratio = 0;   // share of saved activations sent to the host on a side stream, [0, 1]
+  // Bytes of offloaded activations copied back ahead of the unit that needs them (activation_offload.h);
+  // -1: as many as the most one unit sends (one unit ahead), 0: none (each unit's when its backward starts).
+  std::int64_t activations_prefetch_bytes = -1;
 
   bool operator==(const Offload&) const = default;
 };

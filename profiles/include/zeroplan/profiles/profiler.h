@@ -90,6 +90,7 @@ struct UnitMeasurement {
   double bytes_peak_fwd = 0;
   double bytes_peak_bwd = 0;
   double bytes_peak_fwd_without_loss = 0;  // measured with a loss (the last unit): the peak before it ran
+  std::vector<std::int64_t> saved_tensors;  // UnitProfile::saved_tensors, at this batch
   double time_fwd_s = 0, time_fwd_spread_s = 0;
   double time_bwd_s = 0, time_bwd_spread_s = 0;
   double flops_fwd = 0, flops_bwd = 0;

@@ -64,6 +64,18 @@ struct RunStage {
   bool operator==(const RunStage&) const = default;
 };
 
+// Activation offload (offload.activations_ratio > 0), one entry per unit of one microbatch (every
+// microbatch alike): the saved tensors the unit alone keeps and those the executor sent to the host
+// (activation_offload.h's policy). Optional; `zeroplan run` fills it.
+struct OffloadedActivations {
+  int unit = 0;                  // the model's index
+  std::string name;
+  int tensors = 0, offloaded = 0;
+  std::int64_t bytes = 0, offloaded_bytes = 0;
+
+  bool operator==(const OffloadedActivations&) const = default;
+};
+
 struct RunRecord {
   std::string model;                 // ModelProfile::name / zoo name
   Plan plan;
@@ -87,6 +99,7 @@ struct RunRecord {
   // measured steps; the simulator's Prediction::bubble_fraction). Optional: empty / 0 otherwise.
   std::vector<RunStage> stages;
   double bubble_fraction = 0;
+  std::vector<OffloadedActivations> offloaded_activations;
 
   // step_times_s after warm-up.
   std::vector<double> measured_step_times_s() const;

@@ -21,6 +21,7 @@
 #include "zeroplan/profiles/counting_allocator.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
 
@@ -380,7 +381,21 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   dev.synchronize();
   const std::int64_t live0 = dev.memory.begin_phase();
   const double fwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
-  torch::Tensor y = unit.forward(x_copy);
+  // The tensors autograd saves, recorded (their storages, not held) as the forward runs; those the unit
+  // alone keeps are what activation offload chooses from.
+  saved_tensors::Recorder saved;
+  torch::Tensor y;
+  {
+    saved_tensors::Scope record(saved);
+    y = unit.forward(x_copy);
+  }
+  {
+    std::vector<torch::Tensor> kept{x_copy, y};
+    for (const auto& p : grad_params) kept.push_back(p);
+    for (const auto& p : unit.parameters()) kept.push_back(p);
+    for (const auto& b : unit.buffers()) kept.push_back(b);
+    for (std::size_t i : saved_tensors::distinct_storages(saved.saved(), kept, x_copy.device().type())) m.saved_tensors.push_back(saved.saved()[i].bytes);
+  }
   if (loss) {  // what a recompute of the unit (no loss) allocates
     dev.synchronize();
     m.bytes_peak_fwd_without_loss = static_cast<double>(dev.memory.peak() - live0);
@@ -754,6 +769,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     if (r.bytes_peak_fwd_without_loss > 0)
       u.bytes_peak_fwd_without_loss = figure(&UnitMeasurement::bytes_peak_fwd_without_loss);
     if (r.kernel_time_bwd_s > 0) u.kernel_time_bwd_s = figure(&UnitMeasurement::kernel_time_bwd_s);
+    u.saved_tensors = r.saved_tensors;
     for (const zoo::BorrowedParam& b : model.units[i].borrowed) {
       const auto owned = model.units[static_cast<std::size_t>(b.owner_unit)].module->named_parameters();
       const torch::Tensor* p = owned.find(b.owner_name);

@@ -26,8 +26,6 @@
 namespace zeroplan::sim {
 
 struct SimOptions {
-  // Activation offload: copy unit u's activations back while unit u+1's backward runs (else after it).
-  bool activation_prefetch = true;
   // CPU clusters (ClusterProfile::shares_cores): compute, copies, collectives and the host optimizer
   // split the cores; tasks running at once share this capacity (1: they split the cores evenly).
   double cpu_core_capacity = 1.0;
@@ -36,7 +34,6 @@ struct SimOptions {
   CollAlgo collective_algo = CollAlgo::ring;
   bool check_cycles = true;
 
-  SimOptions& set_activation_prefetch(bool v) { activation_prefetch = v; return *this; }
   SimOptions& set_cpu_core_capacity(double v) { cpu_core_capacity = v; return *this; }
   SimOptions& set_collective_algo(CollAlgo v) { collective_algo = v; return *this; }
 };

@@ -1,0 +1,90 @@
+// What every step driver does the same way around autograd (the plain step and pipeline stages in
+// executor.cpp, OffloadModel's schedule in offload_model.cpp): a unit's backward into the gradient
+// regions, the loss and its gradient, the model's input on the device, the RNG state and buffers around a
+// recompute.
+#include <utility>
+
+#include "pieces.h"
+
+namespace zeroplan::exec::pieces {
+
+torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
+                            const std::function<torch::Tensor(int)>& region, AdaScale* adascale) {
+  UnitRT& U = c.unit(u);
+  std::vector<torch::Tensor> inputs;
+  const bool input_grad = in.defined() && in.requires_grad();
+  if (input_grad) inputs.push_back(in);
+  for (const auto& s : U.flat.slots()) inputs.push_back(s.param);
+  for (const auto& b : U.borrows) inputs.push_back(b.param);
+  std::vector<torch::Tensor> grads;
+  if (!inputs.empty() && grad.defined() && out.requires_grad()) {
+    // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
+    const torch::Tensor g = grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
+    grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
+                                  /*allow_unused=*/true);
+  } else {
+    grads.assign(inputs.size(), torch::Tensor());
+  }
+  {
+    torch::NoGradGuard no_grad;
+    std::size_t i = input_grad ? 1 : 0;
+    torch::Tensor own = U.numel() > 0 ? region(u) : torch::Tensor();
+    for (const auto& s : U.flat.slots()) {
+      const torch::Tensor& g = grads[i++];
+      if (!g.defined()) continue;
+      own.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
+      if (adascale != nullptr) adascale->own(u, s.offset, g);
+    }
+    for (const auto& b : U.borrows) {
+      const torch::Tensor& g = grads[i++];
+      if (!g.defined()) continue;
+      region(b.owner).narrow(0, b.offset, b.numel).add_(g.reshape({-1}));
+      if (adascale != nullptr) adascale->borrowed(b.owner, b.offset, g);
+    }
+  }
+  torch::Tensor grad_in;
+  if (input_grad) grad_in = grads[0].defined() ? grads[0] : torch::zeros_like(in);
+  return grad_in;
+}
+
+torch::Tensor loss_grad(Ctx& c, torch::Tensor last, const torch::Tensor& target, int micro, double scale,
+                        double& loss_sum) {
+  c.at(c.units.back().name, "loss");
+  const double t0 = c.rec.now_s();
+  torch::Tensor z = last.detach().requires_grad_(true);
+  last = torch::Tensor();  // the last unit's graph keeps its output while it needs it, not the loop
+  torch::Tensor loss = c.model.task->loss(z.to(torch::kFloat32), target);
+  loss_sum += loss.item<double>();
+  torch::Tensor gz = torch::autograd::grad({loss}, {z}, {torch::full({}, scale, loss.options())})[0];
+  // The loss and its gradient are the last unit's forward, as the profiler measures that unit.
+  c.rec.span(Lane::compute, "loss", t0, c.rec.now_s(), "forward", c.unit_count() - 1, micro);
+  return gz;
+}
+
+torch::Tensor model_input(const Ctx& c, torch::Tensor t) {
+  if (t.is_floating_point() && t.scalar_type() != c.dt.compute) return t.to(c.dev.torch_device(), c.dt.compute);
+  return t.to(c.dev.torch_device());
+}
+
+Recompute::Replay::Replay(Recompute& r, Device& dev, const std::vector<std::shared_ptr<zoo::UnitModule>>& modules)
+    : dev_(dev), caller_rng_(dev.rng_state()) {
+  dev.set_rng_state(r.rng_);
+  for (const auto& m : modules) {
+    r.modules_.push_back(m);
+    for (const auto& b : m->buffers()) r.kept_.push_back(b.clone());
+  }
+}
+
+void Recompute::restore_buffers() {
+  if (!kept_.empty()) {
+    torch::NoGradGuard no_grad;
+    std::size_t i = 0;
+    for (const auto& m : modules_)
+      for (auto& b : m->buffers()) b.copy_(kept_[i++]);
+  }
+  kept_.clear();
+  modules_.clear();
+  rng_ = torch::Tensor();
+}
+
+}  // namespace zeroplan::exec::pieces

@@ -1,0 +1,74 @@
+// Saved-tensor hooks through an autograd engine subclass (see saved_tensors.h).
+#include "zeroplan/profiles/saved_tensors.h"
+
+#include <torch/csrc/autograd/engine.h>
+
+#include <mutex>
+#include <unordered_set>
+
+namespace zeroplan::saved_tensors {
+
+namespace {
+
+thread_local Handler* t_handler = nullptr;
+
+// The base engine with one change: the default saved-variable hooks are the thread's handler's. The
+// engine's threads and queues are the base class's.
+struct HookEngine final : torch::autograd::Engine {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    return t_handler != nullptr ? t_handler->hooks() : nullptr;
+  }
+};
+
+torch::autograd::Engine& hook_engine() {
+  // Never destroyed: autograd may still run while static objects are torn down at exit.
+  static HookEngine* engine = new HookEngine();
+  return *engine;
+}
+
+void install_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&hook_engine); });
+}
+
+struct KeepHook final : torch::autograd::SavedVariableHooks {
+  explicit KeepHook(std::vector<SavedRef>& out) : out_(out) {}
+  void call_pack_hook(const torch::Tensor& t) override {
+    t_ = t;
+    out_.push_back(saved_ref(t));
+  }
+  torch::Tensor call_unpack_hook() override { return t_; }
+  std::vector<SavedRef>& out_;
+  torch::Tensor t_;
+};
+
+}  // namespace
+
+Scope::Scope(Handler& handler) : previous_(t_handler) {
+  install_once();
+  t_handler = &handler;
+}
+Scope::~Scope() { t_handler = previous_; }
+
+std::unique_ptr<torch::autograd::SavedVariableHooks> Recorder::hooks() { return std::make_unique<KeepHook>(saved_); }
+
+SavedRef saved_ref(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return {};
+  return {static_cast<const void*>(t.storage().unsafeGetStorageImpl()), static_cast<std::int64_t>(t.storage().nbytes()),
+          t.device().type()};
+}
+
+std::vector<std::size_t> distinct_storages(const std::vector<SavedRef>& saved, const std::vector<torch::Tensor>& kept,
+                                           c10::DeviceType device) {
+  std::unordered_set<const void*> seen;
+  for (const auto& k : kept) seen.insert(saved_ref(k).key);
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].key == nullptr || saved[i].bytes <= 0 || saved[i].device != device) continue;
+    if (!seen.insert(saved[i].key).second) continue;
+    out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace zeroplan::saved_tensors
