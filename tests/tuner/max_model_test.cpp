@@ -40,6 +40,31 @@ TEST(MaxModel, BinarySearchFindsTheLargestThatFitsAndItsPlan) {
   EXPECT_NE(md.find("**" + o.family[static_cast<std::size_t>(r.largest)].name + "**"), std::string::npos) << md;
 }
 
+// Offloaded state on a GPU cluster is pinned in power-of-two blocks (zeroplan/profiles/host_allocator.h),
+// so a host that holds h1024's requested bytes but not its pinned blocks trains only h512: the largest
+// model is smaller than by counting requested bytes; with room for the blocks h1024 trains again.
+TEST(MaxModel, PinnedHostBlocksMakeTheLargestModelSmaller) {
+  MaxModelOptions o;
+  o.seq = 128;
+  o.vocab = 1000;
+  o.tune.set_threads(2);
+  ClusterProfile cl = a100(1);
+  TuneConstraints c;
+  c.set_global_batch(8).set_knobs({"zero_stage"});
+  c.fix("precision", "bf16").fix("zero_stage", "2").fix("offload_optimizer", "true").fix("offload_grads", "true");
+  MaxModelOptions one = o;
+  one.family = {{"h1024", 4, 1024, 8}};
+  const MaxModelResult alone = max_model(cl, c, one);
+  ASSERT_TRUE(alone.tried.at(0).fits);
+  const PoolPeak host = alone.tried[0].best->prediction.host;
+  ASSERT_GT(host.allocator_overhead_bytes, 0) << "pinned blocks round up";
+  o.family = {{"h512", 4, 512, 8}, {"h1024", 4, 1024, 8}, {"h2048", 4, 2048, 16}};
+  cl.host.mem_bytes = host.peak_bytes + host.allocator_overhead_bytes / 2;  // the bytes fit, the blocks do not
+  EXPECT_EQ(max_model(cl, c, o).largest, 0);
+  cl.host.mem_bytes = host.total_bytes();
+  EXPECT_EQ(max_model(cl, c, o).largest, 1);
+}
+
 TEST(MaxModel, FamilyIsOrderedBySize) {
   std::int64_t last = 0;
   for (const GptShape& g : gpt_family()) {
