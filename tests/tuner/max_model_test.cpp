@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fixtures.h"
+#include "zeroplan/tuner/search.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -59,10 +60,25 @@ TEST(MaxModel, PinnedHostBlocksMakeTheLargestModelSmaller) {
   const PoolPeak host = alone.tried[0].best->prediction.host;
   ASSERT_GT(host.allocator_overhead_bytes, 0) << "pinned blocks round up";
   o.family = {{"h512", 4, 512, 8}, {"h1024", 4, 1024, 8}, {"h2048", 4, 2048, 16}};
-  cl.host.mem_bytes = host.peak_bytes + host.allocator_overhead_bytes / 2;  // the bytes fit, the blocks do not
+  // The node's host memory is shared by its 8 ranks.
+  cl.host.mem_bytes = 8 * (host.peak_bytes + host.allocator_overhead_bytes / 2);  // the bytes fit, the blocks do not
   EXPECT_EQ(max_model(cl, c, o).largest, 0);
-  cl.host.mem_bytes = host.total_bytes();
+  cl.host.mem_bytes = 8 * host.total_bytes();
   EXPECT_EQ(max_model(cl, c, o).largest, 1);
+}
+
+// A node's host memory is shared by the ranks it runs: 8 ranks of a100(1) get an eighth of it each (what
+// the headroom leaves), 2 ranks on the same node half, 16 ranks on two nodes an eighth.
+TEST(MaxModel, HostMemoryIsSharedByTheRanksOfANode) {
+  ClusterProfile cl = a100(2);
+  TuneConstraints c;
+  c.set_global_batch(8);
+  c.host_headroom_bytes = 400'000'000'000LL;
+  const std::int64_t left = cl.host.mem_bytes - c.host_headroom_bytes;
+  EXPECT_EQ(memory_limits(cl, c, 8).host_bytes, left / 8);
+  EXPECT_EQ(memory_limits(cl, c, 2).host_bytes, left / 2);
+  EXPECT_EQ(memory_limits(cl, c, 16).host_bytes, left / 8);
+  EXPECT_EQ(memory_limits(cl, c, 16).device_bytes, cl.device.mem_bytes);
 }
 
 TEST(MaxModel, FamilyIsOrderedBySize) {
