@@ -57,6 +57,9 @@ struct SharedGroup {
 struct Pool {
   std::string name;
   std::int64_t capacity_bytes = 0;  // informational (0: unknown); the engine never refuses an allocation
+  // Pinned host memory from a caching allocator (zeroplan/profiles/host_allocator.h): every allocation
+  // takes a block of the next power of two, a freed block waits for a request of the same power of two.
+  bool pinned_pow2 = false;
 };
 
 struct Task {
@@ -87,7 +90,7 @@ class TaskGraph {
 
   GroupId add_group(std::string name, double capacity);
   ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone);
-  PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0);
+  PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0, bool pinned_pow2 = false);
 
   // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
   TaskId add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps = {},
