@@ -4,7 +4,10 @@
 #   1. prerequisites: compiler, CMake, Ninja, the Debian headers (or .deb files unpacked locally with
 #      --debs), a Python whose torch imports with CUDA, nvidia-smi; records the GPU, driver and torch
 #   2. configure against that torch (-DZEROPLAN_TORCH_FROM=<python>, not the pinned wheel) and build
-#   3. every CUDA test (gtest names *_CUDA, through CTest)
+#   3. every CUDA test (gtest names *_CUDA, through CTest): the profiler's CUDA events and CUPTI kernel
+#      times (tests/profiles), and the executor's CUDA paths (tests/exec/step/cuda_test.cpp): pinned host
+#      blocks from the caching host allocator, pinned copies on a side stream, the fused optimizer on
+#      CUDA against the CPU, a one-rank NCCL all-reduce, caching-allocator peaks against the simulator
 #   4. profile gpt2-small and resnet50 on the GPU
 #   5. a single-GPU fidelity grid: simulate and run each plan (stage 0/1, optimizer offload,
 #      checkpointing, activation offload ratios 0.1/0.5/1 on the side stream, OffloadModel), then
@@ -28,7 +31,7 @@ build_dir=""
 jobs=$(nproc 2>/dev/null || echo 2)
 debs=""
 steps=20
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -153,7 +156,8 @@ fi
 step configure cmake "${cmake_args[@]}"
 step build cmake --build "$build_dir" -j "$jobs"
 
-# 3. the CUDA tests (named *_CUDA, skipped where no GPU is present, so here they must run).
+# 3. the CUDA tests (named *_CUDA, skipped where no GPU is present, so here they must run; the list is in
+#    the header above).
 step cuda-tests ctest --test-dir "$build_dir" -R _CUDA --output-on-failure --no-tests=error
 
 # 4. profiles on the GPU.

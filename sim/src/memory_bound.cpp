@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "lowering/context.h"
+#include "zeroplan/profiles/host_allocator.h"
 #include "zeroplan/profiles/pipeline.h"
 
 namespace zeroplan::sim {
@@ -31,7 +32,10 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
     if (stage3) largest = std::max({largest, u.padded * b.param, u.padded * b.grad});
   }
   out.device_bytes = out.device_model_state_bytes + r.dev_buffers + largest;
-  out.host_bytes = out.host_model_state_bytes;
+  // The resident host blocks (model states and the gradient staging buffer), each rounded up to a
+  // power of two where the host memory is pinned (GPU clusters).
+  const bool pinned = cluster.device.kind == "cuda";
+  for (const std::int64_t block : r.host_blocks()) out.host_bytes += pinned ? pinned_block_bytes(block) : block;
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "zeroplan/profiles/host_allocator.h"
 #include "zeroplan/sim/errors.h"
 
 namespace zeroplan::sim::detail {
@@ -29,6 +30,8 @@ PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
   peak_time_.assign(pools, 0);
   peak_log_end_.assign(pools, 0);
   timeline_.assign(pools, {});
+  live_blocks_.assign(pools, {});
+  most_blocks_.assign(pools, {});
   for (auto& t : timeline_) t.emplace_back(0.0, 0);
   log_.reserve(2 * n_allocs);
 }
@@ -36,6 +39,14 @@ PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
 void PoolTracker::apply(AllocId a, bool allocate, double now) {
   const Alloc& al = g_.allocs()[a];
   const PoolId p = al.pool;
+  if (g_.pools()[p].pinned_pow2 && al.bytes > 0) {
+    const auto k = static_cast<std::size_t>(pinned_block_class(al.bytes));
+    if (allocate) {
+      most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
+    } else if (state_[a] == State::live) {
+      --live_blocks_[p][k];
+    }
+  }
   if (allocate) {
     state_[a] = State::live;
     current_[p] += al.bytes;
@@ -88,6 +99,11 @@ std::vector<PoolResult> PoolTracker::results() const {
     r.peak_bytes = peak_[p];
     r.peak_time_s = peak_time_[p];
     r.end_bytes = current_[p];
+    r.reserved_bytes = r.peak_bytes;
+    if (g_.pools()[p].pinned_pow2) {
+      r.reserved_bytes = 0;
+      for (std::size_t k = 0; k < most_blocks_[p].size(); ++k) r.reserved_bytes += most_blocks_[p][k] << k;
+    }
     r.timeline = timeline_[p];
     std::fill(live.begin(), live.end(), 0);
     for (std::size_t i = 0; i < peak_log_end_[p]; ++i) {

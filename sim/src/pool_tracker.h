@@ -2,6 +2,7 @@
 // timeline and peak, and reconstructs what was resident at the peak by replaying the log.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,8 @@ class PoolTracker {
   std::vector<double> peak_time_;
   std::vector<std::size_t> peak_log_end_;
   std::vector<std::uint32_t> log_;  // alloc id, high bit set for a free
+  // pinned_pow2 pools: per pool and power of two, blocks live now and the most ever live at once.
+  std::vector<std::array<std::int64_t, 64>> live_blocks_, most_blocks_;
   std::vector<std::vector<std::pair<double, std::int64_t>>> timeline_;
 };
 

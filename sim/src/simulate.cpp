@@ -48,11 +48,14 @@ double overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
   return s;
 }
 
+// Allocator overhead: the caching allocator's reserved/allocated factor on a device pool; on a pinned
+// host pool what its power-of-two blocks, live and cached, hold beyond the peak of the requested bytes.
 PoolExplain explain_pool(const PoolResult& r, std::int64_t capacity, double overhead_factor) {
   PoolExplain e;
   e.pool = r.name;
   e.peak_bytes = r.peak_bytes;
-  e.allocator_overhead_bytes = static_cast<std::int64_t>(std::llround(static_cast<double>(r.peak_bytes) * (overhead_factor - 1)));
+  e.allocator_overhead_bytes = static_cast<std::int64_t>(std::llround(static_cast<double>(r.peak_bytes) * (overhead_factor - 1))) +
+                               std::max<std::int64_t>(0, r.reserved_bytes - r.peak_bytes);
   e.capacity_bytes = capacity;
   e.at_s = r.peak_time_s;
   e.by_category = r.peak_by_category;
@@ -107,6 +110,11 @@ void pipeline_results(const std::vector<lowering::PipelineStage>& stages, const 
   Prediction& p = s.prediction;
   double first = std::numeric_limits<double>::infinity(), last = 0, busy = 0;
   std::size_t worst_device = 0, worst_host = 0;
+  // A pinned host pool's stage with the most blocks may not be the one with the most bytes requested.
+  auto host_total = [&](std::size_t i) {
+    const PoolResult& h = r.pools[stages[i].host];
+    return std::max(h.peak_bytes, h.reserved_bytes);
+  };
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const lowering::PipelineStage& st = stages[i];
     StagePrediction sp;
@@ -122,7 +130,7 @@ void pipeline_results(const std::vector<lowering::PipelineStage>& stages, const 
     }
     busy += sp.compute_busy_s;
     if (i == 0 || sp.device.total_bytes() > p.stages[worst_device].device.total_bytes()) worst_device = i;
-    if (i == 0 || sp.host_peak_bytes > p.stages[worst_host].host_peak_bytes) worst_host = i;
+    if (i == 0 || host_total(i) > host_total(worst_host)) worst_host = i;
     p.stages.push_back(std::move(sp));
   }
   const double span = last - first;

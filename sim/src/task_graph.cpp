@@ -64,8 +64,8 @@ ResourceId TaskGraph::add_resource(std::string name, ResourceKind kind, GroupId 
   return static_cast<ResourceId>(resources_.size() - 1);
 }
 
-PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes) {
-  pools_.push_back({std::move(name), capacity_bytes});
+PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes, bool pinned_pow2) {
+  pools_.push_back({std::move(name), capacity_bytes, pinned_pow2});
   return static_cast<PoolId>(pools_.size() - 1);
 }
 

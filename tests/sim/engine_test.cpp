@@ -132,6 +132,32 @@ TEST_F(TwoStreams, FreesBeforeAllocationsAtOneInstant) {
   EXPECT_EQ(run(g).pools[dev].peak_bytes, 10);
 }
 
+// A pinned host pool (PyTorch's CachingHostAllocator) takes each allocation as a block of the next power
+// of two and keeps freed blocks for the same power of two: 3000 B then, after it is freed, 4000 B share
+// one 4096 B block; 5000 B needs an 8192 B block; two 3000 B live at once need two 4096 B blocks.
+// reserved = 2 x 4096 + 8192 = 16384, while the requested peak is 6000 B.
+TEST_F(TwoStreams, PinnedPoolRoundsToPowersOfTwoAndCachesFreedBlocks) {
+  const PoolId host = g.add_pool("host", 0, true);
+  const PoolId plain = g.add_pool("plain");
+  const NameId m = g.intern("m");
+  const TaskId a = g.add_task(compute, 1.0, L());
+  const TaskId b = g.add_task(compute, 1.0, L(), {a});
+  const TaskId c = g.add_task(compute, 1.0, L(), {b});
+  const TaskId d = g.add_task(compute, 1.0, L(), {c});
+  for (const PoolId p : {host, plain}) {
+    g.alloc(a, p, 3000, MemCategory::buffers, {m});
+    g.alloc(b, p, 4000, MemCategory::buffers, {m});
+    g.alloc(c, p, 5000, MemCategory::buffers, {m});
+    g.alloc(d, p, 3000, MemCategory::buffers, {m});
+    g.alloc(d, p, 3000, MemCategory::buffers, {m});
+  }
+  const SimResult r = run(g);
+  EXPECT_EQ(r.pools[host].peak_bytes, 6000);
+  EXPECT_EQ(r.pools[host].reserved_bytes, 2 * 4096 + 8192);
+  EXPECT_EQ(r.pools[plain].peak_bytes, 6000);
+  EXPECT_EQ(r.pools[plain].reserved_bytes, 6000);
+}
+
 TEST_F(TwoStreams, FreeBeforeAllocationIsAnError) {
   const TaskId a = g.add_task(compute, 1.0, L());
   const TaskId b = g.add_task(compute, 1.0, L());

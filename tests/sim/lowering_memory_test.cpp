@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fixtures.h"
+#include "zeroplan/sim/memory_bound.h"
 #include "zeroplan/sim/simulate.h"
 
 namespace zeroplan::sim {
@@ -130,6 +131,49 @@ TEST(ModelStates, OffloadedOptimizerStepsAHostCopyOfTheParameterShard) {
   for (const auto& r : q.host.resident)
     if (r.name == "optimizer states") optimizer += r.bytes;
   EXPECT_EQ(optimizer, shard);  // the momentum only
+}
+
+// Host memory of an offloaded mixed-precision plan (stage 2, Adam, fp16 params with an fp32 master,
+// optimizer and gradients on the host) for the heavy unit's 500,000-element shard, in bytes per
+// element: fp16 gradient shard 2, fp32 master 4, two fp32 Adam states 4 + 4, the fp16 reduce-scatter
+// staging buffer 2 and, while the host optimizer steps, fp32 gradients 4: 20 x 500,000 = 10 MB requested
+// on any cluster. A GPU cluster pins them through PyTorch's caching host allocator, one power-of-two
+// block each, the step's fp32 gradients kept cached: two 2^20 blocks (gradients, staging) and four 2^21
+// (master, states, fp32 gradients) = 10,485,760 B, the rest of it reported as allocator overhead.
+TEST(ModelStates, OffloadedHostBlocksArePinnedPowersOfTwoOnAGpu) {
+  const ModelProfile m = two_units(128);
+  Plan p = testing::mixed_plan(2, 2);
+  p.buckets.reduce_buffer_elems = 1;
+  p.offload.optimizer = true;
+  p.offload.grads = true;
+  const std::int64_t shard = kParams / 2;
+  const Prediction on_cpu = simulate(m, cpu(2), p);
+  EXPECT_EQ(on_cpu.host.peak_bytes, 20 * shard);
+  EXPECT_EQ(on_cpu.host.allocator_overhead_bytes, 0);
+  const Prediction on_gpu = simulate(m, testing::a100(1), p);
+  EXPECT_EQ(on_gpu.host.peak_bytes, 20 * shard);
+  EXPECT_EQ(on_gpu.host.total_bytes(), 2 * (1 << 20) + 4 * (1 << 21));
+  // The lower bound the tuner prunes with rounds the resident blocks too (the step's fp32 gradients
+  // are not resident): 2 x 2^20 + 3 x 2^21.
+  EXPECT_EQ(memory_lower_bound(m, testing::a100(1), p).host_bytes, 2 * (1 << 20) + 3 * (1 << 21));
+  EXPECT_EQ(memory_lower_bound(m, cpu(2), p).host_bytes, 16 * shard);
+}
+
+// An offloaded optimizer without offloaded gradients steps a host copy of this rank's final gradients,
+// one block the executor allocates at set-up, at stages 1-3 alike (fp32, SGD with momentum: gradient
+// copy, parameter copy, momentum: three shards).
+TEST(ModelStates, HostGradientCopyIsOneBlockAtEveryStage) {
+  const ModelProfile m = two_units(128);
+  for (const int stage : {1, 2, 3}) {
+    Plan p = plan(stage);
+    p.optimizer.name = "sgd";
+    p.optimizer.momentum = 0.9;
+    p.offload.optimizer = true;
+    const Prediction q = simulate(m, testing::a100(1), p);
+    const std::int64_t shard = 4 * kParams / 2;
+    EXPECT_EQ(q.host.peak_bytes, 3 * shard) << "stage " << stage;
+    EXPECT_EQ(q.host.total_bytes(), 3 * (1 << 21)) << "stage " << stage;
+  }
 }
 
 }  // namespace

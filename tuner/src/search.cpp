@@ -170,12 +170,14 @@ std::string_view to_string(Status s) {
   return "?";
 }
 
-MemoryLimits memory_limits(const ClusterProfile& cluster, const TuneConstraints& c) {
+MemoryLimits memory_limits(const ClusterProfile& cluster, const TuneConstraints& c, int world_size) {
   MemoryLimits l;
   l.device_bytes = static_cast<std::int64_t>(static_cast<double>(cluster.device.mem_bytes) * (1.0 - c.device_headroom_fraction)) -
                    c.device_headroom_bytes;
-  l.host_bytes = static_cast<std::int64_t>(static_cast<double>(cluster.host.mem_bytes) * (1.0 - c.host_headroom_fraction)) -
-                 c.host_headroom_bytes;
+  const std::int64_t ranks_per_node = std::max(1, std::min(cluster.devices_per_node, world_size));
+  l.host_bytes = (static_cast<std::int64_t>(static_cast<double>(cluster.host.mem_bytes) * (1.0 - c.host_headroom_fraction)) -
+                  c.host_headroom_bytes) /
+                 ranks_per_node;
   return l;
 }
 

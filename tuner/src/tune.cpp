@@ -187,8 +187,8 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
   r.model = model;
   r.cluster = constrained_cluster(cluster_in, constraints);
   r.constraints = constraints;
-  r.limits = memory_limits(r.cluster, constraints);
   Space space = enumerate_space(model, r.cluster, constraints);
+  r.limits = memory_limits(r.cluster, constraints, space.world_size);
   r.world_size = space.world_size;
   r.nodes_used = space.nodes_used;
   r.notes = space.notes;

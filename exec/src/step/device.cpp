@@ -14,8 +14,10 @@
 #include "zeroplan/config.h"
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/profiles/counting_allocator.h"
+#include "zeroplan/profiles/host_allocator.h"
 
 #if ZEROPLAN_HAVE_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -30,23 +32,53 @@ namespace zeroplan::exec {
 // ---- HostPool ----
 
 HostPool::HostPool(AllocFn alloc, FreeFn free) : alloc_(alloc), free_(free) {}
+HostPool::HostPool(c10::Allocator* pow2_caching) : caching_(pow2_caching) {}
+
+void HostPool::on_alloc(std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ += bytes;
+  peak_ = std::max(peak_, live_);
+  if (caching_ == nullptr) {
+    reserved_ = std::max(reserved_, live_);
+    return;
+  }
+  const auto k = static_cast<std::size_t>(pinned_block_class(std::max<std::int64_t>(bytes, 1)));
+  if (++live_blocks_[k] > most_blocks_[k]) {
+    most_blocks_[k] += 1;
+    reserved_ += std::int64_t{1} << k;
+  }
+}
+
+void HostPool::on_free(std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ -= bytes;
+  if (caching_ != nullptr) live_blocks_[static_cast<std::size_t>(pinned_block_class(std::max<std::int64_t>(bytes, 1)))] -= 1;
+}
 
 torch::Tensor HostPool::empty(std::int64_t numel, torch::ScalarType dtype) {
   const std::int64_t bytes = numel * static_cast<std::int64_t>(c10::elementSize(dtype));
+  const auto options = torch::TensorOptions().dtype(dtype);
+  if (caching_ != nullptr) {
+    // The block is handed back to the cache when the tensor dies. Every copy into or out of it was
+    // waited for by then (Device::wait_copies), so no event needs recording.
+    auto block = std::make_shared<c10::DataPtr>(caching_->allocate(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1))));
+    if (block->get() == nullptr) throw ExecError("host pool: cannot pin " + std::to_string(bytes) + " bytes");
+    on_alloc(bytes);
+    auto deleter = [this, block, bytes](void*) {
+      block->clear();
+      on_free(bytes);
+    };
+    return torch::from_blob(block->get(), {numel}, deleter, options);
+  }
   void* ptr = alloc_(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 64)));
   if (ptr == nullptr) throw ExecError("host pool: cannot allocate " + std::to_string(bytes) + " bytes");
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_ += bytes;
-    peak_ = std::max(peak_, live_);
-  }
+  on_alloc(bytes);
   FreeFn free_fn = free_;
   auto deleter = [this, free_fn, bytes](void* p) {
     free_fn(p);
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_ -= bytes;
+    on_free(bytes);
   };
-  return torch::from_blob(ptr, {numel}, deleter, torch::TensorOptions().dtype(dtype));
+  return torch::from_blob(ptr, {numel}, deleter, options);
 }
 
 torch::Tensor HostPool::zeros(std::int64_t numel, torch::ScalarType dtype) {
@@ -62,6 +94,10 @@ std::int64_t HostPool::live_bytes() const {
 std::int64_t HostPool::peak_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return peak_;
+}
+std::int64_t HostPool::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reserved_;
 }
 void HostPool::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -190,12 +226,6 @@ class CpuDevice final : public Device {
 };
 
 #if ZEROPLAN_HAVE_CUDA
-void* pinned_alloc(std::size_t bytes) {
-  void* p = nullptr;
-  return cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess ? p : nullptr;
-}
-void pinned_free(void* p) { cudaFreeHost(p); }
-
 // The CUDA side lane: a stream from the pool; each copy waits for an event recorded on the compute
 // stream at submit, and records its own; wait() makes the compute stream wait for it, and jobs are
 // dropped once their event has completed (their memory is then free to reuse on any stream).
@@ -255,11 +285,13 @@ class CudaSideLane final : public SideLane {
   double busy_s_ = 0;
 };
 
-// CUDA: the caching allocator's statistics; the limit is a memory fraction; the host pool is pinned.
+// CUDA: the caching allocator's statistics; the limit is a memory fraction; the host pool is pinned
+// memory from PyTorch's caching host allocator, as DeepSpeed's and FSDP's offload buffers are
+// (zeroplan/profiles/host_allocator.h).
 // Copies are queued on the current stream with non_blocking (ordered with compute).
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(c10::DeviceIndex index) : index_(index), host_(pinned_alloc, pinned_free) {
+  explicit CudaDevice(c10::DeviceIndex index) : index_(index), host_(at::getHostAllocator(at::kCUDA)) {
     c10::cuda::set_device(index_);
   }
   std::string name() const override { return "cuda:" + std::to_string(index_); }

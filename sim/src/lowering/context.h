@@ -70,6 +70,13 @@ struct Residency {
   std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
   std::int64_t host_buffers = 0;  // offloaded stage 2-3 gradients: the staging buffer of one unit's shard
+  // host_optimizer as the executor allocates it: the master (or the host copy of the parameter shard),
+  // then host_state_blocks blocks of host_state_block bytes, one per optimizer state.
+  std::int64_t host_state_block = 0;
+  int host_state_blocks = 0;
+  std::int64_t host_master() const { return host_optimizer - host_state_block * host_state_blocks; }
+  // The host's resident blocks, one per allocation (what a pinned caching allocator rounds one by one).
+  std::vector<std::int64_t> host_blocks() const;
 };
 // Sums over units of the shard sizes; `units` already expanded.
 Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units);

@@ -46,8 +46,7 @@ TaskId to_host(Ctx& c, std::int64_t elems, int u, int mb, TaskId after) {
   const std::int64_t bytes = elems * c.b.grad;
   const TaskId t = c.g.add_task(c.d2h, copy_time(c.cluster, CopyDir::d2h, static_cast<double>(bytes)),
                                 c.label(c.n_d2h, u, mb), {after}, c.n_cat_copy);
-  // Without offloaded grads the host copy is a staging buffer the host optimizer consumes.
-  if (!c.plan.offload.grads) c.g.alloc(t, c.host, bytes, MemCategory::grads, c.label(c.n_grads, u, mb), kNone);
+  // It lands in the host gradient block that model_state_residency places for the whole step.
   return t;
 }
 

@@ -21,10 +21,16 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   const std::int64_t shard12 = (p + n - 1) / n;
   const std::int64_t opt_bytes = b.master + b.states;
   Residency r;
+  const int states = plan.optimizer.states_per_param();
+  auto split_states = [&](std::int64_t elems) {
+    r.host_state_blocks = b.states > 0 ? states : 0;
+    r.host_state_block = b.states > 0 ? elems * (b.states / states) : 0;
+  };
   if (plan.offload_model.enabled) {  // everything lives on the host; slices visit the device
     r.host_params = p * b.param;
     r.host_grads = p * b.grad;
     r.host_optimizer = p * opt_bytes;
+    split_states(p);
     return r;
   }
   const int stage = plan.zero_stage;
@@ -36,11 +42,17 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   // or a 16-bit plan's fp32 master is that copy.
   const bool host_param_copy = plan.offload.optimizer && b.master == 0 && !(stage == 3 && plan.offload.params);
   (plan.offload.optimizer ? r.host_optimizer : r.dev_optimizer) = opt_elems * (opt_bytes + (host_param_copy ? b.param : 0));
+  if (plan.offload.optimizer) split_states(opt_elems);
   if (plan.offload.grads && stage >= 2) {
     r.host_grads = grad_elems * b.grad;
   } else {
     r.dev_grads = grad_elems * b.grad;
-    if (plan.offload.grads) r.host_grads = shard12 * b.grad;  // stage 1: device keeps full grads for the all-reduce
+    // Stage 1 with offloaded grads (the device keeps full grads for the all-reduce), and an offloaded
+    // optimizer at stages 1-3 without them: the host optimizer steps a host copy of this rank's final
+    // gradients, one block allocated at set-up (ZeRO-Offload's fp32 gradient partition, stage_1_and_2.py
+    // initialize_optimizer_states; here in the gradient dtype).
+    if (plan.offload.grads) r.host_grads = shard12 * b.grad;
+    else if (plan.offload.optimizer && stage >= 1) r.host_grads = opt_elems * b.grad;
   }
   (plan.offload.params && stage == 3 ? r.host_params : r.dev_params) = param_elems * b.param;
   // Offloaded stage 2-3 gradients: each reduce-scattered share (a unit's at stage 3, a reduce_buffer_elems
@@ -58,6 +70,13 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
   return r;
 }
 
+std::vector<std::int64_t> Residency::host_blocks() const {
+  std::vector<std::int64_t> v = {host_params, host_grads, host_master(), host_buffers};
+  v.insert(v.end(), static_cast<std::size_t>(host_state_blocks), host_state_block);
+  std::erase_if(v, [](std::int64_t x) { return x <= 0; });
+  return v;
+}
+
 void place_model_states(Ctx& c) {
   const Residency r = model_state_residency(c.plan, c.cluster, c.units);
   auto put = [&](PoolId pool, std::int64_t bytes, MemCategory cat, NameId name) {
@@ -70,7 +89,8 @@ void place_model_states(Ctx& c) {
   put(c.dev, r.dev_buffers, MemCategory::buffers, c.n_reduce_buffers);
   put(c.host, r.host_params, MemCategory::params, c.n_params);
   put(c.host, r.host_grads, MemCategory::grads, c.n_grads);
-  put(c.host, r.host_optimizer, MemCategory::optimizer, c.n_states);
+  put(c.host, r.host_master(), MemCategory::optimizer, c.n_states);
+  for (int i = 0; i < r.host_state_blocks; ++i) put(c.host, r.host_state_block, MemCategory::optimizer, c.n_states);
   put(c.host, r.host_buffers, MemCategory::buffers, c.n_reduce_buffers);
 }
 

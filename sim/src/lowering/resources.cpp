@@ -34,7 +34,10 @@ void build_resources(Ctx& c) {
                                      : c.comm;
   c.host_opt = c.g.add_resource(c.prefix + "host_optimizer", ResourceKind::host_optimizer, cores);
   c.dev = c.g.add_pool(c.prefix + "device", cl.device.mem_bytes);
-  c.host = c.g.add_pool(c.prefix + "host", cl.host.mem_bytes);
+  // A GPU's host pool is pinned through PyTorch's caching host allocator (power-of-two blocks, cached),
+  // as the executor's CudaDevice, DeepSpeed's and FSDP's offload buffers have it; a CPU device's is
+  // plain memory of the requested size.
+  c.host = c.g.add_pool(c.prefix + "host", cl.host.mem_bytes, cl.device.kind == "cuda");
 }
 
 }  // namespace zeroplan::sim::lowering

@@ -97,6 +97,33 @@ TEST(ZooGpt, LossGoesDown) {
   EXPECT_LT(testing::mean_of_last(losses, 5), 0.8 * losses.front()) << "first " << losses.front();
 }
 
+// units=sub-block cuts each block into its attention and its MLP half (FSDP's wrap of the two), with
+// the same parameters from the same seed and the same forward; the halves own 4h^2 + 6h and 8h^2 + 7h
+// parameters (the analytic gpt's split) and the registry refuses another value.
+TEST(ZooGpt, SubBlocksSplitEachBlockIntoAttentionAndMlp) {
+  Model blocks = build_model("gpt", "gpt2-tiny", {}, 5);
+  Model halves = build_model("gpt", "gpt2-tiny", {{"units", "sub-block"}}, 5);
+  std::vector<std::string> names, types;
+  for (const Unit& unit : halves.units) {
+    names.push_back(unit.name);
+    types.push_back(unit.type);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"embed", "block0.attn", "block0.mlp", "block1.attn", "block1.mlp", "head"}));
+  EXPECT_EQ(types, (std::vector<std::string>{"Embedding", "Attention", "MLP", "Attention", "MLP", "Head"}));
+  const int64_t h = 64;
+  EXPECT_EQ(testing::unit_parameter_count(halves.units[1]), 4 * h * h + 6 * h);
+  EXPECT_EQ(testing::unit_parameter_count(halves.units[2]), 8 * h * h + 7 * h);
+  EXPECT_EQ(halves.parameter_count(), blocks.parameter_count());
+  const std::vector<torch::Tensor> a = testing::all_parameters(blocks), b = testing::all_parameters(halves);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor tokens = blocks.task->batch(0, 0, 2).input;
+  EXPECT_TRUE(torch::equal(testing::run_units(blocks, tokens), testing::run_units(halves, tokens)));
+  EXPECT_NE(testing::error_of([] { (void)build_model("gpt", "gpt2-tiny", {{"units", "layer"}}, 0); }).find("units"),
+            std::string::npos);
+}
+
 TEST(ZooGpt, Gpt2SmallInstantiatedHas124439808Parameters) {
   Model model = build_model("gpt", "gpt2-small", {}, 0);
   EXPECT_EQ(model.units.size(), 14u);

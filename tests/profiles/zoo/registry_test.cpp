@@ -35,7 +35,7 @@ TEST(ZooRegistry, ListsModelsWithDescriptionsOptionsAndPresets) {
 TEST(ZooRegistry, ErrorsNameWhatIsWrongAndWhatExists) {
   EXPECT_EQ(error_of([] { model_info("gtp"); }), "unknown model \"gtp\" (models: gpt, mlp, resnet)");
   EXPECT_EQ(error_of([] { build_model("gpt", "", {{"layer", "2"}}, 0); }),
-            "model gpt: unknown option \"layer\" (options: layers, hidden, heads, seq, positions, vocab, tied, dropout)");
+            "model gpt: unknown option \"layer\" (options: layers, hidden, heads, seq, positions, vocab, tied, dropout, units)");
   EXPECT_EQ(error_of([] { build_model("gpt", "gpt2-huge", {}, 0); }),
             "model gpt: unknown preset \"gpt2-huge\" (presets: gpt2-large, gpt2-medium, gpt2-small, gpt2-tiny, gpt2-xl)");
   EXPECT_EQ(error_of([] { build_model("mlp", "", {{"depth", "two"}}, 0); }),

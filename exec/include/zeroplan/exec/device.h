@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -16,10 +17,14 @@ namespace zeroplan::exec {
 // The host pool: tensors whose memory the device pool never sees (pinned on CUDA). Thread-safe.
 class HostPool {
  public:
-  // alloc/free are the raw memory (malloc or cudaHostAlloc); the pool counts live and peak bytes.
+  // Raw memory (aligned malloc on CPU) of exactly the requested bytes; reserved == live.
   using AllocFn = void* (*)(std::size_t bytes);
   using FreeFn = void (*)(void* ptr);
   HostPool(AllocFn alloc, FreeFn free);
+  // Blocks from a caching allocator that rounds every request up to a power of two and keeps a freed
+  // block for the next request of the same power of two (PyTorch's CachingHostAllocator, which
+  // DeepSpeed's and FSDP's pin_memory() go through): reserved_bytes() follows that rule.
+  explicit HostPool(c10::Allocator* pow2_caching);
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
@@ -28,16 +33,27 @@ class HostPool {
   torch::Tensor zeros(std::int64_t numel, torch::ScalarType dtype = torch::kFloat32);
   torch::Tensor empty(std::int64_t numel, torch::ScalarType dtype = torch::kFloat32);
 
+  // Requested bytes of the live tensors, and their peak.
   std::int64_t live_bytes() const;
   std::int64_t peak_bytes() const;
   void reset_peak();  // peak := live
+  // What the memory behind the pool holds: live bytes for raw memory; with a caching allocator, per
+  // power of two the most blocks ever live at once times its size (blocks are never given back).
+  std::int64_t reserved_bytes() const;
 
  private:
-  AllocFn alloc_;
-  FreeFn free_;
+  void on_alloc(std::int64_t bytes);
+  void on_free(std::int64_t bytes);
+
+  AllocFn alloc_ = nullptr;
+  FreeFn free_ = nullptr;
+  c10::Allocator* caching_ = nullptr;
   mutable std::mutex mutex_;
   std::int64_t live_ = 0;
   std::int64_t peak_ = 0;
+  std::int64_t reserved_ = 0;
+  std::array<std::int64_t, 64> live_blocks_{};  // caching: live blocks per power of two
+  std::array<std::int64_t, 64> most_blocks_{};  // caching: the most ever live at once
 };
 
 // The side lane: copies that overlap compute (activation offload's). On CPU a thread of its own that

@@ -1,5 +1,8 @@
 // gpt: GPT-2-style pre-LayerNorm decoder. Units: embed (wte + wpe), block0..block{L-1}, head (ln_f and
 // the LM head, which by default borrows embed's wte.weight). Parameter names follow nanoGPT/HF GPT-2.
+// With units=sub-block each block is two units, block<l>.attn (x + attn(ln_1(x))) then block<l>.mlp
+// (x + mlp(ln_2(x))), as FSDP auto-wrap policies that wrap attention and MLP apart cut it (the analytic
+// gpt's --opt units=sub-block); same parameters, same arithmetic.
 // Task: next-token prediction on a fixed random Markov chain (learnable: low conditional entropy).
 #include "zoo_impl.h"
 
@@ -107,6 +110,27 @@ class BlockUnit : public UnitModule {
   GptMlp mlp;
 };
 
+// Sub-block units: the two halves of BlockUnit, with its parameter names.
+class AttentionUnit : public UnitModule {
+ public:
+  explicit AttentionUnit(const GptConfig& c)
+      : ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})))),
+        attn(register_module("attn", CausalSelfAttention(c))) {}
+  torch::Tensor forward(const torch::Tensor& input) override { return input + attn(ln_1(input)); }
+  torch::nn::LayerNorm ln_1;
+  CausalSelfAttention attn;
+};
+
+class MlpUnit : public UnitModule {
+ public:
+  explicit MlpUnit(const GptConfig& c)
+      : ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})))),
+        mlp(register_module("mlp", GptMlp(c))) {}
+  torch::Tensor forward(const torch::Tensor& input) override { return input + mlp(ln_2(input)); }
+  torch::nn::LayerNorm ln_2;
+  GptMlp mlp;
+};
+
 // ln_f, then logits = x W^T with W either embed's wte.weight (tied: read from the owner module at every
 // forward, never registered here) or this unit's own lm_head.weight.
 class GptHeadUnit : public UnitModule {
@@ -202,7 +226,8 @@ ModelInfo gpt_info() {
            {"positions", "0", "rows of the position table wpe (0: seq); must be >= seq"},
            {"vocab", "256", "vocabulary size"},
            {"tied", "true", "LM head reuses the token embedding (wte.weight)"},
-           {"dropout", "0", "dropout probability (embeddings, attention, residual)"}},
+           {"dropout", "0", "dropout probability (embeddings, attention, residual)"},
+           {"units", "block", "block: one unit per transformer block; sub-block: attention and MLP apart (FSDP's wrap)"}},
           {{"gpt2-tiny", preset("2", "64", "2", "32", "256", "32")},
            {"gpt2-small", preset("12", "768", "12", "1024", "50257")},
            {"gpt2-medium", preset("24", "1024", "16", "1024", "50257")},
@@ -225,6 +250,7 @@ Model build_gpt(const Options& options, uint64_t seed) {
   c.vocab = int_option("gpt", options, "vocab", 2);
   c.tied = bool_option("gpt", options, "tied");
   c.dropout = double_option("gpt", options, "dropout", 0.0, 1.0);
+  const bool sub_blocks = choice_option("gpt", options, "units", {"block", "sub-block"}) == "sub-block";
   if (c.hidden % c.heads != 0) {
     throw SchemaError(c10::str("model gpt: hidden ", c.hidden, " is not divisible by heads ", c.heads));
   }
@@ -239,12 +265,24 @@ Model build_gpt(const Options& options, uint64_t seed) {
   embed->wpe->weight.normal_(0.0, std, gen);
   model.units.push_back({"embed", "Embedding", embed, {}});
   for (int64_t i = 0; i < c.layers; ++i) {
+    // Drawn in the same order either way, so both cuts start from the same parameters.
     auto block = std::make_shared<BlockUnit>(c);
     init_normal(block->attn->c_attn, std, gen);
     init_normal(block->attn->c_proj, proj_std, gen);
     init_normal(block->mlp->c_fc, std, gen);
     init_normal(block->mlp->c_proj, proj_std, gen);
-    model.units.push_back({c10::str("block", i), "TransformerBlock", block, {}});
+    if (!sub_blocks) {
+      model.units.push_back({c10::str("block", i), "TransformerBlock", block, {}});
+      continue;
+    }
+    auto attn = std::make_shared<AttentionUnit>(c);
+    auto mlp = std::make_shared<MlpUnit>(c);
+    attn->ln_1 = attn->replace_module("ln_1", block->ln_1);
+    attn->attn = attn->replace_module("attn", block->attn);
+    mlp->ln_2 = mlp->replace_module("ln_2", block->ln_2);
+    mlp->mlp = mlp->replace_module("mlp", block->mlp);
+    model.units.push_back({c10::str("block", i, ".attn"), "Attention", attn, {}});
+    model.units.push_back({c10::str("block", i, ".mlp"), "MLP", mlp, {}});
   }
   auto head = std::make_shared<GptHeadUnit>(c, c.tied ? embed : nullptr);
   std::vector<BorrowedParam> borrowed;

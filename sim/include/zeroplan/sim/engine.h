@@ -24,6 +24,9 @@ struct PoolResult {
   std::int64_t peak_bytes = 0;
   double peak_time_s = 0;
   std::int64_t end_bytes = 0;
+  // What the allocator holds at the end: peak_bytes, or for a pinned_pow2 pool the sum over powers of
+  // two of the most blocks of that size live at once times the size (>= peak_bytes).
+  std::int64_t reserved_bytes = 0;
   std::array<std::int64_t, kNumMemCategories> peak_by_category{};  // sums to peak_bytes
   std::vector<ResidentItem> resident_at_peak;  // sorted by category, then bytes descending, then name
   std::vector<std::pair<double, std::int64_t>> timeline;  // (time, bytes) after each change; one point per instant

@@ -13,7 +13,7 @@ namespace zeroplan::sim {
 
 struct MemoryBound {
   std::int64_t device_bytes = 0;        // <= simulated device peak_bytes (allocator overhead excluded)
-  std::int64_t host_bytes = 0;          // <= simulated host peak_bytes
+  std::int64_t host_bytes = 0;          // <= simulated host total_bytes() (pinned blocks rounded on GPUs)
   std::int64_t device_model_state_bytes = 0;  // params + grads + optimizer resident on the device
   std::int64_t host_model_state_bytes = 0;
 };

@@ -50,8 +50,9 @@ struct Resource {
 // Contention model (a progress-rate model as in SimGrid's constant-share network): the running tasks of
 // all resources in a group split `capacity` equally, each progressing at rate min(1, capacity / n) of its
 // stand-alone speed, where n is how many run in the group now, unless the resource has a contended_rate
-// (then that rate whenever n > 1). Rates change only at events, so the model is exact and deterministic. capacity 1: two concurrent copies on one PCIe link each take twice as long;
-// capacity 2: two run at full speed, a third slows all three to 2/3.
+// (then that rate whenever n > 1). Rates change only at events, so the model is exact and deterministic.
+// capacity 1: two concurrent copies on one PCIe link each take twice as long; capacity 2: two run at full
+// speed, a third slows all three to 2/3.
 struct SharedGroup {
   std::string name;
   double capacity = 1.0;
@@ -60,6 +61,9 @@ struct SharedGroup {
 struct Pool {
   std::string name;
   std::int64_t capacity_bytes = 0;  // informational (0: unknown); the engine never refuses an allocation
+  // Pinned host memory from a caching allocator (zeroplan/profiles/host_allocator.h): every allocation
+  // takes a block of the next power of two, a freed block waits for a request of the same power of two.
+  bool pinned_pow2 = false;
 };
 
 struct Task {
@@ -91,7 +95,7 @@ class TaskGraph {
   GroupId add_group(std::string name, double capacity);
   // REQUIRES: contended_rate in [0, 1] (0: the group's equal share).
   ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone, double contended_rate = 0);
-  PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0);
+  PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0, bool pinned_pow2 = false);
 
   // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
   TaskId add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps = {},

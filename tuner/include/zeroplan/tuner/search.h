@@ -16,12 +16,14 @@
 
 namespace zeroplan::tuner {
 
-// Bytes a plan may use per rank: capacity minus headroom (compared with PoolPeak::total_bytes()).
+// Bytes a plan may use per rank: capacity minus headroom (compared with PoolPeak::total_bytes()). The
+// host's memory is a node's, shared by the ranks a node runs (min(devices per node, world size)): each
+// rank may use its share of what the headroom leaves.
 struct MemoryLimits {
   std::int64_t device_bytes = 0;
   std::int64_t host_bytes = 0;
 };
-MemoryLimits memory_limits(const ClusterProfile& cluster, const TuneConstraints& constraints);
+MemoryLimits memory_limits(const ClusterProfile& cluster, const TuneConstraints& constraints, int world_size);
 
 // Activation offload ratios are searched on this grid (the smallest multiple of it that fits).
 inline constexpr double kRatioStep = 0.01;
