@@ -61,14 +61,14 @@ export PATH="$tmp/bin:$PATH"
 grep -q '^torch 9.9.9+cu999$' "$tmp/out/versions.txt" || fail "versions.txt has no torch line"
 grep -q '^gpu NVIDIA H100 80GB HBM3' "$tmp/out/versions.txt" || fail "versions.txt has no GPU line"
 for s in configure build cuda-tests profile-gpt2-small profile-resnet50 simulate-s0 run-s0 compare-s0 \
-         simulate-s1-offload-ckpt run-s1-offload-ckpt compare-s1-offload-ckpt; do
+         simulate-s1-offload-ckpt run-s1-offload-ckpt compare-s1-offload-ckpt run-s0-act0.5 run-om2; do
   grep -q "step $s: ok" "$tmp/out/log.txt" || fail "step $s did not pass"
 done
 grep -q "step probe" "$tmp/out/log.txt" && fail "an H100 is simulated on its shipped cluster, no probe"
 grep -q '^Measured on NVIDIA H100 80GB HBM3, 999.99, 81559 MiB with torch 9.9.9+cu999' "$tmp/out/summary.md" ||
   fail "summary.md has no heading with the GPU and torch"
 grep -qF '| s1-offload | 100.0 | 125.0 | -20.0% | 2.00 | 3.00 | fail |' "$tmp/out/summary.md" || fail "summary row: $(cat "$tmp/out/summary.md")"
-[ "$(grep -c '^| s' "$tmp/out/summary.md")" = 5 ] || fail "summary.md has not 5 plan rows"
+[ "$(grep -c '^| \(s\|om\)' "$tmp/out/summary.md")" = 9 ] || fail "summary.md has not 9 plan rows"
 
 # A failing step: exit 2, named; the later steps still run.
 set +e
