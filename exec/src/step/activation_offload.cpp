@@ -68,11 +68,7 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> ActivationOffload::hooks() 
 
 std::optional<saved_tensors::Scope> ActivationOffload::capture(int u, bool checkpointed) {
   if (!on()) return std::nullopt;
-  if (u == 0) {  // a new microbatch's forward
-    policy_ = OffloadPolicy(ratio_);
-    summary_.assign(units_.size(), {});
-    for (int v = 0; v < c_.unit_count(); ++v) summary_[static_cast<std::size_t>(v)] = {c_.first_unit + v, c_.unit(v).name};
-  }
+  if (u == 0) policy_ = OffloadPolicy(ratio_);  // a new microbatch's forward
   UnitState& s = units_[static_cast<std::size_t>(u)];
   s = UnitState{};
   // A checkpointed unit saves nothing; a pipeline stage's recompute before the backward keeps what it
@@ -91,7 +87,7 @@ void ActivationOffload::end_forward(int u, const torch::Tensor& in, const torch:
   UnitState& s = units_[static_cast<std::size_t>(u)];
   if (!s.captured) return;
   s.captured = false;
-  UnitRT& U = c_.unit(u);
+  const UnitRT& U = c_.unit(u);
   // What the unit keeps anyway: its input and output, its parameters (the flat buffers) and buffers.
   std::vector<torch::Tensor> kept{in, out, U.full};
   for (const auto& p : U.module->parameters()) kept.push_back(p);
@@ -116,9 +112,10 @@ void ActivationOffload::end_forward(int u, const torch::Tensor& in, const torch:
     s.entries.push_back(e);
   }
   // Every saved tensor of a chosen storage now refers to it through its entry.
-  for (auto& slot : s.slots) {
-    auto it = chosen.find(saved_tensors::saved_ref(slot->tensor).key);
+  for (std::size_t i = 0; i < s.slots.size(); ++i) {
+    auto it = chosen.find(refs[i].key);
     if (it == chosen.end()) continue;
+    Slot* slot = s.slots[i].get();
     slot->entry = it->second;
     slot->sizes = slot->tensor.sizes().vec();
     slot->strides = slot->tensor.strides().vec();
@@ -127,7 +124,15 @@ void ActivationOffload::end_forward(int u, const torch::Tensor& in, const torch:
     slot->tensor = torch::Tensor();
   }
   s.slots.clear();  // the hooks hold them from here
-  summary_[static_cast<std::size_t>(u)] = {c_.first_unit + u, U.name, s.tensors, s.offloaded, s.bytes, s.offloaded_bytes};
+}
+
+std::vector<OffloadedActivations> ActivationOffload::summary() const {
+  std::vector<OffloadedActivations> out;
+  for (int v = 0; v < c_.unit_count(); ++v) {
+    const UnitState& s = units_[static_cast<std::size_t>(v)];
+    out.push_back({c_.first_unit + v, c_.unit(v).name, s.tensors, s.offloaded, s.bytes, s.offloaded_bytes});
+  }
+  return out;
 }
 
 void ActivationOffload::let_go(int u) {

@@ -120,6 +120,13 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
+// What every side lane copies: contiguous tensors of one byte size.
+void check_side_copy(const torch::Tensor& dst, const torch::Tensor& src) {
+  if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes())
+    throw ExecError("side lane: copies contiguous tensors of one size (" + std::to_string(dst.nbytes()) + " <- " +
+                    std::to_string(src.nbytes()) + " bytes)");
+}
+
 // The CPU side lane: one thread, jobs in a queue; finished jobs are dropped by wait() on the caller.
 class CpuSideLane final : public SideLane {
  public:
@@ -133,9 +140,7 @@ class CpuSideLane final : public SideLane {
     worker_.join();
   }
   std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
-    if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes())
-      throw ExecError("side lane: copies contiguous tensors of one size (" + std::to_string(dst.nbytes()) + " <- " +
-                      std::to_string(src.nbytes()) + " bytes)");
+    check_side_copy(dst, src);
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back({dst, src, ++submitted_});
     cv_.notify_all();
@@ -234,9 +239,7 @@ class CudaSideLane final : public SideLane {
   explicit CudaSideLane(c10::DeviceIndex index) : index_(index), stream_(c10::cuda::getStreamFromPool(false, index)) {}
   ~CudaSideLane() override { stream_.synchronize(); }
   std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
-    if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes())
-      throw ExecError("side lane: copies contiguous tensors of one size (" + std::to_string(dst.nbytes()) + " <- " +
-                      std::to_string(src.nbytes()) + " bytes)");
+    check_side_copy(dst, src);
     drop_finished();
     at::cuda::CUDAEvent ready;
     ready.record(c10::cuda::getCurrentCUDAStream(index_));

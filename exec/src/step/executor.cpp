@@ -123,7 +123,7 @@ class Executor::Impl {
   std::vector<OffloadedActivations> offloaded_activations() const {
     if (!acts_.front()->offload().on()) return {};
     for (const auto& a : acts_) {
-      const auto& s = a->offload().summary();
+      auto s = a->offload().summary();
       if (std::any_of(s.begin(), s.end(), [](const OffloadedActivations& o) { return o.offloaded > 0; })) return s;
     }
     return acts_.front()->offload().summary();

@@ -321,7 +321,7 @@ class ActivationOffload final : public saved_tensors::Handler {
   void end_forward(int u, const torch::Tensor& in, const torch::Tensor& out);
   void before_bwd(int u);  // u's tensors back on the device; earlier units prefetched within the budget
   void after_bwd(int u);
-  const std::vector<OffloadedActivations>& summary() const { return summary_; }  // the last microbatch's picks
+  std::vector<OffloadedActivations> summary() const;  // per unit, the last microbatch's picks
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> hooks() override;
   torch::Tensor unpack(Slot& slot);
@@ -344,7 +344,6 @@ class ActivationOffload final : public saved_tensors::Handler {
   std::vector<UnitState> units_;
   std::vector<int> points_;  // prefetch_points for this microbatch's backward
   std::uint64_t last_ticket_ = 0;
-  std::vector<OffloadedActivations> summary_;
 };
 
 class Activations {

@@ -342,11 +342,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"stage_units", r.stage_units},
                      {"pipeline_busy_s", r.pipeline_busy_s},
                      {"pipeline_span_s", r.pipeline_span_s}};
-  nlohmann::json off = nlohmann::json::array();
-  for (const OffloadedActivations& o : r.offloaded_activations)
-    off.push_back({{"unit", o.unit}, {"name", o.name}, {"tensors", o.tensors}, {"offloaded", o.offloaded},
-                   {"bytes", o.bytes}, {"offloaded_bytes", o.offloaded_bytes}});
-  j["offloaded_activations"] = std::move(off);
+  j["offloaded_activations"] = r.offloaded_activations;
 }
 
 void from_json(const nlohmann::json& j, RunResult& r) {
@@ -382,12 +378,7 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   if (j.contains("pipeline_busy_s")) j.at("pipeline_busy_s").get_to(r.pipeline_busy_s);
   if (j.contains("pipeline_span_s")) j.at("pipeline_span_s").get_to(r.pipeline_span_s);
   r.offloaded_activations.clear();
-  if (j.contains("offloaded_activations")) {
-    for (const auto& o : j.at("offloaded_activations"))
-      r.offloaded_activations.push_back({o.at("unit").get<int>(), o.at("name").get<std::string>(), o.at("tensors").get<int>(),
-                                         o.at("offloaded").get<int>(), o.at("bytes").get<std::int64_t>(),
-                                         o.at("offloaded_bytes").get<std::int64_t>()});
-  }
+  if (j.contains("offloaded_activations")) j.at("offloaded_activations").get_to(r.offloaded_activations);
 }
 
 }  // namespace zeroplan::exec

@@ -300,6 +300,8 @@ void validate(const RunRecord& r) {
 }
 
 void to_json(nlohmann::json& j, const RunRecord& r) { j = to_plain(to_ordered_json(r)); }
+void to_json(nlohmann::json& j, const OffloadedActivations& o) { j = to_plain(write_offloaded(o)); }
+void from_json(const nlohmann::json& j, OffloadedActivations& o) { read_value(j, o, "offloaded_activations[]"); }
 
 void from_json(const nlohmann::json& j, RunRecord& rec) {
   ObjectReader r(j, kWhere);

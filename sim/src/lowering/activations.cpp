@@ -102,6 +102,19 @@ void Activations::copy_back(int v, int mb, TaskId after) {
   c_.g.set_free_at(host_part_[i], h2d_[i]);
 }
 
+// Unit v's offloaded tensors leave the device once their D2H and `after` (and `also`) are done: a
+// zero-time task on the compute lane, which waits there as the executor's compute thread does. Returns
+// it (`also` when v offloaded nothing or was let go already).
+TaskId Activations::let_go(int v, int mb, TaskId after, TaskId also) {
+  const auto i = static_cast<std::size_t>(v);
+  if (off_device_[i] == kNone) return also;
+  const TaskId t = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, v, mb), {after, d2h_[i], also},
+                                 c_.n_cat_compute);
+  c_.g.set_free_at(off_device_[i], t);
+  off_device_[i] = kNone;
+  return t;
+}
+
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (off_bytes_.empty()) pick_offloaded();
   if (pending_.empty()) {
@@ -118,12 +131,7 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   // Activation offload: the previous unit's copies had this forward to run; the device lets them go once
   // both are done, the compute lane waiting for the copy (a zero-time task on it). The last unit's forward
   // runs on into the loss: its predecessor's go when the backward starts, with its own.
-  if (u >= 1 && i + 1 < c_.units.size() && off_device_[i - 1] != kNone) {
-    const TaskId let_go = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u - 1, mb), {fwd, d2h_[i - 1]},
-                                        c_.n_cat_compute);
-    c_.g.set_free_at(off_device_[i - 1], let_go);
-    off_device_[i - 1] = kNone;
-  }
+  if (u >= 1 && i + 1 < c_.units.size()) let_go(u - 1, mb, fwd);
   // A checkpointed forward saves nothing: its peak is bounded by the profiled (grad-mode) one (the last
   // unit's output aside: the loss's allocation below; after the loss the output's gradient waits in
   // its place).
@@ -173,14 +181,7 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   // the previous backward.
   TaskId issue_after = u + 1 < n ? c_.bwd[i + 1] : last_fwd_;
   if (u == n - 1 || points_.empty()) {
-    for (int v = n - 1; v >= std::max(0, n - 2); --v) {
-      const auto vi = static_cast<std::size_t>(v);
-      if (off_device_[vi] == kNone) continue;
-      issue_after = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, v, mb), {last_fwd_, d2h_[vi], issue_after},
-                                  c_.n_cat_compute);
-      c_.g.set_free_at(off_device_[vi], issue_after);
-      off_device_[vi] = kNone;
-    }
+    for (int v = n - 1; v >= std::max(0, n - 2); --v) issue_after = let_go(v, mb, last_fwd_, issue_after);
     points_ = prefetch_points(off_bytes_, prefetch_budget(c_.plan.offload.activations_prefetch_bytes, off_bytes_));
   }
   for (int v = u; v >= 0; --v) {

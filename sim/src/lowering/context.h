@@ -177,6 +177,7 @@ struct Activations {
   std::int64_t incoming_grad(int u) const;
   void pick_offloaded();                     // activation_offload.h's policy over the units
   void copy_back(int v, int mb, TaskId after);  // unit v's offloaded tensors back to the device
+  TaskId let_go(int v, int mb, TaskId after, TaskId also = kNone);  // their device copy freed
   Ctx& c_;
   // Activation offload, per unit: the sizes of the tensors sent (bytes at this micro batch), their sum,
   // the task after which the device lets them go, the copy back, and where it starts (prefetch_points).

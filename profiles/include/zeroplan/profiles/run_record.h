@@ -122,5 +122,8 @@ void validate(const RunRecord& record);
 
 void to_json(nlohmann::json& j, const RunRecord& record);
 void from_json(const nlohmann::json& j, RunRecord& record);
+// One entry of RunRecord::offloaded_activations, as the record writes it (also RunResult's JSON).
+void to_json(nlohmann::json& j, const OffloadedActivations& o);
+void from_json(const nlohmann::json& j, OffloadedActivations& o);
 
 }  // namespace zeroplan
