@@ -50,8 +50,8 @@ void print_summary(const ClusterProfile& c) {
              h.optimizer.adam.per_tensor_params_per_s, h.optimizer.adam.flat_params_per_s,
              h.optimizer.sgd.per_tensor_params_per_s, h.optimizer.sgd.flat_params_per_s);
   for (const CollectiveFit& f : c.collectives) {
-    fmt::print(stderr, "  {:<14} {} ranks {}: alpha {:8.1f} us, beta {:.3g} s/B ({}), residual {:.3f}\n", f.op,
-               f.world_sizes.front(), f.backend, f.alpha_s * 1e6, f.beta_s_per_byte,
+    fmt::print(stderr, "  {:<19} {} ranks {}: alpha {:8.1f} us, beta {:.3g} s/B ({}), residual {:.3f}\n",
+               f.dtype.empty() ? f.op : f.op + " " + f.dtype, f.world_sizes.front(), f.backend, f.alpha_s * 1e6, f.beta_s_per_byte,
                f.beta_s_per_byte > 0 ? gbps(1 / f.beta_s_per_byte) : "-", f.fit_residual);
   }
 }

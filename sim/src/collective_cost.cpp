@@ -56,16 +56,38 @@ double tree_time(CollOp op, double s, int n, double bw, double alpha) {
   return 0;
 }
 
-// Fitted time for (op, backend, scope, ranks), or a negative number when no fit applies.
+// A fit's time for `bytes`: its measured points interpolated piecewise linearly when it has two or more
+// (below the smallest: the smallest's time; beyond the largest: the last segment's slope), else
+// alpha + beta x bytes.
+double fit_time(const CollectiveFit& f, double bytes) {
+  const auto& p = f.points;
+  if (p.size() < 2) return f.alpha_s + f.beta_s_per_byte * bytes;
+  if (bytes <= p.front().first) return p.front().second;
+  std::size_t k = 1;
+  while (k + 1 < p.size() && bytes > p[k].first) ++k;
+  const auto& [x0, t0] = p[k - 1];
+  const auto& [x1, t1] = p[k];
+  const double slope = std::max(0.0, (t1 - t0) / (x1 - x0));
+  return std::max(t0, t0 + slope * (bytes - x0));
+}
+
+// Fitted time for (op, backend, scope, ranks, dtype), or a negative number when no fit applies: a fit
+// measured with the dtype wins over one for any dtype ("", measured in fp32).
 double fitted_time(const ClusterProfile& c, CollOp op, std::string_view backend, std::string_view scope,
-                   double bytes, int ranks, CollAlgo algo) {
+                   double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
+  auto applies = [&](const CollectiveFit& f) {
+    if (f.op != to_string(op) || f.backend != backend || f.scope != scope) return false;
+    if (algo == CollAlgo::ring && f.algorithm != "ring") return false;
+    if (algo == CollAlgo::tree && f.algorithm != "tree") return false;
+    return std::find(f.world_sizes.begin(), f.world_sizes.end(), ranks) != f.world_sizes.end();
+  };
+  const bool own = std::any_of(c.collectives.begin(), c.collectives.end(),
+                               [&](const CollectiveFit& f) { return applies(f) && f.dtype == dtype; });
   double best = std::numeric_limits<double>::infinity();
   for (const CollectiveFit& f : c.collectives) {
-    if (f.op != to_string(op) || f.backend != backend || f.scope != scope) continue;
-    if (algo == CollAlgo::ring && f.algorithm != "ring") continue;
-    if (algo == CollAlgo::tree && f.algorithm != "tree") continue;
-    if (std::find(f.world_sizes.begin(), f.world_sizes.end(), ranks) == f.world_sizes.end()) continue;
-    best = std::min(best, f.alpha_s + f.beta_s_per_byte * bytes);
+    if (!applies(f)) continue;
+    if (own ? f.dtype != dtype : !(f.dtype.empty() || f.dtype == "fp32")) continue;
+    best = std::min(best, fit_time(f, bytes));
   }
   return std::isfinite(best) ? best : -1.0;
 }
@@ -103,7 +125,8 @@ double uncalibrated_collective_time(const ClusterProfile& c, CollOp op, double b
   const std::string_view backend = o.backend.empty() ? default_backend(c) : std::string_view(o.backend);
   const int d = std::max(1, c.devices_per_node);
   const bool intra = ranks <= d;
-  if (const double t = fitted_time(c, op, backend, intra ? "intra_node" : "inter_node", bytes, ranks, o.algo); t >= 0) {
+  if (const double t = fitted_time(c, op, backend, intra ? "intra_node" : "inter_node", bytes, ranks, o.algo, o.dtype);
+      t >= 0) {
     return t;
   }
   // Gloo's reduce-scatter is an all-reduce of the whole input (then a local copy of this rank's chunk).

@@ -22,6 +22,8 @@ struct Running {
   double remaining = 0;  // stand-alone seconds of work left at `last`
   double last = 0;
   double finish = 0;
+  double work_from = 0;  // rank skew: no progress (and not in its group) before this time
+  bool in_group = false;
 };
 
 [[noreturn]] void report_deadlock(const TaskGraph& g, const detail::Csr& queue, const std::vector<std::uint32_t>& head,
@@ -81,6 +83,19 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
   std::uint32_t n_running = 0;
   std::uint32_t n_done = 0;
   double now = 0;
+  // Rank skew: per source resource, its busy seconds since the ranks were last aligned.
+  std::vector<double> since_aligned(n_res, 0.0);
+  auto busy_since_aligned = [&](ResourceId src) {
+    const TaskId t = run[src].task;
+    return since_aligned[src] + (t != kNone ? now - out.start_s[t] : 0.0);
+  };
+  auto join_group = [&](ResourceId r) {
+    run[r].in_group = true;
+    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+      ++group_count[gr];
+      group_dirty[gr] = 1;
+    }
+  };
 
   // Completes the task running on r at `now`: frees, successors, resource bookkeeping.
   auto complete = [&](ResourceId r) {
@@ -93,23 +108,32 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
     x.task = kNone;
     --n_running;
     ++n_done;
-    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
+    if (const GroupId gr = g.resources()[r].group; gr != kNone && x.in_group) {
       --group_count[gr];
       group_dirty[gr] = 1;
+    }
+    x.in_group = false;
+    const Resource& res = g.resources()[r];
+    if (res.skew_source != kNone) {
+      // The source idle: this rank waited for the collective, as every rank did: aligned again.
+      if (run[res.skew_source].task == kNone) since_aligned[res.skew_source] = 0.0;
+    } else {
+      since_aligned[r] += now - out.start_s[t];
     }
     mem.on_end(t, now);
     for (std::uint32_t s : succ.row(t)) --pending[s];
   };
   auto start = [&](ResourceId r, TaskId t) {
     ++head[r];
-    run[r] = {t, 1.0, tasks[t].duration_s, now, now + tasks[t].duration_s};
+    const Resource& res = g.resources()[r];
+    const double wait = res.skew_source != kNone && tasks[t].duration_s > 0
+                            ? res.skew_fraction * busy_since_aligned(res.skew_source)
+                            : 0.0;
+    run[r] = {t, 1.0, tasks[t].duration_s, now, now + wait + tasks[t].duration_s, now + wait, false};
     out.start_s[t] = now;
     mem.on_start(t, now);
     ++n_running;
-    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
-      ++group_count[gr];
-      group_dirty[gr] = 1;
-    }
+    if (wait <= 0) join_group(r);
   };
   auto ready_head = [&](ResourceId r) -> TaskId {
     if (run[r].task != kNone || head[r] >= queue.row(r).size()) return kNone;
@@ -142,12 +166,13 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
       for (std::uint32_t r : members.row(gr)) {
         Running& x = run[r];
         if (x.task == kNone) continue;
+        if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
         const double contended = g.resources()[r].contended_rate;
         const double rate = contended > 0 ? (group_count[gr] > 1 ? contended : 1.0) : share;
-        x.remaining = std::max(0.0, x.remaining - x.rate * (now - x.last));
+        x.remaining = std::max(0.0, x.remaining - x.rate * (now - std::max(x.last, x.work_from)));
         x.last = now;
         x.rate = rate;
-        x.finish = now + x.remaining / rate;
+        x.finish = std::max(now, x.work_from) + x.remaining / rate;
       }
     }
   };
@@ -157,12 +182,21 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
   while (n_running > 0) {
     double next = std::numeric_limits<double>::infinity();
     for (ResourceId r = 0; r < n_res; ++r) {
-      if (run[r].task != kNone) next = std::min(next, run[r].finish);
+      if (run[r].task == kNone) continue;
+      next = std::min(next, run[r].in_group ? run[r].finish : run[r].work_from);
     }
     now = next;
     ++out.events;
+    // Skewed tasks whose ranks have all arrived begin their work (and take their share of the group).
     for (ResourceId r = 0; r < n_res; ++r) {
-      if (run[r].task != kNone && run[r].finish <= now) complete(r);
+      Running& x = run[r];
+      if (x.task == kNone || x.in_group || x.work_from > now) continue;
+      x.last = now;
+      x.finish = now + x.remaining;
+      join_group(r);
+    }
+    for (ResourceId r = 0; r < n_res; ++r) {
+      if (run[r].task != kNone && run[r].in_group && run[r].finish <= now) complete(r);
     }
     start_ready();
     rerate();

@@ -64,6 +64,13 @@ ResourceId TaskGraph::add_resource(std::string name, ResourceKind kind, GroupId 
   return static_cast<ResourceId>(resources_.size() - 1);
 }
 
+void TaskGraph::set_skew(ResourceId resource, ResourceId source, double fraction) {
+  assert(resource < resources_.size() && source < resources_.size());
+  assert(fraction >= 0 && fraction <= 1);
+  resources_[resource].skew_fraction = fraction;
+  resources_[resource].skew_source = source;
+}
+
 PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes, bool pinned_pow2) {
   pools_.push_back({std::move(name), capacity_bytes, pinned_pow2});
   return static_cast<PoolId>(pools_.size() - 1);

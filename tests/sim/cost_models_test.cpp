@@ -75,10 +75,33 @@ TEST(Collectives, AcrossNodesIsHierarchical) {
 
 TEST(Collectives, AFittedAlphaBetaWins) {
   ClusterProfile c = a100(1);
-  c.collectives.push_back({"all_reduce", "nccl", "ring", "intra_node", {8}, 20e-6, 1e-11, 0.01, 0, 1LL << 34});
+  c.collectives.push_back({"all_reduce", "nccl", "ring", "intra_node", {8}, 20e-6, 1e-11, 0.01, 0, 1LL << 34, "", {}});
   EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_reduce, 1e9, 8), 20e-6 + 1e-11 * 1e9);
   // Not for another world size or op.
   EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_reduce, 1e9, 4), 2.0 * 3 / 4 * 1e9 / 300e9 + 6 * 5e-6);
+}
+
+TEST(Collectives, AFitOfTheReduceDtypeWinsElseTheAnyDtypeFit) {
+  ClusterProfile c = cpu(2);
+  c.collectives.push_back({"all_reduce", "gloo", "ring", "intra_node", {2}, 1e-4, 1e-9, 0.1, 0, 1 << 24, "", {}});
+  c.collectives.push_back({"all_reduce", "gloo", "ring", "intra_node", {2}, 2e-4, 3e-9, 0.1, 0, 1 << 24, "fp16", {}});
+  CollectiveOptions fp32, bf16, fp16;
+  bf16.dtype = "bf16";
+  fp16.dtype = "fp16";
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_reduce, 1e6, 2, fp32), 1e-4 + 1e-9 * 1e6);
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_reduce, 1e6, 2, fp16), 2e-4 + 3e-9 * 1e6);
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_reduce, 1e6, 2, bf16), 1e-4 + 1e-9 * 1e6);  // no bf16 fit
+}
+
+TEST(Collectives, MeasuredPointsAreInterpolatedAndExtrapolatedByTheLastSlope) {
+  ClusterProfile c = cpu(2);
+  // alpha-beta says 1 ms + 1 ns/B; the points say otherwise and win.
+  c.collectives.push_back({"all_gather", "gloo", "ring", "intra_node", {2}, 1e-3, 1e-9, 0.1, 1000, 3000, "",
+                           {{1000, 1e-4}, {2000, 3e-4}, {3000, 1e-3}}});
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_gather, 500, 2), 1e-4);     // below: the smallest's time
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_gather, 1500, 2), 2e-4);    // between the first two
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_gather, 2500, 2), 6.5e-4);  // between the last two
+  EXPECT_DOUBLE_EQ(collective_time(c, CollOp::all_gather, 4000, 2), 1.7e-3);  // beyond: the last slope
 }
 
 TEST(Collectives, GlooReduceScatterIsAnAllReducePlusAFullTemporary) {

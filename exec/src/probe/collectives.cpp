@@ -71,6 +71,7 @@ struct CollectiveRun {
   // rank computing; the MLP step with an all_reduce in flight on every rank (0: no sample).
   double contention_bytes = 0, comm_alone_s = 0, comm_with_compute_s = 0, compute_with_comm_s = 0;
   int compute_with_comm_samples = 0;
+  std::string contention;  // per op and size: "all_reduce 1048576 B 1.23 -> 2.34 ms"
 };
 
 CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings& settings) {
@@ -101,6 +102,11 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   run.comm_with_compute_s = j.at("comm_with_compute_s").get<double>();
   run.compute_with_comm_s = j.at("compute_with_comm_s").get<double>();
   run.compute_with_comm_samples = j.at("compute_with_comm_samples").get<int>();
+  for (const auto& row : j.at("contention")) {
+    run.contention += fmt::format("{}{} {} B {:.2f} -> {:.2f} ms", run.contention.empty() ? "" : ", ",
+                                  row.at("op").get<std::string>(), row.at("bytes").get<std::int64_t>(),
+                                  row.at("alone_s").get<double>() * 1e3, row.at("with_compute_s").get<double>() * 1e3);
+  }
   run.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
   for (const auto& [op, rows] : j.at("timings").items())
     for (const auto& row : rows)
@@ -130,18 +136,36 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
     WorkerSettings w{s.coll_bytes, s.coll_reps, s.coll_warmup, std::max(1, m.cores / n)};
     const CollectiveRun run = run_collectives(o, n, w);
     std::string line = fmt::format("collectives on {} ranks (gloo, 127.0.0.1):", n);
-    for (const std::string op : kOps) {
-      const auto it = run.points.find(op);
+    // One fit per op (fp32 elements, used for any dtype), then the reducing ops' 16-bit fits.
+    std::vector<std::pair<std::string, std::string>> fits;  // (op, dtype)
+    for (const std::string op : kOps) fits.emplace_back(op, "");
+    for (const std::string op : kReduceOps)
+      for (const auto& d : kReduceDtypes) fits.emplace_back(op, d.first);
+    for (const auto& [op, dtype] : fits) {
+      const auto it = run.points.find(dtype.empty() ? op : op + "/" + dtype);
+      if (it == run.points.end() || it->second.empty())
+        throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {}{}{}", n, op,
+                                     dtype.empty() ? "" : " in ", dtype));
       const AlphaBetaFit fit = fit_alpha_beta(it->second);
       CollectiveFit f;
       f.op = op;
       f.backend = "gloo";
       f.algorithm = "ring";
       f.scope = "intra_node";
+      f.dtype = dtype;
       f.world_sizes = {n};
       f.alpha_s = fit.alpha_s;
       f.beta_s_per_byte = fit.beta_s_per_byte;
       f.fit_residual = fit.residual;
+      // The points the simulator interpolates: by size, each time at most the next larger size's (a
+      // larger message is not faster: a slow median at a small size is a scheduler's hiccup).
+      f.points = it->second;
+      std::sort(f.points.begin(), f.points.end());
+      f.points.erase(std::unique(f.points.begin(), f.points.end(),
+                                 [](const auto& a, const auto& b) { return a.first == b.first; }),
+                     f.points.end());
+      for (std::size_t k = f.points.size(); k-- > 1;)
+        f.points[k - 1].second = std::min(f.points[k - 1].second, f.points[k].second);
       f.min_bytes = static_cast<std::int64_t>(it->second.front().first);
       f.max_bytes = static_cast<std::int64_t>(it->second.back().first);
       std::string fallback;
@@ -154,12 +178,15 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
       for (const auto& [bytes, t] : it->second)
         medians += fmt::format("{}{:.0f} B {:.1f} us", medians.empty() ? "" : ", ", bytes, t * 1e6);
       c.provenance[fmt::format("collectives[{}]", c.collectives.size())] = measured(fmt::format(
-          "{} over Gloo on 127.0.0.1 with {} ranks started by launch_local ({} torch thread(s) each), rank 0's "
-          "time to Work::wait (broadcast: rank 0 receives), median of {} after {} warm-up, bytes = {}; fitted as "
-          "alpha + beta x bytes by least squares on relative error to the medians ({}){}",
-          op, n, run.threads, s.coll_reps, s.coll_warmup, bytes_mean, medians, fallback));
+          "{} of {} elements over Gloo on 127.0.0.1 with {} ranks started by launch_local ({} torch thread(s) each), "
+          "rank 0's time to Work::wait (broadcast: rank 0 receives), median of {} after {} warm-up, bytes = {}; "
+          "fitted as alpha + beta x bytes by least squares on relative error to the medians ({}); the medians, each "
+          "at most the next larger size's, kept as points the simulator interpolates{}",
+          op, dtype.empty() ? "fp32" : dtype, n, run.threads, s.coll_reps, s.coll_warmup, bytes_mean, medians,
+          fallback));
       c.collectives.push_back(f);
-      line += fmt::format(" {} {:.1f} us + {:.2f} GB/s (res {:.2f});", op, f.alpha_s * 1e6,
+      line += fmt::format(" {}{}{} {:.1f} us + {:.2f} GB/s (res {:.2f});", op, dtype.empty() ? "" : " ", dtype,
+                          f.alpha_s * 1e6,
                           f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0, f.fit_residual);
     }
     progress(line);
@@ -174,20 +201,20 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
       cc.compute_with_comm_slowdown = ratio(run.compute_with_comm_s, run.compute_together_s);
       cc.comm_with_compute_slowdown = ratio(run.comm_with_compute_s, run.comm_alone_s);
       progress(fmt::format("cores shared by {} ranks: compute x{:.3f} with every rank computing (over one alone), "
-                           "x{:.3f} more with an all_reduce in flight; the all_reduce x{:.3f} with every rank computing",
+                           "x{:.3f} more with an all_reduce in flight; collectives x{:.3f} with every rank computing",
                            n, cc.compute_ranks_slowdown, cc.compute_with_comm_slowdown, cc.comm_with_compute_slowdown));
       if (cc.measured()) {
         c.provenance["core_contention"] = measured(fmt::format(
-            "rank 0's median times on {} ranks ({} thread(s) each) of a small MLP forward + backward (512 x 256 -> "
-            "1024 -> 256) and of a Gloo all_reduce of {:.0f} bytes: compute_ranks_slowdown = the MLP with every rank "
-            "computing at once ({:.3f} ms) over the same with the others idle ({:.3f} ms); compute_with_comm_slowdown "
-            "= the MLP on every rank while every rank has all_reduces in flight on another thread ({:.3f} ms, {} "
-            "samples) over the MLP on every rank ({:.3f} ms); comm_with_compute_slowdown = the all_reduce while every "
-            "rank computes the MLP on another thread ({:.3f} ms) over the all_reduce alone ({:.3f} ms); ratios below "
-            "1 recorded as 1",
-            n, run.threads, run.contention_bytes, run.compute_together_s * 1e3, run.compute_alone_s * 1e3,
+            "rank 0's mean times on {} ranks ({} thread(s) each) of a small MLP forward + backward (512 x 256 -> "
+            "1024 -> 256) and of Gloo collectives: compute_ranks_slowdown = the MLP with every rank computing at once "
+            "({:.3f} ms) over the same with the others idle ({:.3f} ms); compute_with_comm_slowdown = the MLP on every "
+            "rank while every rank has all_reduces of {:.0f} bytes in flight on another thread ({:.3f} ms, {} samples) "
+            "over the MLP on every rank ({:.3f} ms); comm_with_compute_slowdown = the sum of the collectives' mean "
+            "times while every rank computes the MLP on another thread ({:.3f} ms) over their sum alone ({:.3f} ms) "
+            "(alone -> with compute: {}); ratios below 1 recorded as 1",
+            n, run.threads, run.compute_together_s * 1e3, run.compute_alone_s * 1e3, run.contention_bytes,
             run.compute_with_comm_s * 1e3, run.compute_with_comm_samples, run.compute_together_s * 1e3,
-            run.comm_with_compute_s * 1e3, run.comm_alone_s * 1e3));
+            run.comm_with_compute_s * 1e3, run.comm_alone_s * 1e3, run.contention));
       }
     }
   }

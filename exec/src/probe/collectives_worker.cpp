@@ -35,13 +35,15 @@ WorkerSettings worker_settings_from_env() {
 }
 
 // Median seconds of one collective `op` over a buffer of about `bytes` (all_gather: the gathered
-// output; reduce_scatter: the full input), as this rank sees it. Returns the exact bytes used.
+// output; reduce_scatter: the full input) of `dtype` elements, as this rank sees it. Returns the exact
+// bytes used.
 std::pair<std::int64_t, double> time_collective(Communicator& comm, const std::string& op, std::int64_t bytes, int reps,
-                                                int warmup) {
+                                                int warmup, torch::ScalarType dtype = torch::kFloat32) {
   const int n = comm.world_size();
-  const std::int64_t elems = std::max<std::int64_t>(n, bytes / 4 / n * n);
-  torch::Tensor full = torch::ones({elems});
-  torch::Tensor part = torch::ones({elems / n});
+  const std::int64_t size = c10::elementSize(dtype);
+  const std::int64_t elems = std::max<std::int64_t>(n, bytes / size / n * n);
+  torch::Tensor full = torch::ones({elems}, dtype);
+  torch::Tensor part = torch::ones({elems / n}, dtype);
   std::function<void()> once;
   if (op == "all_reduce") {
     once = [&] { comm.all_reduce(full, ReduceOp::kSum)->wait(); };
@@ -54,7 +56,7 @@ std::pair<std::int64_t, double> time_collective(Communicator& comm, const std::s
     once = [&] { comm.broadcast(full, n - 1)->wait(); };
   }
   comm.barrier();
-  return {elems * 4, median_s(reps, warmup, once)};
+  return {elems * size, median_s(reps, warmup, once)};
 }
 
 }  // namespace
@@ -81,6 +83,9 @@ int run_collectives_worker() {
     // for connection set-up and first-touch allocations.
     for (const std::string op : probe::kOps)
       for (std::int64_t bytes : w.bytes) probe::time_collective(comm, op, bytes, 1, 0);
+    for (const std::string op : probe::kReduceOps)
+      for (const auto& [name, dtype] : probe::kReduceDtypes)
+        for (std::int64_t bytes : w.bytes) probe::time_collective(comm, op, bytes, 1, 0, dtype);
     // Compute with the other ranks idle, then with every rank computing at once (as in training):
     // ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
     // Then how compute and a collective in flight slow each other on the shared cores: compute while
@@ -104,32 +109,57 @@ int run_collectives_worker() {
       const int reps = std::max(5, w.reps);
       comm.barrier();
       double alone = 0;
-      if (ctx.rank == 0) alone = probe::median_s(reps, 2, once);
+      if (ctx.rank == 0) alone = probe::mean_s(reps, 2, once);
       comm.barrier();
-      const double together = probe::median_s(reps, 2, once);
+      const double together = probe::mean_s(reps, 2, once);
       comm.barrier();
       out["compute_alone_s"] = alone;
       out["compute_together_s"] = together;
 
-      const std::int64_t bytes = std::max<std::int64_t>(4 << 20, *std::max_element(w.bytes.begin(), w.bytes.end()));
-      torch::Tensor buf = torch::ones({bytes / 4});
-      auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::kSum)->wait(); };
+      // The collectives the executor overlaps with compute (gathers of parameters, reductions of
+      // gradients) at 1 MiB, 4 MiB and the largest size probed, alone and while every rank computes on
+      // another thread: mean times (the slowdown is erratic, a scheduler's wake-ups; the step sums it).
+      const std::int64_t largest = std::max<std::int64_t>(4 << 20, *std::max_element(w.bytes.begin(), w.bytes.end()));
+      std::vector<std::int64_t> sizes{1 << 20, 4 << 20};
+      if (largest > sizes.back()) sizes.push_back(largest);
       const int threads = std::max(1, w.threads);
-      comm.barrier();
-      const double comm_alone = probe::median_s(reps, 1, all_reduce);
-      comm.barrier();
-      double comm_with_compute = 0;
-      {
-        std::atomic<bool> stop{false};
-        std::thread side([&] {
-          at::set_num_threads(threads);
-          while (!stop.load()) step(side_mlp);
-        });
-        comm_with_compute = probe::median_s(reps, 1, all_reduce);
-        stop.store(true);
-        side.join();
+      const int contention_reps = std::max(10, w.reps);
+      nlohmann::json contention = nlohmann::json::array();
+      double comm_alone = 0, comm_with_compute = 0;
+      for (const std::string op : {"all_reduce", "all_gather"}) {
+        for (std::int64_t bytes : sizes) {
+          const std::int64_t elems = bytes / 4 / ctx.world_size * ctx.world_size;
+          torch::Tensor full = torch::ones({elems});
+          torch::Tensor part = torch::ones({elems / ctx.world_size});
+          auto collective = [&] {
+            if (op == "all_reduce") {
+              comm.all_reduce(full, ReduceOp::kSum)->wait();
+            } else {
+              comm.all_gather(full, part)->wait();
+            }
+          };
+          comm.barrier();
+          const double alone = probe::mean_s(contention_reps, 1, collective);
+          comm.barrier();
+          double with_compute = 0;
+          {
+            std::atomic<bool> stop{false};
+            std::thread side([&] {
+              at::set_num_threads(threads);
+              while (!stop.load()) step(side_mlp);
+            });
+            with_compute = probe::mean_s(contention_reps, 1, collective);
+            stop.store(true);
+            side.join();
+          }
+          comm.barrier();
+          comm_alone += alone;
+          comm_with_compute += with_compute;
+          contention.push_back({{"op", op}, {"bytes", elems * 4}, {"alone_s", alone}, {"with_compute_s", with_compute}});
+        }
       }
-      comm.barrier();
+      torch::Tensor buf = torch::ones({largest / 4});
+      auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::kSum)->wait(); };
       std::vector<double> samples;
       {
         // The same number of collectives on every rank (a count agreed in advance, not a time).
@@ -148,10 +178,13 @@ int run_collectives_worker() {
         side.join();
       }
       comm.barrier();
-      out["contention_bytes"] = bytes;
+      double compute_with_comm = 0;
+      for (double v : samples) compute_with_comm += v / static_cast<double>(samples.size());
+      out["contention"] = contention;
+      out["contention_bytes"] = largest;
       out["comm_alone_s"] = comm_alone;
       out["comm_with_compute_s"] = comm_with_compute;
-      out["compute_with_comm_s"] = samples.empty() ? 0.0 : timing_stats(samples).median_s;
+      out["compute_with_comm_s"] = compute_with_comm;
       out["compute_with_comm_samples"] = samples.size();
     }
     nlohmann::json timings = nlohmann::json::object();
@@ -159,6 +192,16 @@ int run_collectives_worker() {
       for (std::int64_t bytes : w.bytes) {
         const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup);
         timings[op].push_back({{"bytes", used}, {"median_s", t}});
+      }
+    }
+    // The reducing ops again with 16-bit elements (the plans' reduce_dtype): Gloo converts each element
+    // to sum it, so their bytes go slower than fp32's.
+    for (const std::string op : probe::kReduceOps) {
+      for (const auto& [name, dtype] : probe::kReduceDtypes) {
+        for (std::int64_t bytes : w.bytes) {
+          const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup, dtype);
+          timings[op + "/" + name].push_back({{"bytes", used}, {"median_s", t}});
+        }
       }
     }
     out["timings"] = timings;

@@ -107,11 +107,15 @@ std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std
     if (c.probe_other_load_cores > busy_probe_load_cores(c)) return std::nullopt;
     // Probed before the probe measured how compute and collectives share the cores: probed again.
     if (c.shares_cores && !c.core_contention.measured()) return std::nullopt;
+    // Probed before the 16-bit fits of the reducing ops: probed again.
     for (int n : world_sizes) {
-      int ops = 0;
-      for (const CollectiveFit& f : c.collectives)
-        if (f.backend == "gloo" && std::count(f.world_sizes.begin(), f.world_sizes.end(), n)) ++ops;
-      if (ops < static_cast<int>(probe::kOps.size())) return std::nullopt;
+      std::size_t ops = 0, ops16 = 0;
+      for (const CollectiveFit& f : c.collectives) {
+        if (f.backend != "gloo" || !std::count(f.world_sizes.begin(), f.world_sizes.end(), n)) continue;
+        ++(f.dtype.empty() ? ops : ops16);
+      }
+      if (ops < probe::kOps.size() || ops16 < probe::kReduceOps.size() * probe::kReduceDtypes.size())
+        return std::nullopt;
     }
     return c;
   } catch (const std::exception&) {

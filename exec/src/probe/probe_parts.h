@@ -3,6 +3,8 @@
 // probe.cpp assembles the ClusterProfile from them in a fixed order.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -28,6 +30,11 @@ inline constexpr double kMiB = 1024.0 * 1024.0;
 // constexpr, not std::vector: workers may run from a static initialiser (test binaries), before the
 // probe's dynamic initialisers.
 inline constexpr std::array<const char*, 4> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+// The ops that sum elements, timed again at each 16-bit dtype (fits with CollectiveFit::dtype set).
+inline constexpr std::array<const char*, 2> kReduceOps = {"all_reduce", "reduce_scatter"};
+inline constexpr std::array<std::pair<const char*, c10::ScalarType>, 2> kReduceDtypes = {
+    std::pair<const char*, c10::ScalarType>{"bf16", c10::ScalarType::BFloat16},
+    std::pair<const char*, c10::ScalarType>{"fp16", c10::ScalarType::Half}};
 
 // ---- timing ----
 
@@ -46,6 +53,21 @@ double median_s(int reps, int warmup, F&& f) {
     samples.push_back(seconds_since(t0));
   }
   return timing_stats(std::move(samples)).median_s;
+}
+
+// Mean seconds of `reps` calls of f after `warmup` untimed ones: for times that add up in a step (a
+// collective slowed by compute on shared cores is slow in some calls and not others; the sum is the
+// mean's, not the median's).
+template <class F>
+double mean_s(int reps, int warmup, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  double sum = 0;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    sum += seconds_since(t0);
+  }
+  return reps > 0 ? sum / reps : 0.0;
 }
 
 // v when finite and > 0; otherwise throws ProbeError naming `what`.

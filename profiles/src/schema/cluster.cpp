@@ -89,12 +89,18 @@ ojson write_collective(const CollectiveFit& c) {
   j["backend"] = c.backend;
   j["algorithm"] = c.algorithm;
   j["scope"] = c.scope;
+  if (!c.dtype.empty()) j["dtype"] = c.dtype;
   j["world_sizes"] = c.world_sizes;
   j["alpha_s"] = c.alpha_s;
   j["beta_s_per_byte"] = c.beta_s_per_byte;
   j["fit_residual"] = c.fit_residual;
   j["min_bytes"] = c.min_bytes;
   j["max_bytes"] = c.max_bytes;
+  if (!c.points.empty()) {
+    ojson pts = ojson::array();
+    for (const auto& [bytes, s] : c.points) pts.push_back(ojson::array({bytes, s}));
+    j["points"] = pts;
+  }
   return j;
 }
 
@@ -286,12 +292,21 @@ void read_value(const nlohmann::json& j, CollectiveFit& c, const std::string& pa
   r.req("backend", c.backend);
   r.req("algorithm", c.algorithm);
   r.req("scope", c.scope);
+  r.opt("dtype", c.dtype);
   r.req("world_sizes", c.world_sizes);
   r.req("alpha_s", c.alpha_s);
   r.req("beta_s_per_byte", c.beta_s_per_byte);
   r.opt("fit_residual", c.fit_residual);
   r.req("min_bytes", c.min_bytes);
   r.req("max_bytes", c.max_bytes);
+  std::vector<std::vector<double>> points;
+  r.opt("points", points);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    if (points[i].size() != 2)
+      throw SchemaError(path + ".points[" + std::to_string(i) + "] must be [bytes, seconds] (got " +
+                        std::to_string(points[i].size()) + " numbers)");
+    c.points.emplace_back(points[i][0], points[i][1]);
+  }
   r.finish();
 }
 
@@ -408,6 +423,7 @@ void validate(const ClusterProfile& c) {
     check_enum(at + ".backend", f.backend, {"nccl", "gloo"});
     check_enum(at + ".algorithm", f.algorithm, {"ring", "tree"});
     check_enum(at + ".scope", f.scope, {"intra_node", "inter_node"});
+    if (!f.dtype.empty()) check_enum(at + ".dtype", f.dtype, {"fp32", "bf16", "fp16"});
     if (f.world_sizes.empty()) cluster_error(at + ".world_sizes is empty");
     for (int n : f.world_sizes)
       if (n < 2) cluster_error(at + ".world_sizes has " + num(n) + " (must be >= 2)");
@@ -417,6 +433,14 @@ void validate(const ClusterProfile& c) {
     if (f.min_bytes < 0) cluster_error(at + ".min_bytes must be >= 0 (got " + num(f.min_bytes) + ")");
     if (f.min_bytes > f.max_bytes)
       cluster_error(at + ".min_bytes " + num(f.min_bytes) + " > max_bytes " + num(f.max_bytes));
+    for (std::size_t k = 0; k < f.points.size(); ++k) {
+      const auto& [bytes, s] = f.points[k];
+      const std::string pk = at + ".points[" + std::to_string(k) + "]";
+      if (!(bytes > 0 && bytes <= 1e18)) cluster_error(pk + " bytes must be in (0, 1e18] (got " + num(bytes) + ")");
+      if (!(s > 0 && s <= 1e6)) cluster_error(pk + " seconds must be in (0, 1e6] (got " + num(s) + ")");
+      if (k > 0 && !(bytes > f.points[k - 1].first))
+        cluster_error(pk + " bytes " + num(bytes) + " not above the previous point's " + num(f.points[k - 1].first));
+    }
   }
 
   if (!(c.allocator_overhead_factor >= 1 && c.allocator_overhead_factor <= 10))

@@ -68,6 +68,7 @@ ojson write_unit(const UnitProfile& u) {
   j["bytes_peak_fwd"] = write_figure(u.bytes_peak_fwd);
   j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
   if (u.bytes_peak_fwd_without_loss.value > 0) j["bytes_peak_fwd_without_loss"] = write_figure(u.bytes_peak_fwd_without_loss);
+  if (u.time_loss_s.value > 0) j["time_loss_s"] = write_figure(u.time_loss_s);
   j["flops_fwd"] = write_figure(u.flops_fwd);
   j["flops_bwd"] = write_figure(u.flops_bwd);
   if (u.kernel_time_fwd_s.value > 0) j["kernel_time_fwd_s"] = write_figure(u.kernel_time_fwd_s);
@@ -105,6 +106,7 @@ ojson to_ordered_json(const ModelProfile& m) {
   j["threads"] = m.threads;
   if (m.concurrent_ranks != 1) j["concurrent_ranks"] = m.concurrent_ranks;
   if (m.backward_adds_grads) j["backward_adds_grads"] = true;
+  if (m.rank_skew > 0) j["rank_skew"] = m.rank_skew;
   j["library_versions"] = m.library_versions;
   j["batch"] = m.batch;
   j["seq_len"] = m.seq_len;
@@ -213,6 +215,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.req("bytes_peak_fwd", u.bytes_peak_fwd);
   r.req("bytes_peak_bwd", u.bytes_peak_bwd);
   r.opt("bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
+  r.opt("time_loss_s", u.time_loss_s);
   r.req("flops_fwd", u.flops_fwd);
   r.req("flops_bwd", u.flops_bwd);
   r.opt("kernel_time_fwd_s", u.kernel_time_fwd_s);
@@ -279,6 +282,7 @@ void validate(const ModelProfile& m) {
   if (m.threads < 1) model_error("threads must be >= 1 (got " + num(m.threads) + ")");
   if (m.concurrent_ranks < 1 || m.concurrent_ranks > 4096)
     model_error("concurrent_ranks must be in 1..4096 (got " + num(m.concurrent_ranks) + ")");
+  if (!(m.rank_skew >= 0 && m.rank_skew <= 1)) model_error("rank_skew must be in [0, 1] (got " + num(m.rank_skew) + ")");
   if (m.batch < 1) model_error("batch must be >= 1 (got " + num(m.batch) + ")");
   if (m.seq_len < 0) model_error("seq_len must be >= 0 (got " + num(m.seq_len) + ")");
   if (m.image_size < 0) model_error("image_size must be >= 0 (got " + num(m.image_size) + ")");
@@ -321,6 +325,7 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".bytes_peak_fwd", u.bytes_peak_fwd);
     check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
     check_figure(at + ".bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
+    check_figure(at + ".time_loss_s", u.time_loss_s);
     check_figure(at + ".flops_fwd", u.flops_fwd);
     check_figure(at + ".flops_bwd", u.flops_bwd);
     for (const auto& [dtype, d] : u.times_at_dtype) {
@@ -385,6 +390,7 @@ void from_json(const nlohmann::json& j, ModelProfile& m) {
   r.req("threads", m.threads);
   r.opt("concurrent_ranks", m.concurrent_ranks);
   r.opt("backward_adds_grads", m.backward_adds_grads);
+  r.opt("rank_skew", m.rank_skew);
   r.opt("library_versions", m.library_versions);
   r.req("batch", m.batch);
   r.opt("seq_len", m.seq_len);

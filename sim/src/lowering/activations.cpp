@@ -197,7 +197,7 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
       pending_[i] = c_.g.alloc(input_back, c_.dev, bytes, MemCategory::activations, c_.label(c_.n_input_kept, u, mb), kNone);
       c_.g.set_free_at(host_part_[i], input_back);
     }
-    const TaskId re = c_.compute_task(x.fwd_s, c_.n_recompute, u, mb);
+    const TaskId re = c_.compute_task(x.recompute_s, c_.n_recompute, u, mb);
     c_.g.add_dep(re, params_ready);
     c_.g.add_dep(re, input_back);
     // The recompute runs on the kept input (already allocated, so not again in the saved bytes, which

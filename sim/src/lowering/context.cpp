@@ -46,6 +46,9 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       const ComputeTime t = unit_compute_time(model, i, *cluster, batch, plan.precision.compute_dtype);
       u.fwd_s = t.fwd_s;
       u.bwd_s = t.bwd_s;
+      // The loss runs in fp32 whatever the compute dtype: the profile's loss time as measured.
+      const double loss_s = up.time_loss_s.value > 0 && t.from_profile ? up.time_loss_s.at(batch, ref) : 0.0;
+      u.recompute_s = std::clamp(t.fwd_s - loss_s, 0.0, t.fwd_s);
     }
     auto bytes = [&](const Figure& f) { return static_cast<std::int64_t>(std::max(0.0, f.at(batch, ref)) * act_scale); };
     u.saved = bytes(up.bytes_saved);
@@ -193,6 +196,7 @@ void Ctx::intern_names() {
   n_slowmo = g.intern("slowmo momentum and previous params");
   n_reduce_buffers = g.intern("reduce buffers");
   n_loss_scale = g.intern("loss scale check");
+  n_zero_grad = g.intern("zero_grad");
   n_param_sync = g.intern("param sync");
   n_cat_compute = g.intern("compute");
   n_cat_comm = g.intern("comm");

@@ -25,6 +25,7 @@ struct Unit {
   std::int64_t padded = 0;         // shard x N: the gathered flat parameter, padding included
   int tensors = 0;
   double fwd_s = 0;
+  double recompute_s = 0;  // a recompute's forward: the last unit's without its loss, else fwd_s
   double bwd_s = 0;
   std::int64_t saved = 0;          // bytes saved for backward, one microbatch
   std::int64_t output = 0;         // output activation, one microbatch
@@ -120,6 +121,7 @@ struct Ctx {
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
       n_rs_output, n_rs_wait, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
+      n_zero_grad,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
   // Per-unit results of the current microbatch, filled by the step schedule.
@@ -137,6 +139,11 @@ struct Ctx {
 
 // The pieces, each in its own file.
 void build_resources(Ctx& c);                                             // resources.cpp
+// E[max of n independent standard normals] (0 for n <= 1): resources.cpp
+double expected_max_of_normals(int n);
+// The rank skew of the plan's collectives over `ranks` data-parallel ranks, from the profile's
+// lock-step measurement (0 when it has none, or the cluster is not the device kind it was measured on).
+double rank_skew_fraction(const ModelProfile& model, const ClusterProfile& cluster, int ranks);
 void place_model_states(Ctx& c);                                          // model_states.cpp
 
 // Parameter residency (stage 3 gather/free/prefetch, offloaded params): params_residency.cpp
@@ -242,6 +249,8 @@ struct GradSync {
   std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
 };
 
+// The step's first compute task: the gradient buffers zeroed (kNone when there are none): dp_sync.cpp
+TaskId zero_grads(Ctx& c);
 // Optimizer step and the parameter sync after it (device or host, flat or per tensor): optimizer_step.cpp
 void optimizer_step(Ctx& c, const GradSync& grads);
 // Stages 1-2: all-gather the updated shards (allgather_bucket_bytes buckets, fp16 when broadcast_fp16).

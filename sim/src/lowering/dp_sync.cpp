@@ -26,6 +26,7 @@ TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ran
   const std::int64_t bytes = elems * (c.plan.precision.fp32_reduce_scatter ? 4 : c.b.reduce);
   CollectiveOptions o;
   o.algo = c.opt.collective_algo;
+  o.dtype = c.plan.precision.fp32_reduce_scatter ? "fp32" : c.plan.precision.reduce_dtype;
   const TaskId t = c.g.add_task(res, collective_time(c.cluster, op, static_cast<double>(bytes), ranks, o),
                                 c.label(name, u, mb), {after}, c.n_cat_comm);
   // A cast copy when the collective's dtype differs from the gradients'.
@@ -51,6 +52,20 @@ TaskId to_host(Ctx& c, std::int64_t elems, int u, int mb, TaskId after) {
 }
 
 }  // namespace
+
+TaskId zero_grads(Ctx& c) {
+  // The executor's GradSync::zero at the step's start: the full flat gradient at stages 0-1 (on the
+  // host under OffloadModel), this rank's shards at stages 2-3 (on the host with offload.grads). A
+  // memset: the bytes written at the memory bandwidth where they live.
+  const bool sharded = c.plan.zero_stage >= 2;
+  std::int64_t elems = 0;
+  for (const Unit& u : c.units) elems += sharded ? u.shard : u.padded;
+  const bool host = sharded ? c.plan.offload.grads : c.plan.offload_model.enabled;
+  const double bw = host ? c.cluster.host.memcpy_bw_bytes_per_s : c.cluster.device.mem_bw_bytes_per_s;
+  if (elems <= 0 || !(bw > 0)) return kNone;
+  const double s = static_cast<double>(elems * c.b.grad) / bw + c.cluster.device.launch_overhead_s;
+  return c.compute_task(s, c.n_zero_grad, -1, -1);
+}
 
 std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector<Unit>& units,
                                              std::vector<int>* bucket_of) {

@@ -18,7 +18,9 @@ SyncAmortisation localsgd_amortisation(const Ctx& c) {
   // On one node every step already reduced gradients over every rank: the replicas are equal and, as in
   // fairscale's hierarchy (and the executor), there is nothing to average.
   const bool several_nodes = c.n > c.cluster.devices_per_node;
-  const double average = several_nodes ? collective_time(c.cluster, CollOp::all_reduce, params * c.b.param, c.n) : 0.0;
+  CollectiveOptions o;
+  o.dtype = c.plan.precision.param_dtype;
+  const double average = several_nodes ? collective_time(c.cluster, CollOp::all_reduce, params * c.b.param, c.n, o) : 0.0;
   a.sync_extra_s = average;
   a.amortised_extra_s = average / c.plan.localsgd_frequency;
   if (c.plan.slowmo()) {

@@ -64,6 +64,8 @@ void schedule_offload_model(Ctx& c) {
   Schedule sc{c, 1, false, 0, {}, {}, kNone};
   sc.K = c.plan.offload_model.microbatches;
   sc.ckpt = c.plan.offload_model.checkpoint_activation;
+  CollectiveOptions reduce;
+  reduce.dtype = c.plan.precision.reduce_dtype;
   sc.n_units = static_cast<int>(c.units.size());
   std::vector<std::int64_t> params;
   for (const Unit& u : c.units) params.push_back(u.params);
@@ -79,6 +81,7 @@ void schedule_offload_model(Ctx& c) {
   const std::int64_t in0 = c.input0;  // one chunk of the model's input
   auto at = [K](int s, int k) { return static_cast<std::size_t>(s * K + k); };
 
+  if (const TaskId z = zero_grads(c); z != kNone) sc.chain(z);  // the host gradients zeroed first
   std::vector<AllocId> grad(static_cast<std::size_t>(n_units), kNone);  // per unit: its device gradient
   std::vector<TaskId> grads_home;
   for (int mb = 0; mb < c.m; ++mb) {
@@ -184,7 +187,7 @@ void schedule_offload_model(Ctx& c) {
           restored = c.g.alloc(h2d, c.dev, b, MemCategory::activations, c.label(c.n_input_kept, sc.first(s), chunk(k)), kNone);
           for (int u = sc.first(s); u < sc.end(s); ++u) {
             const Unit& x = sc.unit(u);
-            const TaskId re = sc.compute(x.fwd_s, c.n_recompute, u, chunk(k));
+            const TaskId re = sc.compute(x.recompute_s, c.n_recompute, u, chunk(k));
             c.g.alloc(re, c.dev, recompute_workspace(c.units, static_cast<std::size_t>(u)), MemCategory::activations,
                       c.label(c.n_workspace, u, chunk(k)));
             // The restored input is held already (the saved bytes count every unit's input).
@@ -221,7 +224,7 @@ void schedule_offload_model(Ctx& c) {
         const std::int64_t p = sc.unit(u).params;
         if (p == 0) continue;
         if (c.n > 1 && last_mb) {
-          sc.chain(c.g.add_task(c.comm, collective_time(c.cluster, CollOp::all_reduce, static_cast<double>(p * c.b.reduce), c.n),
+          sc.chain(c.g.add_task(c.comm, collective_time(c.cluster, CollOp::all_reduce, static_cast<double>(p * c.b.reduce), c.n, reduce),
                                 c.label(c.n_all_reduce, u), {}, c.n_cat_comm));
         }
         const TaskId d2h = sc.copy(CopyDir::d2h, p * c.b.grad, u, chunk(0));

@@ -71,6 +71,7 @@ class Pipeline {
     }
     for (int s = 0; s < p_; ++s) {
       Stage& st = stages_[static_cast<std::size_t>(s)];
+      zero_grads(*st.v);
       for (const PipelineOp& op : pipeline_order(c_.plan.pipeline.schedule, p_, s, m_))
         (op.forward ? forward(st, op.microbatch) : backward(st, op.microbatch));
       optimizer_step(*st.v, *st.grads);
@@ -127,7 +128,7 @@ class Pipeline {
       // the device: the backward needs them next).
       acts.keep_on_device();
       for (int u = 0; u < units; ++u) {
-        const TaskId re = v.compute_task(v.units[static_cast<std::size_t>(u)].fwd_s, v.n_recompute, u, mb);
+        const TaskId re = v.compute_task(v.units[static_cast<std::size_t>(u)].recompute_s, v.n_recompute, u, mb);
         v.fwd[static_cast<std::size_t>(u)] = re;
         st.out.work.push_back(re);
         acts.on_fwd(u, mb, re);

@@ -2,11 +2,34 @@
 // on a CPU cluster that shares cores, every resource splits the cores (compute and collectives by the
 // probe's measured core_contention when the cluster has it); on GPUs, copies and collectives
 // share PCIe when collectives cross nodes (GPUDirect RDMA) or the intra-node link is PCIe itself.
+#include <cmath>
+#include <numbers>
 #include <string>
 
 #include "context.h"
 
 namespace zeroplan::sim::lowering {
+
+double expected_max_of_normals(int n) {
+  if (n <= 1) return 0.0;
+  // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx (midpoint rule; the tails beyond 9 sigma add nothing).
+  const double h = 1e-3, inv_sqrt2 = 1.0 / std::sqrt(2.0), inv_sqrt2pi = 1.0 / std::sqrt(2.0 * std::numbers::pi);
+  double sum = 0;
+  for (double x = -9 + h / 2; x < 9; x += h) {
+    const double phi = inv_sqrt2pi * std::exp(-0.5 * x * x), cdf = 0.5 * std::erfc(-x * inv_sqrt2);
+    sum += x * n * phi * std::pow(cdf, n - 1) * h;
+  }
+  return sum;
+}
+
+double rank_skew_fraction(const ModelProfile& model, const ClusterProfile& cluster, int ranks) {
+  if (ranks <= 1 || model.rank_skew <= 0 || model.concurrent_ranks <= 1 || !measured_on_device_kind(model, cluster))
+    return 0.0;
+  // Measured with the profile's concurrent ranks; the last of `ranks` trails their mean by E[max] of as
+  // many draws (in units of the spread), so the fraction scales by that ratio.
+  return std::min(1.0, model.rank_skew * expected_max_of_normals(ranks) /
+                           expected_max_of_normals(model.concurrent_ranks));
+}
 
 void build_resources(Ctx& c) {
   const ClusterProfile& cl = c.cluster;
@@ -32,6 +55,11 @@ void build_resources(Ctx& c) {
   // FSDP reduce-scatters on its own stream, so gathers for the next unit are not queued behind them.
   c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, copy_group, comm_rate)
                                      : c.comm;
+  // Ranks that drift apart on shared cores: a collective begins when the last rank issues it.
+  if (const double skew = rank_skew_fraction(c.model, cl, c.n); skew > 0) {
+    c.g.set_skew(c.comm, c.compute, skew);
+    if (c.comm_rs != c.comm) c.g.set_skew(c.comm_rs, c.compute, skew);
+  }
   c.host_opt = c.g.add_resource(c.prefix + "host_optimizer", ResourceKind::host_optimizer, cores);
   c.dev = c.g.add_pool(c.prefix + "device", cl.device.mem_bytes);
   // A GPU's host pool is pinned through PyTorch's caching host allocator (power-of-two blocks, cached),

@@ -8,6 +8,7 @@ void schedule_step(Ctx& c) {
   ParamResidency params(c);
   Activations acts(c);
   GradSync grads(c);
+  zero_grads(c);  // first on the compute stream: every forward runs after it
   const int units = static_cast<int>(c.units.size());
   for (int mb = 0; mb < c.m; ++mb) {
     for (int u = 0; u < units; ++u) {

@@ -75,7 +75,10 @@ TEST(Cluster, DatasheetValues) {
 TEST(Cluster, RoundTrip) {
   ClusterProfile c = a100();
   c.collectives.push_back(CollectiveFit{"all_reduce", "nccl", "ring", "intra_node", {2, 4, 8}, 1.2e-5, 3.4e-12, 0.03,
-                                        1024, 1LL << 30});
+                                        1024, 1LL << 30, "", {}});
+  // A 16-bit fit with its measured points (the probe's): both survive the round trip.
+  c.collectives.push_back(CollectiveFit{"all_reduce", "nccl", "ring", "intra_node", {2}, 2e-5, 5e-12, 0.05, 1024,
+                                        1 << 20, "bf16", {{1024, 2.5e-5}, {1 << 20, 6e-5}}});
   c.provenance["collectives"] = Provenance{"probe", "measured by zeroplan probe on 2025-01-31"};
   validate(c);
   testing::expect_round_trip(c);
@@ -213,7 +216,7 @@ TEST_P(ClusterRule, MessageIsExact) {
 }
 
 CollectiveFit fit() {
-  return CollectiveFit{"all_gather", "gloo", "ring", "inter_node", {2}, 1e-4, 1e-9, 0.1, 0, 1 << 20};
+  return CollectiveFit{"all_gather", "gloo", "ring", "inter_node", {2}, 1e-4, 1e-9, 0.1, 0, 1 << 20, "", {}};
 }
 
 const Rule kRules[] = {
@@ -295,6 +298,24 @@ const Rule kRules[] = {
        c.collectives[0].scope = "rack";
      },
      "cluster: collectives[0].scope must be one of \"intra_node\", \"inter_node\" (got \"rack\")"},
+    {"CollectiveDtype",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].dtype = "int8";
+     },
+     "cluster: collectives[0].dtype must be one of \"fp32\", \"bf16\", \"fp16\" (got \"int8\")"},
+    {"CollectivePointsIncreasing",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].points = {{4096, 1e-4}, {4096, 2e-4}};
+     },
+     "cluster: collectives[0].points[1] bytes 4096.0 not above the previous point's 4096.0"},
+    {"CollectivePointsSeconds",
+     [](ClusterProfile& c) {
+       c.collectives = {fit()};
+       c.collectives[0].points = {{4096, 0}};
+     },
+     "cluster: collectives[0].points[0] seconds must be in (0, 1e6] (got 0.0)"},
     {"CollectiveWorldSizesEmpty",
      [](ClusterProfile& c) {
        c.collectives = {fit()};

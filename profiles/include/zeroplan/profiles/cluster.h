@@ -121,6 +121,15 @@ struct CollectiveFit {
   double fit_residual = 0;      // relative RMS residual of the fit
   std::int64_t min_bytes = 0;
   std::int64_t max_bytes = 0;
+  // The element type the fit was measured with when it matters: "bf16" | "fp16" for a reducing op
+  // (Gloo sums 16-bit elements converting each, slower per byte than fp32); "" = any (measured in fp32,
+  // used for every dtype without a fit of its own).
+  std::string dtype;
+  // The measurements behind the fit, (bytes, seconds) by increasing bytes (optional, a probe's). With
+  // two or more the simulator interpolates them piecewise linearly (beyond the largest, the last
+  // segment's slope) instead of using alpha + beta x bytes: a straight line through sizes from 4 KiB
+  // to 16 MiB misses the large ones, which leave the caches and dominate a step.
+  std::vector<std::pair<double, double>> points;
 
   bool operator==(const CollectiveFit&) const = default;
 };

@@ -76,6 +76,9 @@ struct UnitProfile {
   // The last unit is measured with the task's loss (profiler.h): its forward peak before the loss ran,
   // what a recompute of the unit allocates; optional, value 0 and absent from the JSON otherwise.
   Figure bytes_peak_fwd_without_loss;
+  // The last unit's time_fwd_s includes the loss and its gradient: their part (a recompute of the unit
+  // runs no loss); optional, value 0 and absent from the JSON otherwise.
+  Figure time_loss_s;
   Figure flops_fwd;
   Figure flops_bwd;
   // Summed kernel durations of one forward / backward (CUDA with CUPTI only; the time_*_s above
@@ -106,6 +109,11 @@ struct ModelProfile {
   // The backward times include adding every parameter's gradient into an accumulation buffer, as the
   // executor does in every microbatch; false in older profiles. Optional.
   bool backward_adds_grads = false;
+  // With concurrent_ranks > 1: how far the slowest of those ranks falls behind their mean over one
+  // training step's compute started together, as a fraction of the step (mean over lock-step rounds of
+  // (max - mean) / mean). Ranks sharing cores drift apart, and a collective starts when the last rank
+  // issues it. 0: not measured. Optional.
+  double rank_skew = 0;
   std::map<std::string, std::string> library_versions;  // {"torch": "2.15.0", "zeroplan": "0.1.0"}; optional
   int batch = 1;                              // reference micro batch: figures' `value`s are at this batch
   std::int64_t seq_len = 0;                   // sequence length (0 when not a sequence model); optional

@@ -93,6 +93,7 @@ struct UnitMeasurement {
   std::vector<std::int64_t> saved_tensors;  // UnitProfile::saved_tensors, at this batch
   double time_fwd_s = 0, time_fwd_spread_s = 0;
   double time_bwd_s = 0, time_bwd_spread_s = 0;
+  double time_loss_s = 0;  // the last unit: median seconds of the loss and its gradient (in time_fwd_s)
   double flops_fwd = 0, flops_bwd = 0;
   // CUDA with CUPTI only (0 otherwise): summed kernel durations of one forward / backward, saved as the
   // ModelProfile's kernel_time_*_s; the event times above include launch gaps, these do not.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -194,8 +195,9 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // The executor's backward of one unit (pieces::differentiate in exec/src/step): the gradients of the
 // input (when it needs one) and of `params` returned by autograd, each parameter's added into `accum`.
-void accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const torch::Tensor& x,
-                         const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum) {
+// Returns the input's gradient (undefined when the input needs none).
+torch::Tensor accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const torch::Tensor& x,
+                                  const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum) {
   std::vector<torch::Tensor> inputs;
   const bool input_grad = x.requires_grad();
   if (input_grad) inputs.push_back(x);
@@ -207,11 +209,12 @@ void accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const t
     const torch::Tensor& gk = grads[k + (input_grad ? 1 : 0)];
     if (gk.defined()) accum[k].add_(gk.reshape(accum[k].sizes()));
   }
+  return input_grad ? grads[0] : torch::Tensor();
 }
 
-// The run's other local ranks: `n` threads that run the forward and backward of the unit `current`
-// names (an index into `work`, -1: idle) over and over until destroyed, each with `threads` intra-op
-// threads, as a rank computing beside the measured one.
+// The run's other local ranks: `n` threads that run `work` for the index `current` names (a batch's
+// training step; -1: idle) over and over until destroyed, each with `threads` intra-op threads, as a
+// rank computing beside the measured one.
 class ConcurrentRanks {
  public:
   using Work = std::function<void(int index, std::vector<torch::Tensor>& accum)>;
@@ -267,24 +270,145 @@ class ConcurrentRanks {
   std::vector<std::thread> workers_;
 };
 
-// One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each.
-// With dev.trace and `traced`, each phase is a span of the trace.
-// With `accum` (one buffer per grad_params entry), the backward is the executor's: autograd returns the
-// gradients of the input and of every parameter, and each parameter's is added into its buffer.
+// One training step's compute at one batch, as the executor runs it: the forward of every unit in order
+// on the previous unit's detached output (the last with the loss and its gradient), then the backward of
+// every unit in reverse from its output's gradient, each parameter's gradient added into `accum`. A
+// unit's backward so finds its activations as a step leaves them (the rest of the model ran in between,
+// the caches hold something else), and the units run in the order the run interleaves them with a
+// concurrent rank's. With `fwd` and `bwd` (one entry per unit), each phase is timed into them (and
+// traced with dev.trace), and `loss_s` gets the loss's part of the last unit's forward; without,
+// nothing is timed (a concurrent rank's step).
+void step_pass(std::vector<zoo::Unit>& units, const torch::Tensor& input, const LossFn& loss,
+               const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum, Devices* dev, int batch,
+               int repeat, double* fwd, double* bwd, double* loss_s = nullptr) {
+  const std::size_t nu = units.size();
+  ProfilerTrace* trace = dev != nullptr ? dev->trace : nullptr;
+  double ts_us = 0;
+  std::int64_t live0 = 0;
+  auto begin = [&] {
+    if (dev == nullptr) return;
+    if (trace != nullptr) {
+      live0 = dev->memory.begin_phase();
+      ts_us = trace->begin_us();
+    }
+    dev->timer.start();
+  };
+  auto end = [&](double* out, std::size_t i, const char* phase, double earlier_s = 0) {
+    if (dev == nullptr) return;
+    out[i] = dev->timer.stop_s() + earlier_s;
+    if (trace != nullptr) {
+      const TracedPhase traced{units[i].name, static_cast<int>(i), batch, repeat};
+      trace->phase(ProfilerTrace::kTimedTid, std::string(phase) + " " + units[i].name, ts_us, out[i],
+                   traced.args(phase), live0, dev->memory.live(), dev->memory.peak());
+    }
+  };
+  std::vector<torch::Tensor> xs(nu), ys(nu);
+  torch::Tensor x = input, g;
+  for (std::size_t i = 0; i < nu; ++i) {
+    xs[i] = x.detach();
+    // The model's input never needs a gradient (the executor differentiates only later units' inputs).
+    if (xs[i].is_floating_point() && i > 0) xs[i].requires_grad_(true);
+    begin();
+    ys[i] = units[i].module->forward(xs[i]);
+    double earlier_s = 0;  // the last unit: its own forward and its loss, timed apart and summed
+    if (i + 1 == nu && loss && ys[i].requires_grad()) {
+      if (dev != nullptr) {
+        earlier_s = dev->timer.stop_s();
+        dev->timer.start();
+      }
+      torch::Tensor z = ys[i].detach().requires_grad_(true);
+      g = torch::autograd::grad({loss(z)}, {z})[0];
+      if (dev != nullptr) {
+        const double l = dev->timer.stop_s();
+        if (loss_s != nullptr) *loss_s = l;
+        earlier_s += l;
+        dev->timer.start();
+      }
+    }
+    end(fwd, i, "forward", earlier_s);
+    x = ys[i];
+  }
+  x = torch::Tensor();
+  for (std::size_t k = nu; k-- > 0;) {
+    if (!g.defined()) g = torch::ones_like(ys[k]);
+    begin();
+    torch::Tensor g_in;
+    if (ys[k].requires_grad()) g_in = accumulate_backward(ys[k], g, xs[k], params, accum);
+    end(bwd, k, "backward");
+    ys[k] = torch::Tensor();
+    xs[k] = torch::Tensor();
+    g = g_in;
+  }
+}
+
+// How far `ranks` ranks drift apart over one training step's compute started together: `rounds` times,
+// every rank (the calling thread and ranks - 1 others, `threads` intra-op threads each) waits at a
+// barrier, then runs step_pass; each round gives (slowest - mean) / mean of their durations. Returns
+// the mean over the rounds: the fraction of a step by which the last rank to reach a collective trails.
+double lock_step_skew(std::vector<zoo::Unit>& units, const torch::Tensor& input, const LossFn& loss,
+                      const std::vector<torch::Tensor>& params, int ranks, int threads, int rounds) {
+  std::vector<std::vector<double>> seconds(static_cast<std::size_t>(ranks), std::vector<double>(rounds, 0.0));
+  std::barrier sync(ranks);
+  std::mutex error_mutex;
+  std::string error;
+  auto rank = [&](int r) {
+    std::vector<torch::Tensor> accum;
+    for (const auto& p : params) accum.push_back(torch::zeros_like(p));
+    for (int k = 0; k < rounds; ++k) {
+      sync.arrive_and_wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        step_pass(units, input, loss, params, accum, nullptr, 0, 0, nullptr, nullptr);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (error.empty()) error = e.what();
+      }
+      seconds[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+  {
+    std::vector<std::thread> others;
+    for (int r = 1; r < ranks; ++r) {
+      others.emplace_back([&, r] {
+        if (threads > 0) {
+          at::set_num_threads(threads);
+        } else {
+          at::init_num_threads();
+        }
+        rank(r);
+      });
+    }
+    rank(0);
+    for (auto& t : others) t.join();
+  }
+  if (!error.empty()) throw SchemaError("profile: a concurrent rank's thread failed: " + error.substr(0, error.find('\n')));
+  // The first round pays for the threads' first allocations: left out.
+  double sum = 0;
+  int used = 0;
+  for (int k = 1; k < rounds; ++k) {
+    double mx = 0, mean = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const double s = seconds[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)];
+      mx = std::max(mx, s);
+      mean += s / ranks;
+    }
+    if (mean > 0) {
+      sum += (mx - mean) / mean;
+      ++used;
+    }
+  }
+  return used > 0 ? std::min(1.0, sum / used) : 0.0;
+}
+
+// One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each
+// (profile_unit: a unit alone, timed in isolation).
 std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& input,
                                     const std::vector<torch::Tensor>& grad_params, Devices& dev, const LossFn& loss,
-                                    const TracedPhase* traced = nullptr, bool input_grad = true,
-                                    std::vector<torch::Tensor>* accum = nullptr) {
+                                    bool input_grad = true) {
   torch::Tensor x = input.detach();
   if (x.is_floating_point() && input_grad) x.requires_grad_(true);
   reset_grads(grad_params);
-  ProfilerTrace* trace = traced != nullptr ? dev.trace : nullptr;
-  double ts_us = 0;
-  std::int64_t live0 = 0;
-  if (trace != nullptr) {
-    live0 = dev.memory.begin_phase();
-    ts_us = trace->begin_us();
-  }
   dev.timer.start();
   torch::Tensor y = unit.forward(x);
   torch::Tensor g;
@@ -293,28 +417,10 @@ std::pair<double, double> time_once(zoo::UnitModule& unit, const torch::Tensor& 
     g = torch::autograd::grad({loss(z)}, {z})[0];
   }
   const double fwd = dev.timer.stop_s();
-  if (trace != nullptr) {
-    trace->phase(ProfilerTrace::kTimedTid, "forward " + traced->unit_name, ts_us, fwd, traced->args("forward"), live0,
-                 dev.memory.live(), dev.memory.peak());
-  }
   if (!g.defined()) g = torch::ones_like(y);
-  if (trace != nullptr) {
-    live0 = dev.memory.begin_phase();
-    ts_us = trace->begin_us();
-  }
   dev.timer.start();
-  if (y.requires_grad()) {
-    if (accum != nullptr) {
-      accumulate_backward(y, g, x, grad_params, *accum);
-    } else {
-      torch::autograd::backward({y}, {g});
-    }
-  }
+  if (y.requires_grad()) torch::autograd::backward({y}, {g});
   const double bwd = dev.timer.stop_s();
-  if (trace != nullptr) {
-    trace->phase(ProfilerTrace::kTimedTid, "backward " + traced->unit_name, ts_us, bwd, traced->args("backward"),
-                 live0, dev.memory.live(), dev.memory.peak());
-  }
   reset_grads(grad_params);
   return {fwd, bwd};
 }
@@ -456,7 +562,7 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   // Timed passes.
   std::vector<double> fwd, bwd;
   for (int i = 0; i < options.repeats; ++i) {
-    auto [f, b] = time_once(unit, x, grad_params, dev, loss, nullptr, input_grad);
+    auto [f, b] = time_once(unit, x, grad_params, dev, loss, input_grad);
     fwd.push_back(f);
     bwd.push_back(b);
   }
@@ -647,61 +753,51 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     Devices dev = ctx.devices();
     dev.trace = traced;
     const std::size_t nb = batches.size(), nu = model.units.size();
-    std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu);
+    std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu), loss_times(nb);
     // The backward as the executor runs it: every parameter's gradient added into a buffer.
     std::vector<torch::Tensor> accum;
     for (const auto& p : all_params) accum.push_back(torch::zeros_like(p));
-    // The run's other local ranks, computing the unit being timed at the same time.
+    // The run's other local ranks, running training steps at the batch being timed at the same time,
+    // each at its own pace (as ranks drift in and out of phase in a run).
     std::optional<ConcurrentRanks> others;
     if (concurrent > 1) {
-      auto work = [&](int k, std::vector<torch::Tensor>& acc) {
-        const std::size_t bi = static_cast<std::size_t>(k) / nu, i = static_cast<std::size_t>(k) % nu;
-        torch::Tensor x = inputs[bi][i].detach();
-        if (x.is_floating_point() && i > 0) x.requires_grad_(true);
-        torch::Tensor y = model.units[i].module->forward(x);
-        if (!y.requires_grad()) return;
-        torch::Tensor g;
-        if (i + 1 == nu) {
-          torch::Tensor z = y.detach().requires_grad_(true);
-          g = torch::autograd::grad({losses[bi](z)}, {z})[0];
-        } else {
-          g = torch::ones_like(y);
-        }
-        accumulate_backward(y, g, x, all_params, acc);
+      auto work = [&](int bi, std::vector<torch::Tensor>& acc) {
+        const auto b = static_cast<std::size_t>(bi);
+        step_pass(model.units, inputs[b][0], losses[b], all_params, acc, nullptr, 0, 0, nullptr, nullptr);
       };
       others.emplace(concurrent - 1, options.threads, work, all_params);
     }
-    auto timed = [&](std::size_t bi, std::size_t i, int repeat) {
-      if (others) others->set(static_cast<int>(bi * nu + i));
-      const LossFn none;
-      const TracedPhase phase{model.units[i].name, static_cast<int>(i), batches[bi], repeat};
-      return time_once(*model.units[i].module, inputs[bi][i], all_params, dev, i + 1 == nu ? losses[bi] : none, &phase,
-                       /*input_grad=*/i > 0, &accum);
+    // Timed in step order: one training step's forward and backward of every unit per batch and round.
+    auto timed = [&](std::size_t bi, int repeat) {
+      if (others) others->set(static_cast<int>(bi));
+      std::vector<double> f(nu, 0.0), g(nu, 0.0);
+      double l = 0;
+      step_pass(model.units, inputs[bi][0], losses[bi], all_params, accum, &dev, batches[bi], repeat, f.data(),
+                g.data(), &l);
+      loss_times[bi].push_back(l);
+      for (std::size_t i = 0; i < nu; ++i) {
+        fwd[bi * nu + i].push_back(f[i]);
+        bwd[bi * nu + i].push_back(g[i]);
+      }
     };
     for (int r = 0; r < options.repeats; ++r) {
       if (options.progress) std::fprintf(stderr, "profile: timing round %d/%d\n", r + 1, options.repeats);
-      for (const std::size_t k : round_order(nb * nu, r)) {
-        auto [f, g] = timed(k / nu, k % nu, r);
-        fwd[k].push_back(f);
-        bwd[k].push_back(g);
-      }
+      for (const std::size_t bi : round_order(nb, r)) timed(bi, r);
     }
     // A unit whose times spread over more than a quarter of their median (and over 0.2 ms: below that
-    // the spread moves no step) is measured again (as many rounds more, that unit alone); if it still
-    // spreads, the profile says so.
+    // the spread moves no step) has its batch measured again (as many steps more); if it still spreads,
+    // the profile says so.
     auto noisy = [](const std::vector<double>& v) {
       const TimingStats t = timing_stats(v);
       return v.size() >= 3 && t.spread_s() > std::max(0.25 * t.median_s, 2e-4);
     };
     for (std::size_t bi = 0; bi < nb; ++bi) {
+      bool again = false;
+      for (std::size_t i = 0; i < nu; ++i) again = again || noisy(fwd[bi * nu + i]) || noisy(bwd[bi * nu + i]);
+      if (!again) continue;
+      for (int r = 0; r < options.repeats; ++r) timed(bi, options.repeats + r);
       for (std::size_t i = 0; i < nu; ++i) {
         const std::size_t k = bi * nu + i;
-        if (!noisy(fwd[k]) && !noisy(bwd[k])) continue;
-        for (int r = 0; r < options.repeats; ++r) {
-          auto [f, g] = timed(bi, i, options.repeats + r);
-          fwd[k].push_back(f);
-          bwd[k].push_back(g);
-        }
         for (auto [v, what] : {std::pair{&fwd[k], "forward"}, std::pair{&bwd[k], "backward"}}) {
           if (!noisy(*v)) continue;
           const TimingStats t = timing_stats(*v);
@@ -717,6 +813,10 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
       others.reset();
       if (!error.empty())
         throw SchemaError("profile: a concurrent rank's thread failed: " + error.substr(0, error.find('\n')));
+      const auto ref_bi = static_cast<std::size_t>(
+          std::find(batches.begin(), batches.end(), options.batch) - batches.begin());
+      profile.rank_skew = lock_step_skew(model.units, inputs[ref_bi][0], losses[ref_bi], all_params, concurrent,
+                                         options.threads, std::max(10, 2 * options.repeats));
     }
     for (std::size_t bi = 0; bi < nb; ++bi) {
       for (std::size_t i = 0; i < nu; ++i) {
@@ -726,6 +826,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
         m.time_fwd_spread_s = sf.spread_s();
         m.time_bwd_s = sb.median_s;
         m.time_bwd_spread_s = sb.spread_s();
+        if (i + 1 == nu) m.time_loss_s = timing_stats(loss_times[bi]).median_s;
       }
     }
   }
@@ -768,6 +869,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     if (r.kernel_time_fwd_s > 0) u.kernel_time_fwd_s = figure(&UnitMeasurement::kernel_time_fwd_s);
     if (r.bytes_peak_fwd_without_loss > 0)
       u.bytes_peak_fwd_without_loss = figure(&UnitMeasurement::bytes_peak_fwd_without_loss);
+    if (r.time_loss_s > 0) u.time_loss_s = figure(&UnitMeasurement::time_loss_s);
     if (r.kernel_time_bwd_s > 0) u.kernel_time_bwd_s = figure(&UnitMeasurement::kernel_time_bwd_s);
     u.saved_tensors = r.saved_tensors;
     for (const zoo::BorrowedParam& b : model.units[i].borrowed) {

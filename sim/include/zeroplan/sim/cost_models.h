@@ -113,10 +113,13 @@ double collective_time_flat(CollOp op, double bytes, int ranks, double bw_bytes_
 struct CollectiveOptions {
   CollAlgo algo = CollAlgo::ring;
   std::string backend;  // "nccl" | "gloo"; "" = by device kind (cuda: nccl, cpu: gloo)
+  std::string dtype = "fp32";  // the elements reduced: a fit measured with this dtype wins
 };
 
 // Time of one collective over `ranks` consecutive ranks of `cluster` (ranks fill nodes first).
-// A CollectiveFit for this op, backend, scope and world size wins: alpha + beta x bytes. Otherwise
+// A CollectiveFit for this op, backend, scope and world size wins: its measured points interpolated
+// (alpha + beta x bytes when it has none); of those, the fit measured with the options' dtype, else one
+// for any dtype. Otherwise
 // derived from the links: within a node the intra-node link; across m nodes of d devices hierarchical:
 // the intra-node phase on d ranks (NVLink) plus the inter-node phase on m nodes, where the node's
 // inter-node bandwidth is shared by its d devices (all_reduce: intra reduce-scatter + inter all-reduce

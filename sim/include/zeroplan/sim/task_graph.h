@@ -45,6 +45,14 @@ struct Resource {
   // In a group: the rate of its tasks whenever another member of the group runs too (a measured
   // slowdown, CPU cores shared by compute and collectives); 0: the group's equal share (below).
   double contended_rate = 0;
+  // Rank skew (collectives on ranks that drift apart): a task here starts its work only once every rank
+  // has issued it, `skew_fraction` x the seconds `skew_source` (this rank's compute) has been busy since
+  // the ranks were last aligned after its ready time; it holds the resource meanwhile (a collective
+  // waiting for the last rank) but not its group's cores. The ranks are aligned at the step's start and
+  // whenever one of these tasks completes while the source is idle (the rank waited for it, as every
+  // rank did). 0: none.
+  double skew_fraction = 0;
+  ResourceId skew_source = kNone;
 };
 
 // Contention model (a progress-rate model as in SimGrid's constant-share network): the running tasks of
@@ -96,6 +104,8 @@ class TaskGraph {
   // REQUIRES: contended_rate in [0, 1] (0: the group's equal share).
   ResourceId add_resource(std::string name, ResourceKind kind, GroupId group = kNone, double contended_rate = 0);
   PoolId add_pool(std::string name, std::int64_t capacity_bytes = 0, bool pinned_pow2 = false);
+  // REQUIRES: both resources exist, fraction in [0, 1].
+  void set_skew(ResourceId resource, ResourceId source, double fraction);
 
   // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
   TaskId add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps = {},
