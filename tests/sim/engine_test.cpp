@@ -238,6 +238,55 @@ TEST(SharedGroup, ContendedRatesReplaceTheEqualShare) {
   EXPECT_DOUBLE_EQ(makespan_lower_bound(g), 1.0);
 }
 
+TEST(RankSkew, ACollectiveStartsWhenTheLastRankArrivesAndWaitingForItRealignsTheRanks) {
+  TaskGraph g;
+  const ResourceId compute = g.add_resource("compute", ResourceKind::compute);
+  const ResourceId comm = g.add_resource("comm", ResourceKind::comm);
+  g.set_skew(comm, compute, 0.1);
+  const TaskId a = g.add_task(compute, 10.0, {});
+  const TaskId x = g.add_task(comm, 1.0, {}, {a});  // the last rank 0.1 x 10 s behind: work 11-12
+  const TaskId b = g.add_task(compute, 5.0, {}, {x});  // this rank waited for x, as every rank: aligned
+  const TaskId y = g.add_task(comm, 1.0, {}, {b});     // 0.1 x 5 s behind: work 17.5-18.5
+  const TaskId c = g.add_task(compute, 4.0, {}, {y});  // 18.5-22.5
+  const TaskId z = g.add_task(comm, 1.0, {});          // issued as c starts: nothing computed since aligned
+  const TaskId w = g.add_task(comm, 1.0, {}, {c});     // z ended while c ran (no realignment): 0.1 x 4 s
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.start_s[x], 10.0);
+  EXPECT_DOUBLE_EQ(r.end_s[x], 12.0);
+  EXPECT_DOUBLE_EQ(r.start_s[b], 12.0);
+  EXPECT_DOUBLE_EQ(r.end_s[y], 18.5);
+  EXPECT_DOUBLE_EQ(r.end_s[z], 19.5);
+  EXPECT_DOUBLE_EQ(r.end_s[w], 23.9);
+  // The wait holds the collective's stream: its busy time counts it, as a measured comm span does.
+  EXPECT_DOUBLE_EQ(r.resources[comm].busy_s, 2.0 + 1.5 + 1.0 + 1.4);
+  EXPECT_DOUBLE_EQ(r.resources[comm].work_s, 4.0);
+}
+
+TEST(RankSkew, AWaitingCollectiveTakesNoShareOfTheCores) {
+  TaskGraph g;
+  const GroupId cores = g.add_group("cores", 1.0);
+  const ResourceId compute = g.add_resource("compute", ResourceKind::compute, cores, 0.5);
+  const ResourceId comm = g.add_resource("comm", ResourceKind::comm, cores, 0.5);
+  g.set_skew(comm, compute, 1.0);
+  const TaskId a = g.add_task(compute, 2.0, {});
+  const TaskId x = g.add_task(comm, 1.0, {}, {a});  // waits 2 s for the last rank (2-4), then works alone
+  const TaskId b = g.add_task(compute, 2.0, {});    // 2-4 at full speed beside the waiting collective
+  const SimResult r = run(g);
+  EXPECT_DOUBLE_EQ(r.end_s[b], 4.0);
+  EXPECT_DOUBLE_EQ(r.end_s[x], 5.0);
+  // Without skew the two share the cores from 2 on: each at half speed.
+  TaskGraph h;
+  const GroupId hc = h.add_group("cores", 1.0);
+  const ResourceId hcompute = h.add_resource("compute", ResourceKind::compute, hc, 0.5);
+  const ResourceId hcomm = h.add_resource("comm", ResourceKind::comm, hc, 0.5);
+  const TaskId ha = h.add_task(hcompute, 2.0, {});
+  const TaskId hx = h.add_task(hcomm, 1.0, {}, {ha});
+  const TaskId hb = h.add_task(hcompute, 2.0, {});
+  const SimResult hr = run(h);
+  EXPECT_DOUBLE_EQ(hr.end_s[hx], 4.0);
+  EXPECT_DOUBLE_EQ(hr.end_s[hb], 5.0);
+}
+
 TEST(Graph, CriticalPathFollowsTheLongestChain) {
   TaskGraph g;
   const ResourceId r0 = g.add_resource("a", ResourceKind::compute);

@@ -49,7 +49,9 @@ TaskId ParamResidency::before_fwd(int u, int mb) {
 void ParamResidency::after_fwd(int u, int mb, TaskId fwd) {
   (void)mb;
   if (c_.plan.zero_stage != 3) return;
-  const bool keep = u + 1 == static_cast<int>(c_.units.size()) || u == 0 || c_.units[static_cast<std::size_t>(u)].pinned;
+  // Kept as the executor keeps them: unit 0 (FSDP's root) and owners of borrowed weights; the last unit
+  // is resharded too and gathered again for its backward (after the loss).
+  const bool keep = u == 0 || c_.units[static_cast<std::size_t>(u)].pinned;
   if (c_.plan.reshard_after_forward && !keep) {
     c_.g.set_free_at(gathered_alloc_[static_cast<std::size_t>(u)], fwd);
     gathered_[static_cast<std::size_t>(u)] = kNone;

@@ -13,6 +13,9 @@
 // The order and the checkpointed microbatches are profiles' pipeline_order and pipeline_checkpointed,
 // which the executor's pipeline piece (exec/src/step/pipeline.cpp) runs too.
 // The backward of a microbatch starts at the stage's last unit when its output's gradient has arrived.
+// A weight tied across stages (the word embeddings of the first and last stage) has its replica's
+// gradient sent to the owner before the owner's optimizer step, and the updated weight sent back after
+// both steps (tie()).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -42,12 +45,20 @@ struct Stage {
   std::vector<TaskId> fwd_first, fwd_last;  // per microbatch: forward (or, checkpointed, its stage input) ends
   std::vector<TaskId> bwd_first, bwd_last;  // per microbatch: the first unit's and the last unit's backward
   std::vector<AllocId> kept_output;         // per microbatch: a checkpointed forward's output, until sent
+  std::vector<std::pair<TaskId, int>> tied_copies;  // a replica's gradient copies to send: (copy, unit)
+  TaskId tied_in = kNone;   // an owner of a lent weight: its replicas' gradients received (then the step)
+  TaskId opt_end = kNone;   // the stage's last optimizer task
   PipelineStage out;
 };
 
 class Pipeline {
  public:
-  explicit Pipeline(Ctx& c) : c_(c), p_(c.plan.pipeline_stages), m_(c.m), n_tied_(c.g.intern("tied gradient sent")) {}
+  explicit Pipeline(Ctx& c)
+      : c_(c),
+        p_(c.plan.pipeline_stages),
+        m_(c.m),
+        n_tied_(c.g.intern("tied gradient sent")),
+        n_tied_in_(c.g.intern("received tied gradients")) {}
 
   std::vector<PipelineStage> run() {
     const std::vector<int> balance = pipeline_balance(c_.plan, c_.model);
@@ -74,7 +85,13 @@ class Pipeline {
       zero_grads(*st.v);
       for (const PipelineOp& op : pipeline_order(c_.plan.pipeline.schedule, p_, s, m_))
         (op.forward ? forward(st, op.microbatch) : backward(st, op.microbatch));
+      // An owner of a weight a later stage holds a replica of adds the replica's gradient (sent by tie())
+      // before its optimizer step.
+      if (lends(s)) {
+        st.tied_in = st.v->g.add_task(st.v->compute, 0.0, st.v->label(n_tied_in_), {}, c_.n_cat_compute);
+      }
       optimizer_step(*st.v, *st.grads);
+      st.opt_end = st.v->last_compute;
       // The Prediction's unit timings (first microbatch), in the whole model's indices.
       for (std::size_t u = 0; u < st.v->units.size(); ++u) {
         c_.fwd0[st.out.first_unit + u] = st.v->fwd0[u];
@@ -82,6 +99,7 @@ class Pipeline {
       }
     }
     for (int s = 0; s + 1 < p_; ++s) link(s);
+    tie();
     std::vector<PipelineStage> out;
     for (Stage& st : stages_) out.push_back(std::move(st.out));
     return out;
@@ -159,6 +177,7 @@ class Pipeline {
         tied_copy = v.g.alloc(copy, v.dev, x.replica_params * v.b.grad, MemCategory::grads, v.label(n_tied_, u, mb), kNone);
         tied_task = copy;
         tied_unit = u;
+        st.tied_copies.emplace_back(copy, u);
       }
       const TaskId done = st.grads->after_bwd(u, mb, bwd);
       if (copy != kNone && done != bwd) v.g.add_dep(done, copy);
@@ -173,6 +192,54 @@ class Pipeline {
       v.g.set_free_at(tied_copy, no_reduction_task ? tied_task : v.bwd[0]);
     }
     st.grads->finish_microbatch(mb);
+  }
+
+  int stage_of(int unit) const {
+    for (int s = 0; s < p_; ++s) {
+      const PipelineStage& o = stages_[static_cast<std::size_t>(s)].out;
+      if (unit >= o.first_unit && unit < o.first_unit + o.units) return s;
+    }
+    return -1;
+  }
+  // Whether a later stage borrows a weight of stage s's units (a replica it keeps: tied embeddings).
+  bool lends(int s) const {
+    for (int r = s + 1; r < p_; ++r)
+      for (const Unit& u : stages_[static_cast<std::size_t>(r)].v->units)
+        for (const auto& [o, params] : u.borrows)
+          if (stage_of(o) == s) return true;
+    return false;
+  }
+
+  // Tied weights across stages, as the executor's pipeline piece moves them: each replica's gradient
+  // copy is sent to the owner, who adds it before its optimizer step; after both optimizer steps the
+  // owner sends the updated weight to the replica (its next step's forward reads it). One channel per
+  // direction and pair of stages.
+  void tie() {
+    const NameId grad_send = c_.g.intern("send tied gradients"), param_send = c_.g.intern("send tied weights");
+    for (int r = 0; r < p_; ++r) {
+      Stage& rep = stages_[static_cast<std::size_t>(r)];
+      for (int u = 0; u < static_cast<int>(rep.v->units.size()); ++u) {
+        for (const auto& [o, params] : rep.v->units[static_cast<std::size_t>(u)].borrows) {
+          const int s = stage_of(o);
+          if (s < 0 || s >= r) continue;
+          Stage& own = stages_[static_cast<std::size_t>(s)];
+          bool near = true;
+          for (int d = 0; d < c_.n; ++d)
+            near = near && (s * c_.n + d) / c_.cluster.devices_per_node == (r * c_.n + d) / c_.cluster.devices_per_node;
+          const ResourceId back = c_.g.add_resource(fmt::format("p2p.s{}>s{}.tied", r, s), ResourceKind::comm);
+          const ResourceId out = c_.g.add_resource(fmt::format("p2p.s{}>s{}.tied", s, r), ResourceKind::comm);
+          const double grad_t = p2p_time(c_.cluster, static_cast<double>(params * rep.v->b.grad), near);
+          for (const auto& [copy, cu] : rep.tied_copies) {
+            if (cu != u) continue;
+            const TaskId send = c_.g.add_task(back, grad_t, rep.v->label(grad_send, u), {copy}, c_.n_cat_comm);
+            c_.g.add_dep(own.tied_in, send);
+          }
+          const double param_t = p2p_time(c_.cluster, static_cast<double>(params * rep.v->b.param), near);
+          c_.g.add_task(out, param_t, own.v->label(param_send, o - own.out.first_unit), {own.opt_end, rep.opt_end},
+                        c_.n_cat_comm);
+        }
+      }
+    }
   }
 
   // The sends between stage s and s + 1, one resource per direction, in microbatch order.
@@ -212,7 +279,7 @@ class Pipeline {
 
   Ctx& c_;
   const int p_, m_;
-  const NameId n_tied_;
+  const NameId n_tied_, n_tied_in_;
   std::vector<Stage> stages_;
 };
 
