@@ -57,6 +57,8 @@ ModelProfile profile_step(const Args& a, const Globals& g, const zoo::Options& o
   if (po.batches.size() < 2) po.batches = {per_rank, 2 * per_rank};
   po.threads = std::max(1, cores / a.nproc);
   po.dtype = dtype;
+  // More rounds than profile's default: the runs are judged against these times within a few percent.
+  po.repeats = 11;
   // Every unit timed with the run's local ranks computing it at once.
   po.concurrent_ranks = a.profile_concurrent_ranks > 0 ? a.profile_concurrent_ranks : a.nproc;
   ModelProfile profile = profile_model(model, po);

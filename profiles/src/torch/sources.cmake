@@ -14,6 +14,7 @@ add_library(zeroplan_profiles
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/flops.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/profiler.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/cuda.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/host_heap.cpp
 )
 target_include_directories(zeroplan_profiles PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 target_link_libraries(zeroplan_profiles PUBLIC zeroplan_schema zeroplan::torch zeroplan_config PRIVATE fmt::fmt)

@@ -67,8 +67,8 @@ struct UnitProfile {
   // Batch-dependent figures, each for ONE repetition.
   Figure bytes_saved;        // kept for backward: saved by autograd, plus the input (profiler.h)
   Figure bytes_output;       // the output activation
-  Figure time_fwd_s;         // median forward time
-  Figure time_bwd_s;         // median backward time
+  Figure time_fwd_s;         // forward time: trimmed mean over the timed rounds (profile_model)
+  Figure time_bwd_s;         // backward time: trimmed mean over the timed rounds (profile_model)
   Figure time_fwd_spread_s;  // spread (p90 - p10) of forward time; optional, default 0
   Figure time_bwd_spread_s;  // spread (p90 - p10) of backward time; optional, default 0
   Figure bytes_peak_fwd;     // transient peak during forward above what was live before it

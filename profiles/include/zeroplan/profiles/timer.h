@@ -54,6 +54,9 @@ struct TimingStats {
   double median_s = 0;
   double p10_s = 0;
   double p90_s = 0;
+  // The mean without the n/10 largest and n/10 smallest samples: for times that add up (a step is the
+  // sum of its units' times, whose slow samples count; a stray preemption does not).
+  double trimmed_mean_s = 0;
   double spread_s() const { return p90_s - p10_s; }
 };
 TimingStats timing_stats(std::vector<double> samples_s);

@@ -22,6 +22,7 @@
 #include "zeroplan/profiles/counting_allocator.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/flops.h"
+#include "zeroplan/profiles/host_heap.h"
 #include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
@@ -54,7 +55,11 @@ double quantile(const std::vector<double>& sorted, double q) {
 
 TimingStats timing_stats(std::vector<double> samples_s) {
   std::sort(samples_s.begin(), samples_s.end());
-  return TimingStats{quantile(samples_s, 0.5), quantile(samples_s, 0.1), quantile(samples_s, 0.9)};
+  const std::size_t n = samples_s.size(), cut = n / 10;
+  double sum = 0;
+  for (std::size_t i = cut; i + cut < n; ++i) sum += samples_s[i];
+  const double trimmed = n > 2 * cut ? sum / static_cast<double>(n - 2 * cut) : 0.0;
+  return TimingStats{quantile(samples_s, 0.5), quantile(samples_s, 0.1), quantile(samples_s, 0.9), trimmed};
 }
 
 Fit fit_linear(const std::vector<double>& batches, const std::vector<double>& values) {
@@ -659,6 +664,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
   const torch::Dtype dtype = parse_dtype(options.dtype);
   const torch::Device device = parse_device(options.device);
   if (options.threads > 0) torch::set_num_threads(options.threads);
+  retain_freed_host_memory();  // as every rank of a run does (host_heap.h)
 
   std::vector<int> batches = options.batches.empty()
                                  ? std::vector<int>{options.batch, 2 * options.batch}
@@ -821,12 +827,13 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     for (std::size_t bi = 0; bi < nb; ++bi) {
       for (std::size_t i = 0; i < nu; ++i) {
         UnitMeasurement& m = measurements[bi][i];
+        // Trimmed means: a step sums its units' times, the slow samples included.
         const TimingStats sf = timing_stats(fwd[bi * nu + i]), sb = timing_stats(bwd[bi * nu + i]);
-        m.time_fwd_s = sf.median_s;
+        m.time_fwd_s = sf.trimmed_mean_s;
         m.time_fwd_spread_s = sf.spread_s();
-        m.time_bwd_s = sb.median_s;
+        m.time_bwd_s = sb.trimmed_mean_s;
         m.time_bwd_spread_s = sb.spread_s();
-        if (i + 1 == nu) m.time_loss_s = timing_stats(loss_times[bi]).median_s;
+        if (i + 1 == nu) m.time_loss_s = timing_stats(loss_times[bi]).trimmed_mean_s;
       }
     }
   }
