@@ -167,8 +167,11 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
         Running& x = run[r];
         if (x.task == kNone) continue;
         if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
+        // A measured slowdown is one other member's: with k others running it adds k times over (two
+        // collectives in flight beside compute take twice the cores one takes).
         const double contended = g.resources()[r].contended_rate;
-        const double rate = contended > 0 ? (group_count[gr] > 1 ? contended : 1.0) : share;
+        const double others = static_cast<double>(group_count[gr]) - 1.0;
+        const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now - std::max(x.last, x.work_from)));
         x.last = now;
         x.rate = rate;

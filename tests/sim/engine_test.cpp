@@ -287,6 +287,23 @@ TEST(RankSkew, AWaitingCollectiveTakesNoShareOfTheCores) {
   EXPECT_DOUBLE_EQ(hr.end_s[hb], 5.0);
 }
 
+TEST(SharedGroup, EachOtherMemberAddsItsMeasuredSlowdown) {
+  TaskGraph g;
+  const GroupId cores = g.add_group("cores", 1.0);
+  const ResourceId compute = g.add_resource("compute", ResourceKind::compute, cores, 0.5);  // x2 beside one
+  const ResourceId comm = g.add_resource("comm", ResourceKind::comm, cores, 0.8);
+  const ResourceId comm_rs = g.add_resource("comm.rs", ResourceKind::comm, cores, 0.8);
+  const TaskId a = g.add_task(compute, 3.0, {});
+  const TaskId b = g.add_task(comm, 1.0, {});
+  const TaskId c = g.add_task(comm_rs, 1.0, {});
+  const SimResult r = run(g);
+  // All three run: compute at 1 / (1 + 2 x 1) = 1/3, each collective at 1 / (1 + 2 x 0.25) = 2/3, so
+  // both collectives end at 1.5 (compute has done 0.5); then compute alone: 2.5 more.
+  EXPECT_DOUBLE_EQ(r.end_s[b], 1.5);
+  EXPECT_DOUBLE_EQ(r.end_s[c], 1.5);
+  EXPECT_DOUBLE_EQ(r.end_s[a], 4.0);
+}
+
 TEST(Graph, CriticalPathFollowsTheLongestChain) {
   TaskGraph g;
   const ResourceId r0 = g.add_resource("a", ResourceKind::compute);

@@ -1,7 +1,9 @@
-// Completion times of asynchronous collectives: a watcher thread waits the works in issue order (a
-// process group runs them FIFO), so each gets a span [max(issue, previous end), end] on the comm lane
-// without the main thread blocking early. The main thread waits through wait(), which records the
-// exposed (blocking) time as "comm_wait" and rethrows a collective's error.
+// Completion times of asynchronous collectives of one communicator: a watcher thread waits the works in
+// issue order (a process group runs them FIFO), so each gets a span [max(issue, previous end), end] on
+// its lane without the main thread blocking early. The main thread waits through wait(), which records
+// the exposed (blocking) time as "comm_wait" and rethrows a collective's error. One tracker per
+// communicator: works of another process group complete on their own, and a wait must not queue behind
+// them.
 #pragma once
 
 #include <condition_variable>
@@ -30,7 +32,7 @@ class CommTracker {
   };
   using Handle = std::shared_ptr<Entry>;
 
-  explicit CommTracker(Recorder& rec) : rec_(rec), thread_([this] { run(); }) {}
+  explicit CommTracker(Recorder& rec, Lane lane = Lane::comm) : rec_(rec), lane_(lane), thread_([this] { run(); }) {}
   ~CommTracker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -68,7 +70,7 @@ class CommTracker {
     rec_.add_phase("comm_wait", rec_.now_s() - t0);
     if (!e->recorded) {
       e->recorded = true;
-      rec_.span(Lane::comm, e->name, e->t_start, e->t_end, e->phase, e->unit, e->microbatch);
+      rec_.span(lane_, e->name, e->t_start, e->t_end, e->phase, e->unit, e->microbatch);
     }
     if (e->error) std::rethrow_exception(e->error);
   }
@@ -103,6 +105,7 @@ class CommTracker {
   }
 
   Recorder& rec_;
+  const Lane lane_;
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;
   std::deque<Handle> queue_;

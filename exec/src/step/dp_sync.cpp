@@ -22,10 +22,12 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
   c.at("all", "setup");
   grad_full_.resize(c.units.size());
   rs_comm_ = &c.comm;
+  rs_tracker_ = &c.tracker;
   if (stage_ == 3) {
     try {
       rs_own_ = c.comm.duplicate();
       rs_comm_ = rs_own_.get();
+      rs_tracker_ = &c.rs_tracker;
     } catch (const CommError&) {
       // A test communicator with one queue: reduce-scatters queue behind the gathers.
     }
@@ -166,7 +168,7 @@ void GradSync::launch_reduce_scatter(int bucket, torch::Tensor input, int micro)
   const std::string name = b.units.size() == 1
                                ? "reduce_scatter " + c_.unit(last).name
                                : detail::format("reduce_scatter units {}-{}", last, b.units.front());
-  auto h = c_.tracker.issue(rs_comm_->reduce_scatter(output, wire, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
+  auto h = rs_tracker_->issue(rs_comm_->reduce_scatter(output, wire, ReduceOp::kSum), t, name, "reduce_scatter", last, micro);
   pending_.push_back({bucket, h, wire, output, source});
 }
 
@@ -177,7 +179,7 @@ void GradSync::drain(std::size_t keep) {
     const RsBucket& b = rs_buckets_[static_cast<std::size_t>(p.bucket)];
     const UnitRT& L = c_.unit(b.units.back());
     c_.at(L.name, "reduce_scatter");
-    c_.tracker.wait(p.handle);
+    rs_tracker_->wait(p.handle);
     p.input = torch::Tensor();
     torch::Tensor reduced = p.output;
     double t0 = 0;

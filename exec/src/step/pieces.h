@@ -173,6 +173,7 @@ class Ctx {
   Device& dev;
   Recorder& rec;
   CommTracker tracker;
+  CommTracker rs_tracker{rec, Lane::comm_rs};  // stage 3's reduce-scatters, on a duplicate communicator
   int rank = 0, world = 1;
   int ranks_per_node = 1;         // consecutive ranks that share a node (divides world)
   std::vector<UnitRT> units;
@@ -292,6 +293,7 @@ class GradSync {
   // form a second group): the step's communicator.
   std::unique_ptr<Communicator> rs_own_;
   Communicator* rs_comm_ = nullptr;
+  CommTracker* rs_tracker_ = nullptr;  // the tracker of rs_comm_
   torch::Tensor grad_all_;       // stages 0-1: full gradients
   torch::Tensor grad_shard_all_; // stages 2-3: this rank's gradient shard
   torch::Tensor host_scratch_;   // offload.grads: one unit's reduced shard on its way to the host

@@ -14,6 +14,7 @@ const char* lane_name(Lane lane) {
     case Lane::h2d: return "h2d";
     case Lane::d2h: return "d2h";
     case Lane::optimizer: return "optimizer";
+    case Lane::comm_rs: return "comm.rs";
   }
   return "?";
 }
@@ -66,7 +67,7 @@ void Recorder::span(Lane lane, const std::string& name, double t0_s, double t1_s
 std::string Recorder::chrome_trace_json() const {
   TraceWriter w;
   w.process_name(rank_, "zeroplan run rank " + std::to_string(rank_));
-  for (int i = 0; i <= static_cast<int>(Lane::optimizer); ++i) {
+  for (int i = 0; i <= static_cast<int>(Lane::comm_rs); ++i) {
     w.thread_name(rank_, i, lane_name(static_cast<Lane>(i)));
     w.thread_sort_index(rank_, i, i);
   }

@@ -12,7 +12,8 @@
 
 namespace zeroplan::exec {
 
-enum class Lane { compute = 0, comm = 1, h2d = 2, d2h = 3, optimizer = 4 };
+// comm_rs: stage 3's reduce-scatters on a communicator of their own (FSDP's reduce-scatter stream).
+enum class Lane { compute = 0, comm = 1, h2d = 2, d2h = 3, optimizer = 4, comm_rs = 5 };
 const char* lane_name(Lane lane);
 
 class Recorder {

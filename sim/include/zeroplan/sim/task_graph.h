@@ -42,8 +42,9 @@ struct Resource {
   std::string name;
   ResourceKind kind = ResourceKind::other;
   GroupId group = kNone;  // shared-bandwidth group, or kNone
-  // In a group: the rate of its tasks whenever another member of the group runs too (a measured
-  // slowdown, CPU cores shared by compute and collectives); 0: the group's equal share (below).
+  // In a group: the rate of its tasks while one other member of the group runs too (a measured
+  // slowdown, CPU cores shared by compute and collectives; more members slow it more, below); 0: the
+  // group's equal share.
   double contended_rate = 0;
   // Rank skew (collectives on ranks that drift apart): a task here starts its work only once every rank
   // has issued it, `skew_fraction` x the seconds `skew_source` (this rank's compute) has been busy since
@@ -58,7 +59,9 @@ struct Resource {
 // Contention model (a progress-rate model as in SimGrid's constant-share network): the running tasks of
 // all resources in a group split `capacity` equally, each progressing at rate min(1, capacity / n) of its
 // stand-alone speed, where n is how many run in the group now, unless the resource has a contended_rate
-// (then that rate whenever n > 1). Rates change only at events, so the model is exact and deterministic.
+// r, measured beside one other member: then 1 / (1 + (n - 1)(1 / r - 1)), each other member adding the
+// same slowdown (r itself when n = 2). Rates change only at events, so the model is exact and
+// deterministic.
 // capacity 1: two concurrent copies on one PCIe link each take twice as long; capacity 2: two run at full
 // speed, a third slows all three to 2/3.
 struct SharedGroup {
