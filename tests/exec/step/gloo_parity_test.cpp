@@ -395,11 +395,19 @@ TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {
         ++memory_counters;
       if (e.at("ph") == "M" && e.at("name") == "thread_name") lanes.insert(e.at("args").at("name").get<std::string>());
       if (e.at("ph") == "X") {
-        names.insert(e.at("name").get<std::string>().substr(0, e.at("name").get<std::string>().find(' ')));
+        const std::string name = e.at("name").get<std::string>();
+        names.insert(name.substr(0, name.find(' ')));
         EXPECT_GE(e.at("dur").get<double>(), 0.0);
+        // Stage 3's reduce-scatters run on a communicator of their own, tracked on their own lane.
+        if (name.rfind("reduce_scatter", 0) == 0) {
+          EXPECT_EQ(e.at("tid"), static_cast<int>(Lane::comm_rs)) << name;
+        }
+        if (name.rfind("all_gather", 0) == 0) {
+          EXPECT_EQ(e.at("tid"), static_cast<int>(Lane::comm)) << name;
+        }
       }
     }
-    EXPECT_EQ(lanes, (std::set<std::string>{"compute", "comm", "h2d", "d2h", "optimizer"}));
+    EXPECT_EQ(lanes, (std::set<std::string>{"compute", "comm", "h2d", "d2h", "optimizer", "comm.rs"}));
     EXPECT_GT(memory_counters, 0) << "rank " << r << " trace has no memory device counters";
     for (const char* n : {"forward", "backward", "recompute", "all_gather", "reduce_scatter", "optimizer", "d2h", "h2d"}) {
       EXPECT_TRUE(names.count(n)) << "rank " << r << " trace has no " << n;

@@ -40,19 +40,19 @@ TEST(Recorder, TraceHasLanesSpansAndMemoryCounters) {
     if (e.at("ph") == "X") spans.push_back(e.at("name"));
     if (e.at("ph") == "C") counters.push_back(e);
   }
-  EXPECT_EQ(lanes, (std::vector<std::string>{"compute", "comm", "h2d", "d2h", "optimizer"}));
+  EXPECT_EQ(lanes, (std::vector<std::string>{"compute", "comm", "h2d", "d2h", "optimizer", "comm.rs"}));
   EXPECT_EQ(spans, (std::vector<std::string>{"forward \"embed\"", "backward \"embed\"", "all_gather"}));
-  const auto& fwd = events[11];
+  const auto& fwd = events[13];
   EXPECT_EQ(fwd.at("name"), "forward \"embed\"");
   EXPECT_EQ(fwd.at("cat"), "compute");
   EXPECT_EQ(fwd.at("tid"), 0);
   EXPECT_DOUBLE_EQ(fwd.at("ts").get<double>(), 1000.0);
   EXPECT_DOUBLE_EQ(fwd.at("dur").get<double>(), 1000.0);
   EXPECT_EQ(fwd.at("args"), (nlohmann::json{{"step", 0}, {"warmup", true}, {"unit", 0}, {"microbatch", 0}}));
-  const auto& bwd = events[12];
+  const auto& bwd = events[14];
   EXPECT_EQ(bwd.at("dur").get<double>(), 0.0);
   EXPECT_EQ(bwd.at("args"), (nlohmann::json{{"step", 1}, {"unit", 0}, {"microbatch", 1}}));
-  EXPECT_EQ(events[13].at("args"), (nlohmann::json{{"step", 0}, {"warmup", true}}));
+  EXPECT_EQ(events[15].at("args"), (nlohmann::json{{"step", 0}, {"warmup", true}}));
   ASSERT_EQ(counters.size(), 3u);
   for (const auto& c : counters) EXPECT_EQ(c.at("name"), "memory device");
   EXPECT_DOUBLE_EQ(counters[0].at("ts").get<double>(), 2000.0);
