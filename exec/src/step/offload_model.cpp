@@ -216,9 +216,11 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
       if (ckpt) {  // the slice's input back and the slice's forward again, with its graph
         torch::Tensor cur = to_device(s, k);
         boundary[at(s, k)] = torch::Tensor();
-        // No buffers kept: the recompute updates BatchNorm statistics a second time, as this schedule always did.
-        Recompute::Replay replay(recompute[at(s, k)], dev);
-        recompute[at(s, k)].drop_rng();
+        // The slice's buffers kept: the recompute updates BatchNorm-style statistics a second time, and
+        // they are put back after the slice's backward of this chunk (as Activations and pipelines do).
+        std::vector<std::shared_ptr<zoo::UnitModule>> modules;
+        for (int u = first(s); u < end(s); ++u) modules.push_back(c.unit(u).module);
+        Recompute::Replay replay(recompute[at(s, k)], dev, modules);
         for (int u = first(s); u < end(s); ++u) {
           torch::Tensor out = unit_forward(u, cur, micro(k), true, &ins[ui(u, k)]);
           outs[ui(u, k)] = out;
@@ -237,6 +239,7 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
         c.rec.span(Lane::compute, "backward " + c.unit(u).name, t0, c.rec.now_s(), "backward", u, micro(k));
       }
       grad[static_cast<std::size_t>(k)] = std::move(g);
+      if (ckpt) recompute[at(s, k)].restore_buffers();  // the statistics as the forward left them
     }
     finish_backward(s, j, j == m - 1);
   }

@@ -304,6 +304,42 @@ TEST(ExecutorCheckpoint, RecomputeRestoresDropoutMasks) {
   EXPECT_NE(other[0].local_losses[0], plain[0].local_losses[0]) << "dropout is not active";
 }
 
+// ---- a recompute leaves BatchNorm's running statistics as the forward left them ----
+
+TEST(ExecutorCheckpoint, RecomputesLeaveBatchNormStatisticsAsTheForwardDid) {
+  const ModelSpec m = resnet_tiny(4);
+  auto run = [&](const std::function<void(Plan&)>& edit) {
+    Plan p = make_plan(m, 1, PlanSpec{0, 1});
+    edit(p);
+    return thread_run(m, p, 2, cpu_device())[0];
+  };
+  const RankRun plain = run([](Plan&) {});
+  ASSERT_FALSE(plain.buffers.empty());
+  auto om = [](bool ckpt, int chunks) {
+    return [=](Plan& p) {
+      p.offload_model.enabled = true;
+      p.offload_model.slices = 2;
+      p.offload_model.checkpoint_activation = ckpt;
+      p.offload_model.microbatches = chunks;
+    };
+  };
+  const std::vector<std::pair<std::string, RankRun>> runs = {
+      {"checkpoint all", run([](Plan& p) { p.checkpointing.mode = Checkpointing::Mode::all; })},
+      {"OffloadModel", run(om(false, 1))},
+      {"OffloadModel checkpoint_activation", run(om(true, 1))},
+      {"OffloadModel checkpoint_activation 2 chunks", run(om(true, 2))}};
+  const RankRun chunks = run(om(false, 2));  // the statistics of 2 chunks of 2 samples, no recompute
+  for (const auto& [what, r] : runs) {
+    const RankRun& ref = what.find("2 chunks") != std::string::npos ? chunks : plain;
+    ASSERT_EQ(r.buffers.size(), ref.buffers.size()) << what;
+    for (std::size_t i = 0; i < r.buffers.size(); ++i) {
+      EXPECT_EQ(r.buffers[i].first, ref.buffers[i].first);
+      EXPECT_TRUE(torch::equal(r.buffers[i].second, ref.buffers[i].second))
+          << what << ": " << r.buffers[i].first << " differs from the run without recompute";
+    }
+  }
+}
+
 // ---- a delay before every collective changes nothing ----
 
 TEST(ExecutorThreadParity, DelayBeforeCollectives) {

@@ -155,6 +155,7 @@ inline TrainResult reference_run(const ModelSpec& m, const Plan& plan, int steps
 struct RankRun {
   std::vector<double> local_losses;
   NamedTensors params;
+  NamedTensors buffers;  // every unit's buffers (BatchNorm's running statistics) after the steps, cloned
   std::int64_t shard_numel = 0;
   bool views_valid = true;
   std::vector<CollectiveCounts> step_counts;  // per step, when counted
@@ -185,6 +186,9 @@ inline std::vector<RankRun> thread_run(const ModelSpec& m, const Plan& plan, int
         }
         run.shard_numel = ex.optimizer_shard_numel();
         run.params = ex.full_parameters();
+        for (const auto& u : model.units)
+          for (const auto& item : u.module->named_buffers(true))
+            run.buffers.emplace_back(u.name + "." + item.key(), item.value().detach().to(torch::kCPU).clone());
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
