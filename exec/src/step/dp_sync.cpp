@@ -84,8 +84,11 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
 void GradSync::zero() {
   torch::NoGradGuard no_grad;
   c_.at("all", "zero_grad");
+  const double t0 = c_.rec.now_s();
   if (grad_all_.defined()) grad_all_.zero_();
   if (grad_shard_all_.defined()) grad_shard_all_.zero_();
+  c_.dev.synchronize();
+  c_.rec.span(Lane::compute, "zero_grad", t0, c_.rec.now_s(), "zero_grad");
 }
 
 torch::Tensor GradSync::region(int owner) {
