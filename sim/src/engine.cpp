@@ -85,6 +85,9 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
   double now = 0;
   // Rank skew: per source resource, its busy seconds since the ranks were last aligned.
   std::vector<double> since_aligned(n_res, 0.0);
+  std::vector<char> skew_source(n_res, 0);
+  for (const Resource& res : g.resources())
+    if (res.skew_source != kNone) skew_source[res.skew_source] = 1;
   auto busy_since_aligned = [&](ResourceId src) {
     const TaskId t = run[src].task;
     return since_aligned[src] + (t != kNone ? now - out.start_s[t] : 0.0);
@@ -117,7 +120,7 @@ SimResult run(const TaskGraph& g, bool check_cycles) {
     if (res.skew_source != kNone) {
       // The source idle: this rank waited for the collective, as every rank did: aligned again.
       if (run[res.skew_source].task == kNone) since_aligned[res.skew_source] = 0.0;
-    } else {
+    } else if (skew_source[r]) {
       since_aligned[r] += now - out.start_s[t];
     }
     mem.on_end(t, now);

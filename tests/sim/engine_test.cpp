@@ -263,28 +263,24 @@ TEST(RankSkew, ACollectiveStartsWhenTheLastRankArrivesAndWaitingForItRealignsThe
 }
 
 TEST(RankSkew, AWaitingCollectiveTakesNoShareOfTheCores) {
-  TaskGraph g;
-  const GroupId cores = g.add_group("cores", 1.0);
-  const ResourceId compute = g.add_resource("compute", ResourceKind::compute, cores, 0.5);
-  const ResourceId comm = g.add_resource("comm", ResourceKind::comm, cores, 0.5);
-  g.set_skew(comm, compute, 1.0);
-  const TaskId a = g.add_task(compute, 2.0, {});
-  const TaskId x = g.add_task(comm, 1.0, {}, {a});  // waits 2 s for the last rank (2-4), then works alone
-  const TaskId b = g.add_task(compute, 2.0, {});    // 2-4 at full speed beside the waiting collective
-  const SimResult r = run(g);
-  EXPECT_DOUBLE_EQ(r.end_s[b], 4.0);
-  EXPECT_DOUBLE_EQ(r.end_s[x], 5.0);
+  // Compute 2 s, then a collective after it beside 2 s more compute, on shared cores: returns the ends of
+  // (collective, second compute).
+  auto ends = [](double skew) {
+    TaskGraph g;
+    const GroupId cores = g.add_group("cores", 1.0);
+    const ResourceId compute = g.add_resource("compute", ResourceKind::compute, cores, 0.5);
+    const ResourceId comm = g.add_resource("comm", ResourceKind::comm, cores, 0.5);
+    if (skew > 0) g.set_skew(comm, compute, skew);
+    const TaskId a = g.add_task(compute, 2.0, {});
+    const TaskId x = g.add_task(comm, 1.0, {}, {a});
+    const TaskId b = g.add_task(compute, 2.0, {});
+    const SimResult r = run(g);
+    return std::pair{r.end_s[x], r.end_s[b]};
+  };
+  // The collective waits 2 s for the last rank (2-4) while the compute runs at full speed, then works alone.
+  EXPECT_EQ(ends(1.0), (std::pair{5.0, 4.0}));
   // Without skew the two share the cores from 2 on: each at half speed.
-  TaskGraph h;
-  const GroupId hc = h.add_group("cores", 1.0);
-  const ResourceId hcompute = h.add_resource("compute", ResourceKind::compute, hc, 0.5);
-  const ResourceId hcomm = h.add_resource("comm", ResourceKind::comm, hc, 0.5);
-  const TaskId ha = h.add_task(hcompute, 2.0, {});
-  const TaskId hx = h.add_task(hcomm, 1.0, {}, {ha});
-  const TaskId hb = h.add_task(hcompute, 2.0, {});
-  const SimResult hr = run(h);
-  EXPECT_DOUBLE_EQ(hr.end_s[hx], 4.0);
-  EXPECT_DOUBLE_EQ(hr.end_s[hb], 5.0);
+  EXPECT_EQ(ends(0.0), (std::pair{4.0, 5.0}));
 }
 
 TEST(SharedGroup, EachOtherMemberAddsItsMeasuredSlowdown) {

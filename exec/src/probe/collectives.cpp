@@ -61,6 +61,19 @@ nlohmann::json settings_json(const WorkerSettings& w) {
   return {{"bytes", w.bytes}, {"reps", w.reps}, {"warmup", w.warmup}, {"threads", w.threads}};
 }
 
+// The fits the probe makes, each with the worker's key for its timings: one per op (fp32 elements,
+// used for any dtype), then the reducing ops' 16-bit fits ("all_reduce/bf16").
+struct FitKey {
+  std::string key, op, dtype;
+};
+std::vector<FitKey> fit_keys() {
+  std::vector<FitKey> keys;
+  for (const std::string op : kOps) keys.push_back({op, op, ""});
+  for (const std::string op : kReduceOps)
+    for (const auto& d : kReduceDtypes) keys.push_back({op + "/" + d.first, op, d.first});
+  return keys;
+}
+
 struct CollectiveRun {
   std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, median s)
   std::vector<std::string> fallbacks;
@@ -111,9 +124,9 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   for (const auto& [op, rows] : j.at("timings").items())
     for (const auto& row : rows)
       run.points[op].emplace_back(row.at("bytes").get<double>(), row.at("median_s").get<double>());
-  for (const char* op : kOps) {
-    if (run.points[op].empty())
-      throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {} (in {})", n, op,
+  for (const FitKey& k : fit_keys()) {
+    if (run.points[k.key].empty())
+      throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {} (in {})", n, k.key,
                                    r.output_dir));
   }
   std::error_code ec;
@@ -136,16 +149,8 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
     WorkerSettings w{s.coll_bytes, s.coll_reps, s.coll_warmup, std::max(1, m.cores / n)};
     const CollectiveRun run = run_collectives(o, n, w);
     std::string line = fmt::format("collectives on {} ranks (gloo, 127.0.0.1):", n);
-    // One fit per op (fp32 elements, used for any dtype), then the reducing ops' 16-bit fits.
-    std::vector<std::pair<std::string, std::string>> fits;  // (op, dtype)
-    for (const std::string op : kOps) fits.emplace_back(op, "");
-    for (const std::string op : kReduceOps)
-      for (const auto& d : kReduceDtypes) fits.emplace_back(op, d.first);
-    for (const auto& [op, dtype] : fits) {
-      const auto it = run.points.find(dtype.empty() ? op : op + "/" + dtype);
-      if (it == run.points.end() || it->second.empty())
-        throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {}{}{}", n, op,
-                                     dtype.empty() ? "" : " in ", dtype));
+    for (const auto& [key, op, dtype] : fit_keys()) {
+      const auto it = run.points.find(key);  // present: run_collectives checked
       const AlphaBetaFit fit = fit_alpha_beta(it->second);
       CollectiveFit f;
       f.op = op;

@@ -27,7 +27,8 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     try {
       rs_own_ = c.comm.duplicate();
       rs_comm_ = rs_own_.get();
-      rs_tracker_ = &c.rs_tracker;
+      rs_own_tracker_ = std::make_unique<CommTracker>(c.rec, Lane::comm_rs);
+      rs_tracker_ = rs_own_tracker_.get();
     } catch (const CommError&) {
       // A test communicator with one queue: reduce-scatters queue behind the gathers.
     }

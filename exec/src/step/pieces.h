@@ -173,7 +173,6 @@ class Ctx {
   Device& dev;
   Recorder& rec;
   CommTracker tracker;
-  CommTracker rs_tracker{rec, Lane::comm_rs};  // stage 3's reduce-scatters, on a duplicate communicator
   int rank = 0, world = 1;
   int ranks_per_node = 1;         // consecutive ranks that share a node (divides world)
   std::vector<UnitRT> units;
@@ -292,6 +291,7 @@ class GradSync {
   // backward's prefetch all-gathers do not queue behind them; stage 2 (and a communicator that cannot
   // form a second group): the step's communicator.
   std::unique_ptr<Communicator> rs_own_;
+  std::unique_ptr<CommTracker> rs_own_tracker_;  // rs_own_'s works (destroyed first: declared after it)
   Communicator* rs_comm_ = nullptr;
   CommTracker* rs_tracker_ = nullptr;  // the tracker of rs_comm_
   torch::Tensor grad_all_;       // stages 0-1: full gradients

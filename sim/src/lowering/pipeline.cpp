@@ -29,10 +29,10 @@ namespace zeroplan::sim::lowering {
 
 namespace {
 
-// Whether every replica's ranks of stages s and s + 1 are on one node (stage-major ranks).
-bool same_node(int s, int dp, int devices_per_node) {
+// Whether every replica's ranks of stages s and t are on one node (stage-major ranks).
+bool same_node(int s, int t, int dp, int devices_per_node) {
   for (int d = 0; d < dp; ++d)
-    if ((s * dp + d) / devices_per_node != ((s + 1) * dp + d) / devices_per_node) return false;
+    if ((s * dp + d) / devices_per_node != (t * dp + d) / devices_per_node) return false;
   return true;
 }
 
@@ -223,9 +223,7 @@ class Pipeline {
           const int s = stage_of(o);
           if (s < 0 || s >= r) continue;
           Stage& own = stages_[static_cast<std::size_t>(s)];
-          bool near = true;
-          for (int d = 0; d < c_.n; ++d)
-            near = near && (s * c_.n + d) / c_.cluster.devices_per_node == (r * c_.n + d) / c_.cluster.devices_per_node;
+          const bool near = same_node(s, r, c_.n, c_.cluster.devices_per_node);
           const ResourceId back = c_.g.add_resource(fmt::format("p2p.s{}>s{}.tied", r, s), ResourceKind::comm);
           const ResourceId out = c_.g.add_resource(fmt::format("p2p.s{}>s{}.tied", s, r), ResourceKind::comm);
           const double grad_t = p2p_time(c_.cluster, static_cast<double>(params * rep.v->b.grad), near);
@@ -246,7 +244,7 @@ class Pipeline {
   void link(int s) {
     Stage& a = stages_[static_cast<std::size_t>(s)];
     Stage& b = stages_[static_cast<std::size_t>(s + 1)];
-    const bool near = same_node(s, c_.n, c_.cluster.devices_per_node);
+    const bool near = same_node(s, s + 1, c_.n, c_.cluster.devices_per_node);
     const std::int64_t bytes = a.v->units.back().output;
     const double t = p2p_time(c_.cluster, static_cast<double>(bytes), near);
     const ResourceId fwd_link = c_.g.add_resource(fmt::format("p2p.s{}>s{}", s, s + 1), ResourceKind::comm);

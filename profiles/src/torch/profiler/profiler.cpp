@@ -217,6 +217,23 @@ torch::Tensor accumulate_backward(const torch::Tensor& y, const torch::Tensor& g
   return input_grad ? grads[0] : torch::Tensor();
 }
 
+// A thread that stands for a rank: `threads` intra-op threads (0: torch's default).
+void init_rank_thread(int threads) {
+  if (threads > 0) {
+    at::set_num_threads(threads);
+  } else {
+    at::init_num_threads();
+  }
+}
+
+// One zeroed gradient accumulation buffer per parameter (the executor's flat gradient, per tensor).
+std::vector<torch::Tensor> zeroed_like(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  out.reserve(params.size());
+  for (const auto& p : params) out.push_back(torch::zeros_like(p));
+  return out;
+}
+
 // The run's other local ranks: `n` threads that run `work` for the index `current` names (a batch's
 // training step; -1: idle) over and over until destroyed, each with `threads` intra-op threads, as a
 // rank computing beside the measured one.
@@ -226,13 +243,8 @@ class ConcurrentRanks {
   ConcurrentRanks(int n, int threads, Work work, const std::vector<torch::Tensor>& params) : work_(std::move(work)) {
     for (int i = 0; i < n; ++i) {
       workers_.emplace_back([this, threads, &params] {
-        if (threads > 0) {
-          at::set_num_threads(threads);
-        } else {
-          at::init_num_threads();
-        }
-        std::vector<torch::Tensor> accum;
-        for (const auto& p : params) accum.push_back(torch::zeros_like(p));
+        init_rank_thread(threads);
+        std::vector<torch::Tensor> accum = zeroed_like(params);
         ready_.fetch_add(1);
         while (!stop_.load()) {
           const int k = current_.load();
@@ -357,8 +369,7 @@ double lock_step_skew(std::vector<zoo::Unit>& units, const torch::Tensor& input,
   std::mutex error_mutex;
   std::string error;
   auto rank = [&](int r) {
-    std::vector<torch::Tensor> accum;
-    for (const auto& p : params) accum.push_back(torch::zeros_like(p));
+    std::vector<torch::Tensor> accum = zeroed_like(params);
     for (int k = 0; k < rounds; ++k) {
       sync.arrive_and_wait();
       const auto t0 = std::chrono::steady_clock::now();
@@ -376,11 +387,7 @@ double lock_step_skew(std::vector<zoo::Unit>& units, const torch::Tensor& input,
     std::vector<std::thread> others;
     for (int r = 1; r < ranks; ++r) {
       others.emplace_back([&, r] {
-        if (threads > 0) {
-          at::set_num_threads(threads);
-        } else {
-          at::init_num_threads();
-        }
+        init_rank_thread(threads);
         rank(r);
       });
     }
@@ -694,6 +701,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
   profile.library_versions = {{"torch", TORCH_VERSION}, {"zeroplan", ZEROPLAN_VERSION}};
   profile.batch = options.batch;
   profile.profiled_batches = batches;
+  const auto ref = static_cast<std::size_t>(  // the reference batch's index
+      std::find(batches.begin(), batches.end(), options.batch) - batches.begin());
 #if ZEROPLAN_HAVE_CUDA
   profile.device = device.is_cuda() ? detail::cuda_device_name(device.index()) : "cpu";
 #else
@@ -761,8 +770,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     const std::size_t nb = batches.size(), nu = model.units.size();
     std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu), loss_times(nb);
     // The backward as the executor runs it: every parameter's gradient added into a buffer.
-    std::vector<torch::Tensor> accum;
-    for (const auto& p : all_params) accum.push_back(torch::zeros_like(p));
+    std::vector<torch::Tensor> accum = zeroed_like(all_params);
     // The run's other local ranks, running training steps at the batch being timed at the same time,
     // each at its own pace (as ranks drift in and out of phase in a run).
     std::optional<ConcurrentRanks> others;
@@ -819,9 +827,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
       others.reset();
       if (!error.empty())
         throw SchemaError("profile: a concurrent rank's thread failed: " + error.substr(0, error.find('\n')));
-      const auto ref_bi = static_cast<std::size_t>(
-          std::find(batches.begin(), batches.end(), options.batch) - batches.begin());
-      profile.rank_skew = lock_step_skew(model.units, inputs[ref_bi][0], losses[ref_bi], all_params, concurrent,
+      profile.rank_skew = lock_step_skew(model.units, inputs[ref][0], losses[ref], all_params, concurrent,
                                          options.threads, std::max(10, 2 * options.repeats));
     }
     for (std::size_t bi = 0; bi < nb; ++bi) {
@@ -838,8 +844,6 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     }
   }
 
-  const auto ref = static_cast<std::size_t>(
-      std::find(batches.begin(), batches.end(), options.batch) - batches.begin());
   std::vector<double> xs(batches.begin(), batches.end());
   for (std::size_t i = 0; i < model.units.size(); ++i) {
     const UnitMeasurement& r = measurements[ref][i];
