@@ -63,7 +63,8 @@ void add_phases(const Prediction& p, const RunRecord& r, const CompareOptions& o
   if (p.resource_busy_s.empty()) return;
   const bool host_opt = r.plan.offload.optimizer;
   double compute = value_or_zero(measured, "forward") + value_or_zero(measured, "backward") +
-                   value_or_zero(measured, "recompute");
+                   value_or_zero(measured, "recompute") + value_or_zero(measured, "cast") +
+                   value_or_zero(measured, "zero_grad");
   if (!host_opt) compute += value_or_zero(measured, "optimizer");
   const auto& busy = p.resource_busy_s;
   auto either = [&](const std::string& phase, double predicted, double meas) {

@@ -343,6 +343,42 @@ TEST(Lowering, Stage2ReduceScattersOneBucketOfReduceBufferElems) {
   EXPECT_EQ(count(one, "wait reduce-scatter"), 2);
 }
 
+// Stages 1-2 all-gather the updated parameters as the executor does (allgather_buckets): a unit alone in
+// its bucket in place; several units staged in one buffer of the gathered bytes, filled and emptied by
+// copies on the compute stream; an fp32 master rounded into each unit's chunk before its in-place gather.
+TEST(Lowering, Stage1AllGathersBucketsAsTheExecutor) {
+  const ModelProfile m = linear_stack(8, 1000);  // 8 units of 1000 parameters: 500 per rank's chunk
+  Plan p = Plan::default_ddp(2, 4);
+  p.zero_stage = 1;
+  auto count = [](const Simulation& s, std::string_view name) {
+    int n = 0;
+    for (const auto& t : s.graph.tasks()) n += s.graph.name(t.label.name) == name;
+    return n;
+  };
+  auto staged_bytes = [](const Simulation& s) {
+    std::int64_t most = 0;
+    for (const auto& a : s.graph.allocs())
+      if (s.graph.name(a.label.name) == "all-gather bucket") most = std::max(most, a.bytes);
+    return most;
+  };
+  p.buckets.allgather_bucket_bytes = 3 * 1000 * 4;  // {0, 1, 2}, {3, 4, 5}, {6, 7}
+  const Simulation three = simulate_step(m, testing::cpu(2), p);
+  EXPECT_EQ(count(three, "param sync"), 3);
+  EXPECT_EQ(count(three, "cast"), 2 * 3);  // each bucket filled and emptied
+  EXPECT_EQ(staged_bytes(three), 2 * 3 * 500 * 4);
+  p.buckets.allgather_bucket_bytes = 1;  // one in-place gather per unit: no copies, no buffer
+  const Simulation each = simulate_step(m, testing::cpu(2), p);
+  EXPECT_EQ(count(each, "param sync"), 8);
+  EXPECT_EQ(count(each, "cast"), 0);
+  EXPECT_EQ(staged_bytes(each), 0);
+  // bf16 beside an fp32 master: the gradients copied to fp32 once, the master rounded into each chunk.
+  p.precision.param_dtype = p.precision.compute_dtype = p.precision.reduce_dtype = "bf16";
+  const Simulation mixed = simulate_step(m, testing::cpu(2), p);
+  EXPECT_EQ(count(mixed, "param sync"), 8);
+  EXPECT_EQ(count(mixed, "cast"), 1 + 8);
+  EXPECT_GT(mixed.prediction.step_time_s, 0);
+}
+
 // ---- random plans: memory monotonicity and the lower bound -----------------------------------------
 
 struct RandomPlans : ::testing::Test {

@@ -114,8 +114,10 @@ class C10dCommunicator final : public Communicator {
       // broadcast per rank straight into the output's chunks moves the same bytes with no temporary
       // and took 1/2-1/4 of the time on 28-100 MiB (bench/gloo_collectives.py). In place when `input`
       // is this rank's chunk of `output`.
+      // The chunks are views made here and held by c10d alone once issued: wait() waits until Gloo lets
+      // go of them, so the output's storage is freed where its owner drops it.
+      std::vector<at::Tensor> chunks = out.chunk(world_);
       return issue("all_gather", output.nbytes(), [&] {
-        std::vector<at::Tensor> chunks = out.chunk(world_);
         if (chunks[static_cast<std::size_t>(rank_)].data_ptr() != in.data_ptr()) {
           chunks[static_cast<std::size_t>(rank_)].copy_(in);
         }
@@ -128,7 +130,7 @@ class C10dCommunicator final : public Communicator {
           works.push_back(pg_->broadcast(part, opts));
         }
         return works;
-      }, {});
+      }, {}, chunks);
     }
     c10d::AllgatherOptions opts;
     opts.timeout = options_.timeout;

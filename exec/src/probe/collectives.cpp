@@ -75,7 +75,7 @@ std::vector<FitKey> fit_keys() {
 }
 
 struct CollectiveRun {
-  std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, median s)
+  std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, trimmed mean s)
   std::vector<std::string> fallbacks;
   int threads = 1;
   double compute_alone_s = 0;     // rank 0's median of a small MLP step, the other ranks idle
@@ -123,7 +123,7 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   run.fallbacks = j.at("fallbacks").get<std::vector<std::string>>();
   for (const auto& [op, rows] : j.at("timings").items())
     for (const auto& row : rows)
-      run.points[op].emplace_back(row.at("bytes").get<double>(), row.at("median_s").get<double>());
+      run.points[op].emplace_back(row.at("bytes").get<double>(), row.at("time_s").get<double>());
   for (const FitKey& k : fit_keys()) {
     if (run.points[k.key].empty())
       throw ProbeError(fmt::format("collectives on {} ranks: rank 0 reported no timings for {} (in {})", n, k.key,
@@ -163,7 +163,7 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
       f.beta_s_per_byte = fit.beta_s_per_byte;
       f.fit_residual = fit.residual;
       // The points the simulator interpolates: by size, each time at most the next larger size's (a
-      // larger message is not faster: a slow median at a small size is a scheduler's hiccup).
+      // larger message is not faster: a slow time at a small size is a scheduler's hiccup).
       f.points = it->second;
       std::sort(f.points.begin(), f.points.end());
       f.points.erase(std::unique(f.points.begin(), f.points.end(),
@@ -179,15 +179,16 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
       const std::string bytes_mean = op == "all_gather"       ? "the gathered output"
                                      : op == "reduce_scatter" ? "the full input"
                                                               : "the buffer";
-      std::string medians;
+      std::string times;
       for (const auto& [bytes, t] : it->second)
-        medians += fmt::format("{}{:.0f} B {:.1f} us", medians.empty() ? "" : ", ", bytes, t * 1e6);
+        times += fmt::format("{}{:.0f} B {:.1f} us", times.empty() ? "" : ", ", bytes, t * 1e6);
       c.provenance[fmt::format("collectives[{}]", c.collectives.size())] = measured(fmt::format(
           "{} of {} elements over Gloo on 127.0.0.1 with {} ranks started by launch_local ({} torch thread(s) each), "
-          "rank 0's time to Work::wait (broadcast: rank 0 receives), median of {} after {} warm-up, bytes = {}; "
-          "fitted as alpha + beta x bytes by least squares on relative error to the medians ({}); the medians, each "
-          "at most the next larger size's, kept as points the simulator interpolates{}",
-          op, dtype.empty() ? "fp32" : dtype, n, run.threads, s.coll_reps, s.coll_warmup, bytes_mean, medians,
+          "rank 0's time to Work::wait (broadcast: rank 0 receives), each from cold caches after a barrier, mean of {} "
+          "after {} warm-up without the slowest and fastest tenth, bytes = {}; fitted as alpha + beta x bytes by least "
+          "squares on relative error to those means ({}); the means, each at most the next larger size's, kept as "
+          "points the simulator interpolates{}",
+          op, dtype.empty() ? "fp32" : dtype, n, run.threads, s.coll_reps, s.coll_warmup, bytes_mean, times,
           fallback));
       c.collectives.push_back(f);
       line += fmt::format(" {}{}{} {:.1f} us + {:.2f} GB/s (res {:.2f});", op, dtype.empty() ? "" : " ", dtype,

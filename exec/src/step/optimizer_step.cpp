@@ -1,7 +1,7 @@
 // The optimizer step on this rank's flat shard (PyTorch's fused kernels, optimizer.h):
 //  stage 0       every parameter, on the device;
-//  stages 1-3    this rank's shard; stages 1-2 then all-gather every rank's updated chunks (in fp16 with
-//                broadcast_fp16, one unit at a time);
+//  stages 1-3    this rank's shard; stages 1-2 then all-gather every rank's updated chunks, units
+//                bucketed by buckets.allgather_bucket_bytes (allgather_buckets; in fp16 with broadcast_fp16);
 //  offload.optimizer: master shard (or the offloaded stage-3 shard itself), gradients and state on the
 //                host, where the step runs; the updated master comes back to the device.
 // Stage 3 with offloaded parameters and a device optimizer steps a device copy of the shard.
@@ -77,8 +77,13 @@ bool OptimizerStep::step(double lr_scale) {
   std::vector<torch::Tensor> params, grads;
   if (c_.dt.master) {
     // fp32 gradients for the fp32 master, in the master's layout.
+    const double t0 = c_.rec.now_s();
     torch::Tensor g = c_.host_optimizer() ? c_.hzeros(c_.shard_total) : c_.dempty(c_.shard_total);
     for (int u = 0; u < c_.unit_count(); ++u) g.narrow(0, c_.unit(u).shard_base, c_.unit(u).shard()).copy_(grad_of(u));
+    if (!c_.host_optimizer()) {
+      c_.dev.synchronize();
+      c_.rec.span(Lane::compute, "fp32 grads", t0, c_.rec.now_s(), "cast");
+    }
     params.push_back(master_);
     grads.push_back(g);
   } else if (stage_ == 0) {
@@ -133,6 +138,10 @@ void OptimizerStep::master_to_params() {
   const double t1 = c_.rec.now_s();
   if (c_.host_optimizer() == dst_host) {
     dst.copy_(master_);  // same pool: rounded in place
+    if (!dst_host) {
+      c_.dev.synchronize();
+      c_.rec.span(Lane::compute, "round params", t1, c_.rec.now_s(), "cast");
+    }
     return;
   }
   if (c_.host_optimizer()) {
@@ -147,38 +156,77 @@ void OptimizerStep::master_to_params() {
 
 void OptimizerStep::sync_params() {
   c_.cur_phase = "all_gather";
-  std::vector<CommTracker::Handle> works;
   const bool cast = c_.dt.param_sync != c_.dt.param;
-  for (int u = 0; u < c_.unit_count(); ++u) {
-    UnitRT& U = c_.unit(u);
-    if (U.numel() == 0) continue;
-    c_.cur_unit = U.name;
-    torch::Tensor out = U.full;
-    // In place (DeepSpeed's and FSDP's way): this rank's updated chunk is already its slot of the output,
-    // so no copy of the shard is made; a separate master comes back into it (from the host when offloaded).
+  // The unit's updated chunk where the gather reads it: a separate master comes back into the chunk
+  // (from the host when offloaded; rounded when the parameters are 16-bit).
+  auto updated_chunk = [&](int u) {
     torch::Tensor src = params_.chunk(u);
-    if (separate_master_) {
+    if (!separate_master_) return src;
+    const UnitRT& U = c_.unit(u);
+    torch::Tensor m = master_.narrow(0, U.shard_base, U.shard());
+    if (c_.host_optimizer()) {
       const double t1 = c_.rec.now_s();
-      torch::Tensor m = master_.narrow(0, U.shard_base, U.shard());
-      if (c_.host_optimizer()) {
-        c_.dev.copy_h2d(src, m);
-        c_.dev.wait_copies();
-        c_.rec.span(Lane::h2d, "h2d params " + U.name, t1, c_.rec.now_s(), "h2d", u);
-      } else {
-        src.copy_(m);
-      }
+      c_.dev.copy_h2d(src, m);
+      c_.dev.wait_copies();
+      c_.rec.span(Lane::h2d, "h2d params " + U.name, t1, c_.rec.now_s(), "h2d", u);
+    } else {
+      src.copy_(m);
     }
-    const double t = c_.rec.now_s();
-    if (!cast) {
-      works.push_back(c_.tracker.issue(c_.comm.all_gather(out, src), t, "all_gather " + U.name, "all_gather", u, -1));
+    return src;
+  };
+  std::vector<std::int64_t> gathered(static_cast<std::size_t>(c_.unit_count()), 0);
+  for (int u = 0; u < c_.unit_count(); ++u) {
+    const UnitRT& U = c_.unit(u);
+    if (U.numel() > 0) gathered[static_cast<std::size_t>(u)] = U.layout.padded_numel() * c10::elementSize(c_.dt.param_sync);
+  }
+  std::vector<CommTracker::Handle> works;
+  for (const std::vector<int>& bucket : allgather_buckets(gathered, c_.plan.buckets.allgather_bucket_bytes)) {
+    if (bucket.size() == 1 && !cast) {
+      // In place (DeepSpeed's and FSDP's way): this rank's updated chunk is already its slot of the
+      // output, so no copy of the shard is made.
+      const int u = bucket[0];
+      UnitRT& U = c_.unit(u);
+      c_.cur_unit = U.name;
+      torch::Tensor src = updated_chunk(u);
+      works.push_back(c_.tracker.issue(c_.comm.all_gather(U.full, src), c_.rec.now_s(), "all_gather " + U.name,
+                                       "all_gather", u, -1));
       continue;
     }
-    // broadcast_fp16: the unit's chunks travel in fp16 and every rank's parameters are rounded through it.
-    torch::Tensor wire_out = c_.dempty(U.layout.padded_numel(), c_.dt.param_sync);
-    torch::Tensor wire_in = src.to(c_.dt.param_sync);
-    auto h = c_.tracker.issue(c_.comm.all_gather(wire_out, wire_in), t, "all_gather " + U.name, "all_gather", u, -1);
+    // Several units (or broadcast_fp16: in the wire dtype, every rank's parameters rounded through it):
+    // the chunks travel in one staging buffer, [rank][unit chunks...], this rank's row filled in place,
+    // copied out into each unit's full parameters once gathered.
+    std::int64_t staged = 0;
+    for (const int u : bucket) staged += c_.unit(u).shard();
+    const UnitRT& first = c_.unit(bucket.front());
+    const std::int64_t world = first.layout.world;  // the data-parallel group's ranks
+    c_.cur_unit = first.name;
+    const std::string what = bucket.size() == 1 ? first.name : "units " + std::to_string(bucket.front()) + "-" +
+                                                                    std::to_string(bucket.back());
+    torch::Tensor out = c_.dempty(world * staged, c_.dt.param_sync);
+    torch::Tensor in = out.narrow(0, c_.comm.rank() * staged, staged);
+    double t0 = c_.rec.now_s();
+    std::int64_t at = 0;
+    for (const int u : bucket) {
+      const std::int64_t n = c_.unit(u).shard();
+      in.narrow(0, at, n).copy_(updated_chunk(u));
+      at += n;
+    }
+    c_.dev.synchronize();
+    c_.rec.span(Lane::compute, "stage params " + what, t0, c_.rec.now_s(), "cast", bucket.front());
+    auto h = c_.tracker.issue(c_.comm.all_gather(out, in), c_.rec.now_s(), "all_gather " + what, "all_gather",
+                              bucket.front(), -1);
     c_.tracker.wait(h);
-    out.copy_(wire_out);
+    t0 = c_.rec.now_s();
+    const torch::Tensor rows = out.view({world, staged});
+    at = 0;
+    for (const int u : bucket) {
+      UnitRT& U = c_.unit(u);
+      const std::int64_t n = U.shard();
+      U.full.view({world, n}).copy_(rows.narrow(1, at, n));
+      at += n;
+    }
+    c_.dev.synchronize();
+    c_.rec.span(Lane::compute, "unstage params " + what, t0, c_.rec.now_s(), "cast", bucket.back());
   }
   for (auto& h : works) c_.tracker.wait(h);
 }

@@ -185,8 +185,10 @@ std::vector<Knob> build() {
             ZP_ASSIGN(buckets.reduce_buffer_elems))
           .tune_knob("buckets").alias("reduce_buffer_elems"),
       Entry("buckets.allgather_bucket_bytes", T::integer, ">= 1", "26214400",
-            "stages 1-2: all-gather bucket size for the updated shards", ZP_ASSIGN(buckets.allgather_bucket_bytes))
-          .tune_knob("buckets").alias("allgather_bucket_bytes").run(ignored),
+            "stages 1-2: all-gather bucket of the updated shards, bytes (DeepSpeed allgather_bucket_size; "
+            "consecutive units share one, staged)",
+            ZP_ASSIGN(buckets.allgather_bucket_bytes))
+          .tune_knob("buckets").alias("allgather_bucket_bytes"),
       Entry("buckets.prefetch", T::boolean, "", "true", "stage 3: gather the next unit's parameters while computing",
             ZP_ASSIGN(buckets.prefetch))
           .tune_knob("prefetch").alias("prefetch"),

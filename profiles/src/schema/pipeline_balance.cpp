@@ -143,4 +143,21 @@ std::vector<std::vector<int>> offload_model_slice_members(const std::vector<int>
   return members;
 }
 
+std::vector<std::vector<int>> allgather_buckets(const std::vector<std::int64_t>& gathered_bytes,
+                                                std::int64_t bucket_bytes) {
+  std::vector<std::vector<int>> buckets;
+  std::int64_t held = 0;
+  for (int u = 0; u < static_cast<int>(gathered_bytes.size()); ++u) {
+    const std::int64_t b = gathered_bytes[static_cast<std::size_t>(u)];
+    if (b <= 0) continue;
+    if (buckets.empty() || held + b > bucket_bytes) {
+      buckets.emplace_back();
+      held = 0;
+    }
+    buckets.back().push_back(u);
+    held += b;
+  }
+  return buckets;
+}
+
 }  // namespace zeroplan

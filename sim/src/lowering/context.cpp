@@ -197,6 +197,8 @@ void Ctx::intern_names() {
   n_reduce_buffers = g.intern("reduce buffers");
   n_loss_scale = g.intern("loss scale check");
   n_zero_grad = g.intern("zero_grad");
+  n_cast = g.intern("cast");
+  n_gather_bucket = g.intern("all-gather bucket");
   n_param_sync = g.intern("param sync");
   n_cat_compute = g.intern("compute");
   n_cat_comm = g.intern("comm");

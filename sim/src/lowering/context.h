@@ -121,7 +121,7 @@ struct Ctx {
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
       n_rs_output, n_rs_wait, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
-      n_zero_grad,
+      n_zero_grad, n_cast, n_gather_bucket,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
   // Per-unit results of the current microbatch, filled by the step schedule.

@@ -2,35 +2,63 @@
 // CPU device), or on the host (offloaded optimizer) per final gradient as it arrives, overlapping the
 // backward, followed by the H2D of the updated parameters. Flat parameters make it one launch instead
 // of one per tensor. Stages 1-2 then all-gather the updated parameters.
-#include <algorithm>
-
 #include "context.h"
+#include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::sim::lowering {
 
+namespace {
+
+// A memory-bound copy of `elems` elements on the device (a cast when the sizes differ): read + write at
+// the memory bandwidth, one launch.
+double device_copy_s(const Ctx& c, std::int64_t elems, int from_bytes, int to_bytes) {
+  return static_cast<double>(elems) * (from_bytes + to_bytes) / c.cluster.device.mem_bw_bytes_per_s +
+         c.cluster.device.launch_overhead_s;
+}
+
+}  // namespace
+
 void param_sync(Ctx& c, const std::vector<TaskId>& after) {
   if (c.plan.zero_stage == 0 || c.plan.zero_stage == 3 || c.n <= 1) return;
-  const int elem = c.plan.precision.broadcast_fp16 ? 2 : c.b.param;
-  const std::int64_t total = c.total_params * elem;
-  const std::int64_t bucket = std::max<std::int64_t>(1, c.plan.buckets.allgather_bucket_bytes);
-  const std::int64_t buckets = (total + bucket - 1) / bucket;
-  // Consecutive buckets are merged into at most 64 tasks (each costing the sum of its buckets).
-  const std::int64_t tasks = std::min<std::int64_t>(buckets, 64);
+  const int sync = c.plan.precision.broadcast_fp16 ? 2 : c.b.param;
+  const bool cast = sync != c.b.param;
+  // A device fp32 master is rounded into each unit's chunk before it travels (the executor's
+  // updated_chunk); an offloaded one came back by its H2D (`after`).
+  const bool device_master = c.b.master > 0 && !c.plan.offload.optimizer;
   CollectiveOptions o;
   o.algo = c.opt.collective_algo;
-  std::int64_t left = total;
-  for (std::int64_t t = 0; t < tasks; ++t) {
-    const std::int64_t k = buckets / tasks + (t < buckets % tasks ? 1 : 0);
-    double s = 0;
-    for (std::int64_t i = 0; i < k && left > 0; ++i) {
-      const std::int64_t bytes = std::min(bucket, left);
-      left -= bytes;
-      s += collective_time(c.cluster, CollOp::all_gather, static_cast<double>(bytes), c.n, o);
+  std::vector<std::int64_t> gathered;
+  for (const Unit& u : c.units) gathered.push_back(u.params > 0 ? u.padded * sync : 0);
+  auto after_all = [&](TaskId t) {
+    for (TaskId a : after) c.g.add_dep(t, a);
+    return t;
+  };
+  for (const std::vector<int>& bucket : allgather_buckets(gathered, c.plan.buckets.allgather_bucket_bytes)) {
+    const int first = bucket.front();
+    if (bucket.size() == 1 && !cast) {  // in place
+      const Unit& u = c.units[static_cast<std::size_t>(first)];
+      TaskId rounded = kNone;
+      if (device_master) rounded = after_all(c.compute_task(device_copy_s(c, u.shard, 4, c.b.param), c.n_cast, first, -1));
+      const double s = collective_time(c.cluster, CollOp::all_gather, static_cast<double>(u.padded * sync), c.n, o);
+      const TaskId ag = after_all(c.g.add_task(c.comm, s, c.label(c.n_param_sync, first, -1), {}, c.n_cat_comm));
+      c.g.add_dep(ag, rounded);
+      continue;
     }
-    const TaskId ag = c.g.add_task(c.comm, s, c.label(c.n_param_sync, -1, static_cast<int>(t)), {}, c.n_cat_comm);
-    for (TaskId a : after) c.g.add_dep(ag, a);
-    if (elem != c.b.param) c.g.alloc(ag, c.dev, std::min(bucket, total), MemCategory::buffers, c.label(c.n_bucket));
+    // Staged: every unit's chunk copied (rounded) into this rank's row of one buffer, gathered in place,
+    // copied out to the units.
+    std::int64_t staged = 0;
+    for (const int u : bucket) staged += c.units[static_cast<std::size_t>(u)].shard;
+    const double in_s = device_copy_s(c, staged, device_master ? 4 : c.b.param, sync) +
+                        c.cluster.device.launch_overhead_s * static_cast<double>(bucket.size() - 1);
+    const TaskId fill = after_all(c.compute_task(in_s, c.n_cast, first, -1));
+    const double s = collective_time(c.cluster, CollOp::all_gather, static_cast<double>(c.n * staged * sync), c.n, o);
+    const TaskId ag = c.g.add_task(c.comm, s, c.label(c.n_param_sync, first, -1), {fill}, c.n_cat_comm);
+    const double out_s = device_copy_s(c, c.n * staged, sync, c.b.param) +
+                         c.cluster.device.launch_overhead_s * static_cast<double>(bucket.size() - 1);
+    const TaskId unstage = c.compute_task(out_s, c.n_cast, bucket.back(), -1);
+    c.g.add_dep(unstage, ag);
+    c.g.alloc(fill, c.dev, c.n * staged * sync, MemCategory::buffers, c.label(c.n_gather_bucket), unstage);
   }
 }
 
@@ -48,12 +76,23 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     const double s = device_optimizer_time(c.cluster, name, static_cast<double>(local), touched, tensors, flat);
     // A fused kernel (zeroplan's executor, torch.optim's fused=True, DeepSpeed's FusedAdam) updates in
     // place: no temporaries beyond the state.
+    // An fp32 master steps with an fp32 copy of the 16-bit gradients, made first, kept for the step.
+    TaskId grads32 = kNone;
+    if (c.b.master > 0) {
+      grads32 = c.compute_task(device_copy_s(c, local, c.b.grad, 4), c.n_cast, -1, -1);
+      c.g.add_dep(grads32, gate);
+      for (const GradDone& d : grads.done) c.g.add_dep(grads32, d.task);
+    }
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
-    // An fp32 master steps with an fp32 copy of the 16-bit gradients, for the step's duration.
-    if (c.b.master > 0) c.g.alloc(step, c.dev, local * 4, MemCategory::buffers, c.label(c.n_grads));
+    if (grads32 != kNone) c.g.alloc(grads32, c.dev, local * 4, MemCategory::buffers, c.label(c.n_grads), step);
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);
-    param_sync(c, {step});
+    if (c.plan.zero_stage == 1 || c.plan.zero_stage == 2) {
+      param_sync(c, {step});
+    } else if (c.b.master > 0 && !(c.plan.zero_stage == 3 && c.plan.offload.params)) {
+      // The updated master rounded into the 16-bit parameters (or their stage-3 shard).
+      c.g.add_dep(c.compute_task(device_copy_s(c, local, 4, c.b.param), c.n_cast, -1, -1), step);
+    }
     return;
   }
   std::vector<TaskId> updated;

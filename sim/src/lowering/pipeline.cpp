@@ -253,6 +253,7 @@ class Pipeline {
     const NameId received = c_.g.intern("received activations"), received_grad = c_.g.intern("received gradients");
     const NameId sent_grad = c_.g.intern("sent gradients");
     const int last = static_cast<int>(a.v->units.size()) - 1;
+    AllocId sent = kNone;  // the gradient in flight
     for (int j = 0; j < m_; ++j) {
       const auto mb = static_cast<std::size_t>(j);
       const TaskId send = c_.g.add_task(fwd_link, t, a.v->label(act, last, j), {a.fwd_last[mb]}, c_.n_cat_comm);
@@ -264,14 +265,18 @@ class Pipeline {
       // bytes from then on); a checkpointed microbatch keeps it until the stage's backward is done.
       c_.g.alloc(b.fwd_first[mb], b.v->dev, bytes, MemCategory::activations, b.v->label(received, 0, j),
                  checkpointed(j) ? b.bwd_first[mb] : b.fwd_first[mb]);
+      // The sender keeps the gradient it sent until it sends the next one (one in flight; the last to the
+      // end of the step): the executor waits the previous send, then lets its buffer go, once this
+      // microbatch's backward is done. A zero-time task on the link, after the previous send, marks it.
+      if (sent != kNone) {
+        c_.g.set_free_at(sent, c_.g.add_task(bwd_link, 0, b.v->label(sent_grad, 0, j - 1), {b.bwd_first[mb]},
+                                              c_.n_cat_comm));
+      }
       const TaskId back = c_.g.add_task(bwd_link, t, b.v->label(grad, 0, j), {b.bwd_first[mb]}, c_.n_cat_comm);
       c_.g.add_dep(a.bwd_last[mb], back);
       c_.g.alloc(a.bwd_last[mb], a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j),
                  a.bwd_last[mb]);
-      // The sender keeps the gradient it sent until its next backward's is sent (one in flight; the last
-      // to the end of the step).
-      c_.g.alloc(back, b.v->dev, bytes, MemCategory::activations, b.v->label(sent_grad, 0, j),
-                 j + 1 < m_ ? b.bwd_first[mb + 1] : kNone);
+      sent = c_.g.alloc(back, b.v->dev, bytes, MemCategory::activations, b.v->label(sent_grad, 0, j), kNone);
     }
   }
 

@@ -229,7 +229,8 @@ TEST(Knobs, RunRejectsExactlyTheKnobsMarkedNo) {
   EXPECT_TRUE(unsupported_knobs(apply_sets(base(), {{"offload_model.slices", "2"}}), Component::run).empty());
   EXPECT_EQ(tune_knobs_supported_by(Component::run),
             "precision,zero_stage,reshard_after_forward,prefetch,offload_optimizer,offload_grads,offload_params,"
-            "offload_model,checkpointing,checkpoint_offload,offload_activations,pipeline,micro_batch,localsgd,broadcast_fp16,"
+            "offload_model,checkpointing,checkpoint_offload,offload_activations,pipeline,micro_batch,localsgd,buckets,"
+            "broadcast_fp16,"
             "fp32_reduce_scatter,adascale");
 }
 

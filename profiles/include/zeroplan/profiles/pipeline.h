@@ -56,4 +56,12 @@ std::vector<int> offload_model_slice_starts(const std::vector<std::int64_t>& uni
 std::vector<std::vector<int>> offload_model_slice_members(const std::vector<int>& starts,
                                                           const std::vector<std::vector<int>>& borrow_owners);
 
+// Stages 1-2's all-gather of the updated parameters after the optimizer step, bucketed as DeepSpeed's
+// allgather_bucket_size buckets it: consecutive units with parameters share a bucket while their gathered
+// bytes (`gathered_bytes[u]`, 0 for a unit without parameters, which no bucket holds) stay within
+// `bucket_bytes`; a unit larger than that is a bucket alone. The simulator and the executor bucket with
+// this one function. REQUIRES: bucket_bytes >= 1, every entry >= 0.
+std::vector<std::vector<int>> allgather_buckets(const std::vector<std::int64_t>& gathered_bytes,
+                                                std::int64_t bucket_bytes);
+
 }  // namespace zeroplan
