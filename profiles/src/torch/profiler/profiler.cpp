@@ -234,43 +234,44 @@ std::vector<torch::Tensor> zeroed_like(const std::vector<torch::Tensor>& params)
   return out;
 }
 
-// The run's other local ranks: `n` threads that run `work` for the index `current` names (a batch's
-// training step; -1: idle) over and over until destroyed, each with `threads` intra-op threads, as a
-// rank computing beside the measured one.
+// The run's other local ranks: `n` threads, each running one training step (`work` for the index
+// step() names) per step of the measured rank, all of them starting together (a std::barrier), as a
+// run's ranks leave each step's collectives together and compute the same units at the same time. Each
+// has `threads` intra-op threads. Between steps they block at the barrier (no spinning).
 class ConcurrentRanks {
  public:
   using Work = std::function<void(int index, std::vector<torch::Tensor>& accum)>;
-  ConcurrentRanks(int n, int threads, Work work, const std::vector<torch::Tensor>& params) : work_(std::move(work)) {
+  ConcurrentRanks(int n, int threads, Work work, const std::vector<torch::Tensor>& params)
+      : work_(std::move(work)), sync_(n + 1) {
     for (int i = 0; i < n; ++i) {
       workers_.emplace_back([this, threads, &params] {
         init_rank_thread(threads);
         std::vector<torch::Tensor> accum = zeroed_like(params);
-        ready_.fetch_add(1);
-        while (!stop_.load()) {
-          const int k = current_.load();
-          if (k < 0) {
-            std::this_thread::yield();
-            continue;
-          }
+        bool failed = false;  // after an error the worker keeps meeting the others, idle
+        for (std::size_t phase = 0;; ++phase) {
+          sync_.arrive_and_wait();
+          const int k = command_[phase % 2].load();
+          if (k < 0) return;
+          if (failed) continue;
           try {
             work_(k, accum);
           } catch (const std::exception& e) {
             std::lock_guard<std::mutex> lock(error_mutex_);
             if (error_.empty()) error_ = e.what();
-            return;
+            failed = true;
           }
         }
       });
     }
-    while (ready_.load() < n) std::this_thread::yield();
   }
   ~ConcurrentRanks() {
-    stop_.store(true);
+    command(-1);  // stop
     for (auto& w : workers_) w.join();
   }
   ConcurrentRanks(const ConcurrentRanks&) = delete;
   ConcurrentRanks& operator=(const ConcurrentRanks&) = delete;
-  void set(int index) { current_.store(index); }
+  // Starts the others' step at `index` together with the caller's own, which follows this call.
+  void step(int index) { command(index); }
   // The first error a worker stopped on ("" when none).
   std::string error() {
     std::lock_guard<std::mutex> lock(error_mutex_);
@@ -279,11 +280,19 @@ class ConcurrentRanks {
 
  private:
   Work work_;
+  std::barrier<> sync_;
   std::mutex error_mutex_;
   std::string error_;
-  std::atomic<int> current_{-1};
-  std::atomic<bool> stop_{false};
-  std::atomic<int> ready_{0};
+  // What the workers do after barrier phase p: command_[p % 2] (a step's index, -1: stop). Two slots:
+  // the caller writes phase p + 1's before it arrives there, while a worker may still be reading phase
+  // p's; it cannot write p's slot again before every worker has arrived at p + 1, after its read.
+  void command(int index) {
+    command_[phase_ % 2].store(index);
+    ++phase_;
+    sync_.arrive_and_wait();
+  }
+  std::atomic<int> command_[2] = {0, 0};
+  std::size_t phase_ = 0;
   std::vector<std::thread> workers_;
 };
 
@@ -771,8 +780,8 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     std::vector<std::vector<double>> fwd(nb * nu), bwd(nb * nu), loss_times(nb);
     // The backward as the executor runs it: every parameter's gradient added into a buffer.
     std::vector<torch::Tensor> accum = zeroed_like(all_params);
-    // The run's other local ranks, running training steps at the batch being timed at the same time,
-    // each at its own pace (as ranks drift in and out of phase in a run).
+    // The run's other local ranks, each running a training step at the batch being timed, started with
+    // the timed one's (as a run's ranks start each step together after its collectives).
     std::optional<ConcurrentRanks> others;
     if (concurrent > 1) {
       auto work = [&](int bi, std::vector<torch::Tensor>& acc) {
@@ -783,7 +792,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
     }
     // Timed in step order: one training step's forward and backward of every unit per batch and round.
     auto timed = [&](std::size_t bi, int repeat) {
-      if (others) others->set(static_cast<int>(bi));
+      if (others) others->step(static_cast<int>(bi));
       std::vector<double> f(nu, 0.0), g(nu, 0.0);
       double l = 0;
       step_pass(model.units, inputs[bi][0], losses[bi], all_params, accum, &dev, batches[bi], repeat, f.data(),
