@@ -95,24 +95,43 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     }
     return;
   }
-  std::vector<TaskId> updated;
+  // On the host the executor steps the shard once every final gradient is home (DeepSpeed's CPU Adam
+  // also steps after the backward), then each unit's updated parameters go back to the device.
   const bool params_on_host = c.plan.zero_stage == 3 && c.plan.offload.params;
-  AllocId grads32 = kNone;
-  TaskId last_step = kNone;
+  const TaskId grads32 = host_fp32_grads(c, local);
+  const TaskId step = c.g.add_task(c.host_opt, host_optimizer_time(c.cluster, name, static_cast<double>(local), flat),
+                                   c.label(c.n_optimizer), {gate}, c.n_cat_optimizer);
+  c.g.add_dep(step, grads32);
   for (const GradDone& d : grads.done) {
-    const TaskId step = c.g.add_task(c.host_opt, host_optimizer_time(c.cluster, name, static_cast<double>(d.elems), flat),
-                                     c.label(c.n_optimizer), {d.task, gate}, c.n_cat_optimizer);
-    if (c.b.master > 0 && grads32 == kNone) {
-      grads32 = c.g.alloc(step, c.host, local * 4, MemCategory::buffers, c.label(c.n_grads), kNone);
-    }
-    last_step = step;
-    if (params_on_host) continue;
+    if (grads32 != kNone) c.g.add_dep(grads32, d.task);
+    c.g.add_dep(step, d.task);
+  }
+  if (grads32 != kNone) c.g.add_dep(grads32, gate);
+  host_master_done(c, local, grads32, step, params_on_host);
+  if (params_on_host) return;
+  std::vector<TaskId> updated;
+  for (const GradDone& d : grads.done) {
     const double bytes = static_cast<double>(d.elems * c.b.param);
     updated.push_back(c.g.add_task(c.h2d, copy_time(c.cluster, CopyDir::h2d, bytes), c.label(c.n_h2d), {step},
                                    c.n_cat_copy));
   }
-  if (grads32 != kNone) c.g.set_free_at(grads32, last_step);
   param_sync(c, updated);
+}
+
+TaskId host_fp32_grads(Ctx& c, std::int64_t elems) {
+  if (c.b.master == 0 || elems <= 0) return kNone;
+  // A zeroed fp32 buffer (written once), then the 16-bit gradients copied into it unit by unit.
+  const double bw = c.cluster.host.memcpy_bw_bytes_per_s;
+  const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
+  return c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer);
+}
+
+void host_master_done(Ctx& c, std::int64_t elems, TaskId grads32, TaskId step, bool params_on_host) {
+  if (grads32 != kNone) c.g.alloc(grads32, c.host, elems * 4, MemCategory::buffers, c.label(c.n_grads), step);
+  if (c.b.master == 0 || !params_on_host) return;
+  // The updated fp32 master rounded into the 16-bit parameters beside it on the host.
+  const double s = static_cast<double>(elems) * (4.0 + c.b.param) / 2.0 / c.cluster.host.memcpy_bw_bytes_per_s;
+  c.g.add_task(c.host_opt, s, c.label(c.n_cast), {step}, c.n_cat_optimizer);
 }
 
 }  // namespace zeroplan::sim::lowering
