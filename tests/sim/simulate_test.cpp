@@ -308,6 +308,19 @@ TEST(Lowering, GlooReduceScatterTemporaryCountsOnCpu) {
   EXPECT_GT(s.prediction.step_time_s, 0);
 }
 
+// Tasks of a simulated step named `name`, and its largest allocation labelled `label` (0 if none).
+int tasks_named(const Simulation& s, std::string_view name) {
+  int n = 0;
+  for (const auto& t : s.graph.tasks()) n += s.graph.name(t.label.name) == name;
+  return n;
+}
+std::int64_t largest_alloc_named(const Simulation& s, std::string_view label) {
+  std::int64_t most = 0;
+  for (const auto& a : s.graph.allocs())
+    if (s.graph.name(a.label.name) == label) most = std::max(most, a.bytes);
+  return most;
+}
+
 // Stage 2 groups units into reduce_buffer_elems buckets as the executor does: one reduce-scatter per
 // bucket and microbatch, and a bucket buffer of the bucket's padded size held until it is drained.
 TEST(Lowering, Stage2ReduceScattersOneBucketOfReduceBufferElems) {
@@ -316,17 +329,8 @@ TEST(Lowering, Stage2ReduceScattersOneBucketOfReduceBufferElems) {
   p.zero_stage = 2;
   p.micro_batch = 1;
   p.microbatches = 2;
-  auto count = [](const Simulation& s, std::string_view name) {
-    int n = 0;
-    for (const auto& t : s.graph.tasks()) n += s.graph.name(t.label.name) == name;
-    return n;
-  };
-  auto bucket_bytes = [](const Simulation& s) {
-    std::int64_t most = 0;
-    for (const auto& a : s.graph.allocs())
-      if (s.graph.name(a.label.name) == "bucket") most = std::max(most, a.bytes);
-    return most;
-  };
+  auto count = tasks_named;
+  auto bucket_bytes = [](const Simulation& s) { return largest_alloc_named(s, "bucket"); };
   p.buckets.reduce_buffer_elems = 3000;  // units 7-5, 4-2, 1-0
   const Simulation three = simulate_step(m, testing::cpu(2), p);
   EXPECT_EQ(count(three, "reduce_scatter"), 3 * 2);
@@ -350,17 +354,8 @@ TEST(Lowering, Stage1AllGathersBucketsAsTheExecutor) {
   const ModelProfile m = linear_stack(8, 1000);  // 8 units of 1000 parameters: 500 per rank's chunk
   Plan p = Plan::default_ddp(2, 4);
   p.zero_stage = 1;
-  auto count = [](const Simulation& s, std::string_view name) {
-    int n = 0;
-    for (const auto& t : s.graph.tasks()) n += s.graph.name(t.label.name) == name;
-    return n;
-  };
-  auto staged_bytes = [](const Simulation& s) {
-    std::int64_t most = 0;
-    for (const auto& a : s.graph.allocs())
-      if (s.graph.name(a.label.name) == "all-gather bucket") most = std::max(most, a.bytes);
-    return most;
-  };
+  auto count = tasks_named;
+  auto staged_bytes = [](const Simulation& s) { return largest_alloc_named(s, "all-gather bucket"); };
   p.buckets.allgather_bucket_bytes = 3 * 1000 * 4;  // {0, 1, 2}, {3, 4, 5}, {6, 7}
   const Simulation three = simulate_step(m, testing::cpu(2), p);
   EXPECT_EQ(count(three, "param sync"), 3);
