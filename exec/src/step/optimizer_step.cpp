@@ -207,9 +207,11 @@ void OptimizerStep::sync_params() {
     double t0 = c_.rec.now_s();
     std::int64_t at = 0;
     for (const int u : bucket) {
-      const std::int64_t n = c_.unit(u).shard();
-      in.narrow(0, at, n).copy_(updated_chunk(u));
-      at += n;
+      const UnitRT& U = c_.unit(u);
+      // A device master is rounded straight into the row (the unit's own chunk comes back with the rest).
+      const bool from_master = separate_master_ && !c_.host_optimizer();
+      in.narrow(0, at, U.shard()).copy_(from_master ? master_.narrow(0, U.shard_base, U.shard()) : updated_chunk(u));
+      at += U.shard();
     }
     c_.dev.synchronize();
     c_.rec.span(Lane::compute, "stage params " + what, t0, c_.rec.now_s(), "cast", bucket.front());
