@@ -92,9 +92,8 @@ class CommTracker {
       } catch (...) {
         e->error = std::current_exception();
       }
-      // The work's tensors are let go here, before the waiter resumes: a buffer the main thread drops
-      // after wait() is then freed at once, not whenever this thread next runs (measured device peaks
-      // grew by a whole bucket when a loaded machine descheduled it).
+      // Whatever the work still holds is let go here, before the waiter resumes, so a buffer the main
+      // thread drops after wait() is freed then, not whenever this thread next runs.
       e->work.reset();
       const double t_end = rec_.now_s();
       {

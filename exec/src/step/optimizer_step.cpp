@@ -50,6 +50,14 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
     return c.host_optimizer() ? c.hzeros(n, state) : c.dzeros(n, state);
   };
   optimizer_ = std::make_unique<FlatOptimizer>(c.plan.optimizer, segments, alloc);
+  if (stage_ == 1 || stage_ == 2) {  // the all-gather buckets of sync_params, fixed for the run
+    std::vector<std::int64_t> gathered(static_cast<std::size_t>(c.unit_count()), 0);
+    for (int u = 0; u < c.unit_count(); ++u) {
+      const UnitRT& U = c.unit(u);
+      if (U.numel() > 0) gathered[static_cast<std::size_t>(u)] = U.layout.padded_numel() * c10::elementSize(c.dt.param_sync);
+    }
+    gather_buckets_ = allgather_buckets(gathered, c.plan.buckets.allgather_bucket_bytes);
+  }
   stepped_ = stage_ == 0 ? c.padded_total : c.shard_total;
 }
 
@@ -174,13 +182,11 @@ void OptimizerStep::sync_params() {
     }
     return src;
   };
-  std::vector<std::int64_t> gathered(static_cast<std::size_t>(c_.unit_count()), 0);
-  for (int u = 0; u < c_.unit_count(); ++u) {
-    const UnitRT& U = c_.unit(u);
-    if (U.numel() > 0) gathered[static_cast<std::size_t>(u)] = U.layout.padded_numel() * c10::elementSize(c_.dt.param_sync);
-  }
+  // A device master is rounded straight into a staged bucket's row (the unit's own chunk comes back
+  // with the rest).
+  const bool from_master = separate_master_ && !c_.host_optimizer();
   std::vector<CommTracker::Handle> works;
-  for (const std::vector<int>& bucket : allgather_buckets(gathered, c_.plan.buckets.allgather_bucket_bytes)) {
+  for (const std::vector<int>& bucket : gather_buckets_) {
     if (bucket.size() == 1 && !cast) {
       // In place (DeepSpeed's and FSDP's way): this rank's updated chunk is already its slot of the
       // output, so no copy of the shard is made.
@@ -208,8 +214,6 @@ void OptimizerStep::sync_params() {
     std::int64_t at = 0;
     for (const int u : bucket) {
       const UnitRT& U = c_.unit(u);
-      // A device master is rounded straight into the row (the unit's own chunk comes back with the rest).
-      const bool from_master = separate_master_ && !c_.host_optimizer();
       in.narrow(0, at, U.shard()).copy_(from_master ? master_.narrow(0, U.shard_base, U.shard()) : updated_chunk(u));
       at += U.shard();
     }

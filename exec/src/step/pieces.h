@@ -417,6 +417,7 @@ class OptimizerStep {
   torch::Tensor master_;          // the master shard, on the host with offload.optimizer
   torch::Tensor host_grad_;       // offload.optimizer: host copy of the gradient shard for the step
   std::unique_ptr<FlatOptimizer> optimizer_;
+  std::vector<std::vector<int>> gather_buckets_;  // stages 1-2: units per all-gather (allgather_buckets)
 };
 
 class ReplicaSync {

@@ -255,11 +255,10 @@ TaskId zero_grads(Ctx& c);
 void optimizer_step(Ctx& c, const GradSync& grads);
 // Stages 1-2: all-gather the updated shards (allgather_bucket_bytes buckets, fp16 when broadcast_fp16).
 void param_sync(Ctx& c, const std::vector<TaskId>& after);
-// A host optimizer beside an fp32 master (16-bit model): the fp32 copy of `elems` gradients made on the
-// host before the step (kNone without a master), then, once `step` is done, its buffer freed and (with
-// the parameters on the host) the master rounded into them.
-TaskId host_fp32_grads(Ctx& c, std::int64_t elems);
-void host_master_done(Ctx& c, std::int64_t elems, TaskId grads32, TaskId step, bool params_on_host);
+// The host optimizer's step over `elems` parameters after every task in `after`, as the executor runs it:
+// with a 16-bit model beside an fp32 master, the fp32 copy of the gradients first (its buffer held for
+// the step) and, with the parameters on the host, the master's rounding into them after. Returns the step.
+TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, bool params_on_host);
 // Dynamic loss scale and AdaScale bookkeeping: precision.cpp
 TaskId loss_scale_check(Ctx& c, const GradSync& grads);
 

@@ -235,19 +235,9 @@ void schedule_offload_model(Ctx& c) {
       c.g.set_free_at(dev_params, sc.prev);
     }
   }
-  // With a 16-bit model beside an fp32 master: the fp32 copy of the gradients first, the rounding after.
-  const TaskId grads32 = host_fp32_grads(c, c.total_params);
-  const TaskId step = c.g.add_task(
-      c.host_opt, host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(c.total_params), c.plan.flat_params),
-      c.label(c.n_optimizer), {}, c.n_cat_optimizer);
-  c.g.add_dep(step, grads32);
-  for (TaskId t : grads_home) c.g.add_dep(step, t);
-  c.g.add_dep(step, sc.prev);
-  if (grads32 != kNone) {
-    for (TaskId t : grads_home) c.g.add_dep(grads32, t);
-    c.g.add_dep(grads32, sc.prev);
-  }
-  host_master_done(c, c.total_params, grads32, step, true);
+  // Once every gradient is home (and, with a 16-bit model, through the host's fp32 master).
+  grads_home.push_back(sc.prev);
+  host_step(c, c.total_params, grads_home, true);
 }
 
 }  // namespace zeroplan::sim::lowering

@@ -98,16 +98,9 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
   // On the host the executor steps the shard once every final gradient is home (DeepSpeed's CPU Adam
   // also steps after the backward), then each unit's updated parameters go back to the device.
   const bool params_on_host = c.plan.zero_stage == 3 && c.plan.offload.params;
-  const TaskId grads32 = host_fp32_grads(c, local);
-  const TaskId step = c.g.add_task(c.host_opt, host_optimizer_time(c.cluster, name, static_cast<double>(local), flat),
-                                   c.label(c.n_optimizer), {gate}, c.n_cat_optimizer);
-  c.g.add_dep(step, grads32);
-  for (const GradDone& d : grads.done) {
-    if (grads32 != kNone) c.g.add_dep(grads32, d.task);
-    c.g.add_dep(step, d.task);
-  }
-  if (grads32 != kNone) c.g.add_dep(grads32, gate);
-  host_master_done(c, local, grads32, step, params_on_host);
+  std::vector<TaskId> after{gate};
+  for (const GradDone& d : grads.done) after.push_back(d.task);
+  const TaskId step = host_step(c, local, after, params_on_host);
   if (params_on_host) return;
   std::vector<TaskId> updated;
   for (const GradDone& d : grads.done) {
@@ -118,20 +111,29 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
   param_sync(c, updated);
 }
 
-TaskId host_fp32_grads(Ctx& c, std::int64_t elems) {
-  if (c.b.master == 0 || elems <= 0) return kNone;
-  // A zeroed fp32 buffer (written once), then the 16-bit gradients copied into it unit by unit.
+TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, bool params_on_host) {
+  auto after_all = [&](TaskId t) {
+    for (TaskId a : after) c.g.add_dep(t, a);
+    return t;
+  };
   const double bw = c.cluster.host.memcpy_bw_bytes_per_s;
-  const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
-  return c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer);
-}
-
-void host_master_done(Ctx& c, std::int64_t elems, TaskId grads32, TaskId step, bool params_on_host) {
-  if (grads32 != kNone) c.g.alloc(grads32, c.host, elems * 4, MemCategory::buffers, c.label(c.n_grads), step);
-  if (c.b.master == 0 || !params_on_host) return;
-  // The updated fp32 master rounded into the 16-bit parameters beside it on the host.
-  const double s = static_cast<double>(elems) * (4.0 + c.b.param) / 2.0 / c.cluster.host.memcpy_bw_bytes_per_s;
-  c.g.add_task(c.host_opt, s, c.label(c.n_cast), {step}, c.n_cat_optimizer);
+  // With a 16-bit model beside an fp32 master, the executor steps with an fp32 copy of the gradients: a
+  // zeroed buffer (written once), the gradients copied into it unit by unit.
+  TaskId grads32 = kNone;
+  if (c.b.master > 0 && elems > 0) {
+    const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
+    grads32 = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer));
+  }
+  const double s = host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(elems), c.plan.flat_params);
+  const TaskId step = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_optimizer), {}, c.n_cat_optimizer));
+  if (grads32 == kNone) return step;
+  c.g.add_dep(step, grads32);
+  c.g.alloc(grads32, c.host, elems * 4, MemCategory::buffers, c.label(c.n_grads), step);
+  // The updated master rounded into the 16-bit parameters beside it on the host.
+  if (params_on_host)
+    c.g.add_task(c.host_opt, static_cast<double>(elems) * (4.0 + c.b.param) / 2.0 / bw, c.label(c.n_cast), {step},
+                 c.n_cat_optimizer);
+  return step;
 }
 
 }  // namespace zeroplan::sim::lowering
