@@ -4,23 +4,35 @@
 #   1. prerequisites: compiler, CMake, Ninja, the Debian headers (or .deb files unpacked locally with
 #      --debs), a Python whose torch imports with CUDA, nvidia-smi; records the GPU, driver and torch
 #   2. configure against that torch (-DZEROPLAN_TORCH_FROM=<python>, not the pinned wheel) and build
-#   3. every CUDA test (gtest names *_CUDA, through CTest): the profiler's CUDA events and CUPTI kernel
-#      times (tests/profiles), and the executor's CUDA paths (tests/exec/step/cuda_test.cpp): pinned host
+#   3. every CUDA test (gtest names *_CUDA, the test binaries run with --gtest_filter; a skipped test fails
+#      the step, since here the GPU must be there): the profiler's CUDA events and CUPTI kernel times
+#      (tests/profiles), and the executor's CUDA paths (tests/exec/step/cuda_test.cpp): pinned host
 #      blocks from the caching host allocator, pinned copies on a side stream, the fused optimizer on
 #      CUDA against the CPU, a one-rank NCCL all-reduce, caching-allocator peaks against the simulator
-#   4. profile gpt2-small and resnet50 on the GPU
+#   4. profile gpt2-small and resnet50 on the GPU; the cluster to simulate on: the GPU's shipped file
+#      (H100, H200, A100) with this machine's host (cores, memory, memcpy, host optimizer throughput
+#      from `zeroplan probe --no-collectives`) and the device memory nvidia-smi reports
 #   5. a single-GPU fidelity grid: simulate and run each plan (stage 0/1, optimizer offload,
 #      checkpointing, activation offload ratios 0.1/0.5/1 on the side stream, OffloadModel), then
-#      compare; prints predicted against measured step time and device peak
+#      compare; prints predicted against measured step time, device peak and host blocks
 # Everything goes under --out (default gpu-check-<UTC time>/): log.txt, versions.txt, the profiles,
 # predictions, run records, comparisons and summary.md.
 #
 #   scripts/gpu-check.sh [--python PY] [--out DIR] [--build-dir DIR] [--jobs N] [--debs DIR] [--steps N]
+#                        [--quick] [--build-only] [--deadline-s S] [--bundle DIR]
+#   --quick        fit a lent machine's few minutes: build only the binary and the two CUDA test
+#                  binaries, profile with fewer rounds, run each plan 8 steps (2 warm-up)
+#   --build-only   stop after the build (no GPU needed: checks a foreign torch builds, CUDA on)
+#   --deadline-s S start no step after S seconds (the rest are logged "skipped"); the summary is always
+#                  written, so a lease's time limit never loses what was measured
+#   --bundle DIR   at the end copy summary.md, log.txt and versions.txt to DIR, with everything in
+#                  DIR/gpu-check.tgz (a device tool's $OUT: few files, two folders deep)
+#   --debs DIR     .deb files (scripts/gpu-kit-pack.sh) unpacked into the build folder, searched first
 #   scripts/gpu-check.sh --dry-run [...]   on any machine: checks the prerequisites, prints every step it
 #                                          would run, and (when a Python with torch is there) configures
 #                                          into a scratch folder that it removes; never builds or runs.
 # Exit: 0 ok (a dry run: the steps were printed); 1 bad arguments or a missing prerequisite (real run);
-# 2 a step failed (real run; the log names it).
+# 2 a step failed (real run; the log names it); 4 no step failed but the deadline skipped some.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -31,7 +43,11 @@ build_dir=""
 jobs=$(nproc 2>/dev/null || echo 2)
 debs=""
 steps=20
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+quick=0
+build_only=0
+deadline_s=0
+bundle=""
+usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -41,6 +57,10 @@ while (($#)); do
     --jobs) jobs=${2:?--jobs needs a number}; shift ;;
     --debs) debs=${2:?--debs needs a folder}; shift ;;
     --steps) steps=${2:?--steps needs a number}; shift ;;
+    --quick) quick=1 ;;
+    --build-only) build_only=1 ;;
+    --deadline-s) deadline_s=${2:?--deadline-s needs a number of seconds}; shift ;;
+    --bundle) bundle=${2:?--bundle needs a folder}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument \"$1\" (see --help)" >&2; exit 1 ;;
   esac
@@ -48,6 +68,17 @@ while (($#)); do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: --jobs must be a positive integer (got \"$jobs\")" >&2; exit 1; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: --steps must be a positive integer (got \"$steps\")" >&2; exit 1; }
+[[ "$deadline_s" =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline-s must be a number of seconds (got \"$deadline_s\")" >&2; exit 1; }
+if [ -n "$debs" ] && ! compgen -G "$debs/*.deb" >/dev/null; then
+  echo "gpu-check: --debs $debs holds no .deb files (scripts/gpu-kit-pack.sh makes them)" >&2; exit 1
+fi
+warmup=3
+rounds=()
+if ((quick)); then
+  ((steps == 20)) && steps=8
+  warmup=2
+  rounds=(--repeats 3)
+fi
 if [ -z "$python" ]; then
   if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=$(command -v python3 || echo python3); fi
 fi
@@ -69,6 +100,14 @@ have() { command -v "$1" >/dev/null 2>&1; }
 check() {  # check WHAT OK-COMMAND...: one line per prerequisite
   local what=$1; shift
   if "$@" >/dev/null 2>&1; then say "ok       $what"; else say "missing  $what"; missing+=("$what;"); fi
+}
+check_gpu() {  # check_gpu WHAT OK-COMMAND...: needed to run on the GPU, not to build (--build-only)
+  if ((build_only)); then
+    local what=$1; shift
+    if "$@" >/dev/null 2>&1; then say "ok       $what"; else say "absent   $what (not needed: --build-only)"; fi
+  else
+    check "$@"
+  fi
 }
 header_in() {  # header_in HEADER: in /usr/include, or in one of the --debs packages (unpacked at configure)
   [ -e "/usr/include/$1" ] && return 0
@@ -93,8 +132,8 @@ check "Google Benchmark headers" header_in benchmark/benchmark.h
 check "gloo headers (ProcessGroupGloo.hpp includes them)" header_in gloo/config.h
 check "a Python that imports torch ($python)" "$python" -c "import torch"
 check "torch built with CUDA" "$python" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
-check "a CUDA device visible to torch" "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-check "nvidia-smi" have nvidia-smi
+check_gpu "a CUDA device visible to torch" "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+check_gpu "nvidia-smi" have nvidia-smi
 check "CUDA toolkit (nvcc; gates the CUDA code paths)" bash -c 'command -v nvcc || [ -x /usr/local/cuda/bin/nvcc ]'
 
 torch_version=$("$python" -W ignore -c "import torch; print(torch.__version__)" 2>/dev/null || echo "none")
@@ -111,6 +150,7 @@ if ((!dry_run)); then
     echo "python $python"
     echo "gpu $gpu"
     echo "zeroplan_commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "cores $(nproc 2>/dev/null || echo unknown)"
   } >"$out/versions.txt"
   if ((${#missing[@]})); then
     say "cannot run: missing ${missing[*]}"
@@ -118,21 +158,31 @@ if ((!dry_run)); then
   fi
 fi
 
-# The GPU's shipped cluster file, for the simulator (else this machine's probe).
+# The GPU's shipped cluster file; the simulator gets it with this machine's host and the device memory
+# nvidia-smi reports (cluster_here below). A GPU without a shipped file: the H100's, said in the log.
 case "$gpu" in
-  *H100*) cluster=h100-sxm-80gb ;;
-  *A100*80GB*) cluster=a100-sxm-80gb ;;
-  *A100*) cluster=a100-sxm-40gb ;;
-  *) cluster="$out/local.json" ;;
+  *H200*) base_cluster=h200-sxm-141gb ;;
+  *H100*) base_cluster=h100-sxm-80gb ;;
+  *A100*80GB*) base_cluster=a100-sxm-80gb ;;
+  *A100*) base_cluster=a100-sxm-40gb ;;
+  *) base_cluster=h100-sxm-80gb; say "no shipped cluster file for \"$gpu\": the H100's stands in for its device" ;;
 esac
+cluster="$out/cluster.json"
+gpu_mem_mib=$(awk -F', ' '{print $3}' <<<"$gpu" | tr -dc 0-9)   # "name, driver, 81559 MiB"
 
 # ---- steps: printed in a dry run, run (and logged) otherwise --------------------------------------
 failed=()
+skipped=()
 step() {  # step NAME COMMAND...
   local name=$1; shift
   if ((dry_run)); then
     printf '[gpu-check] step %-28s %s\n' "$name" "$(printf '%q ' "$@")"
     return 0
+  fi
+  if ((deadline_s > 0 && SECONDS >= deadline_s)); then
+    log "step $name: skipped (the --deadline-s $deadline_s s has passed: $SECONDS s)"
+    skipped+=("$name")
+    return 1
   fi
   log "step $name: $(printf '%q ' "$@")"
   local t0=$SECONDS
@@ -153,21 +203,57 @@ if [ -n "$debs" ]; then
   step unpack-debs bash -c "mkdir -p '$prefix' && for d in '$debs'/*.deb; do dpkg-deb -x \"\$d\" '$prefix'; done"
   cmake_args+=("-DCMAKE_PREFIX_PATH=$prefix/usr" "-DCMAKE_CXX_FLAGS=-isystem $prefix/usr/include")
 fi
+# The CUDA tests live in two binaries; --quick builds those and the zeroplan binary only.
+cuda_test_bins=("$build_dir/tests/exec/exec_cuda_test" "$build_dir/tests/profiles/profiler_test")
+build_targets=()
+((quick)) && build_targets=(--target zeroplan exec_cuda_test profiler_test)
 step configure cmake "${cmake_args[@]}"
-step build cmake --build "$build_dir" -j "$jobs"
+step build cmake --build "$build_dir" -j "$jobs" "${build_targets[@]}"
 
-# 3. the CUDA tests (named *_CUDA, skipped where no GPU is present, so here they must run; the list is in
-#    the header above).
-step cuda-tests ctest --test-dir "$build_dir" -R _CUDA --output-on-failure --no-tests=error
+# 3. the CUDA tests (named *_CUDA; they skip where no GPU is present, so here a skip is a failure).
+cuda_tests() {
+  local bin text rc=0
+  for bin in "${cuda_test_bins[@]}"; do
+    text=$("$bin" --gtest_filter='*_CUDA' 2>&1) || rc=1
+    printf '%s\n' "$text"
+    grep -q '^\[  SKIPPED \]' <<<"$text" && { echo "gpu-check: $(basename "$bin"): a CUDA test skipped"; rc=1; }
+    grep -qE '^\[  PASSED  \] [1-9]' <<<"$text" || { echo "gpu-check: $(basename "$bin"): no CUDA test passed"; rc=1; }
+  done
+  return $rc
+}
+if ((build_only)); then
+  ((dry_run)) || { log "build only: done (${#failed[@]} failed steps)"; ((${#failed[@]})) && exit 2; exit 0; }
+fi
+step cuda-tests cuda_tests
 
-# 4. profiles on the GPU.
+# 4. profiles on the GPU, and the cluster to simulate on: the GPU's shipped file, with this machine's host
+#    (the probe without collectives: one GPU) and the device memory nvidia-smi reports.
 step profile-gpt2-small "$zp" profile --model gpt --preset gpt2-small --seq 1024 --batch 4 --batches 2,4 \
-  --dtype bf16 --device cuda -o "$out/gpt2-small.json"
+  --dtype bf16 --device cuda "${rounds[@]}" -o "$out/gpt2-small.json"
 step profile-resnet50 "$zp" profile --model resnet --preset resnet50 --batch 32 --batches 16,32 \
-  --device cuda -o "$out/resnet50.json"
-case "$cluster" in
-  */local.json) step probe "$zp" probe -o "$out/local.json" ;;
-esac
+  --device cuda "${rounds[@]}" -o "$out/resnet50.json"
+step probe-host "$zp" probe --no-collectives -o "$out/host-probe.json"
+compose_cluster() {
+  "$python" - "$base_cluster" "$out/host-probe.json" "$cluster" "${gpu_mem_mib:-0}" "$gpu" "$stamp" <<'PY'
+import json, sys
+base, probe_path, out, mem_mib, gpu, stamp = sys.argv[1:]
+probe = json.load(open(probe_path))
+host_keys = ("mem_bytes", "cores", "memcpy_bw_bytes_per_s", "optimizer")
+child = {"schema": "zeroplan.cluster/1", "extends": base, "name": base + "-here",
+         "description": f"{gpu}: the shipped {base} device with this machine's host (zeroplan probe) and device memory",
+         "nodes": 1, "devices_per_node": 1,
+         "host": {k: probe["host"][k] for k in host_keys}, "provenance": {}}
+for path, prov in probe.get("provenance", {}).items():
+    if any(path == "host." + k or path.startswith("host." + k + ".") for k in host_keys):
+        child["provenance"][path] = prov
+child["provenance"]["devices_per_node"] = {"source": "probe", "citation": "one GPU on this machine (scripts/gpu-check.sh)"}
+if int(mem_mib) > 0:
+    child["device"] = {"mem_bytes": int(mem_mib) << 20}
+    child["provenance"]["device.mem_bytes"] = {"source": "probe", "citation": f"nvidia-smi memory.total on {stamp}: {mem_mib} MiB"}
+json.dump(child, open(out, "w"), indent=2)
+PY
+}
+step cluster compose_cluster
 
 # 5. single-GPU fidelity grid on gpt2-small: simulate, run, compare.
 grid=(
@@ -189,7 +275,7 @@ for entry in "${grid[@]}"; do
   step "simulate-$name" "$zp" simulate --model "$out/gpt2-small.json" --cluster "$cluster" --world-size 1 \
     --global-batch 4 "${precision[@]}" "${sets[@]}" -o "$out/prediction-$name.json" &&
   step "run-$name" "$zp" run --device cuda --model gpt --preset gpt2-small --seq 1024 --global-batch 4 \
-    "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup 3 -o "$out/run-$name.json" &&
+    "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup "$warmup" -o "$out/run-$name.json" &&
   step "compare-$name" "$zp" compare --predicted "$out/prediction-$name.json" --measured "$out/run-$name.json" \
     -o "$out/comparison-$name.json" ||
   log "plan $name: stopped at its failed step"
@@ -201,22 +287,29 @@ summarize() {
 import json, os, sys
 out, torch, gpu, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 print(f"Measured on {gpu} with torch {torch} (scripts/gpu-check.sh)\n")
-print("| plan | predicted step (ms) | measured step (ms) | error | predicted device peak (GiB) | measured device peak (GiB) | verdict |")
-print("|---|---|---|---|---|---|---|")
+print("| plan | predicted step (ms) | measured step (ms) | error | predicted device peak (GiB) | measured device peak (GiB) "
+      "| predicted host blocks (GiB) | measured host blocks (GiB) | verdict |")
+print("|---|---|---|---|---|---|---|---|---|")
 for n in names:
     try:
         p = json.load(open(os.path.join(out, f"prediction-{n}.json")))
         c = json.load(open(os.path.join(out, f"comparison-{n}.json")))
     except OSError:
-        print(f"| {n} | | | | | | not run |"); continue
+        print(f"| {n} | | | | | | | | not run |"); continue
     rows = {m.get("name"): m for m in c.get("metrics", [])}
     step = rows.get("step_time_s", {})
     peak = rows.get("device_peak_bytes.rank0", {})
+    # Host: the pinned blocks the caching host allocator held (rounded, cached) against the simulated
+    # host total; the requested peak when the run recorded no blocks.
+    host = rows.get("host_reserved_bytes.rank0", rows.get("host_peak_bytes.rank0", {}))
+    ph = p.get("host", {})
     g = 2 ** 30
     nan = float("nan")
     print(f"| {n} | {1e3 * p['step_time_s']:.1f} | {1e3 * step.get('measured', nan):.1f} | "
           f"{100 * step.get('rel_error', nan):+.1f}% | {p['device']['peak_bytes'] / g:.2f} | "
-          f"{peak.get('measured', nan) / g:.2f} | {c.get('verdict', '')} |")
+          f"{peak.get('measured', nan) / g:.2f} | "
+          f"{(ph.get('peak_bytes', 0) + ph.get('allocator_overhead_bytes', 0)) / g:.2f} | "
+          f"{host.get('measured', nan) / g:.2f} | {c.get('verdict', '')} |")
 PY
 }
 if ((dry_run)); then
@@ -244,8 +337,20 @@ if ((dry_run)); then
 fi
 summarize >"$out/summary.md"
 cat "$out/summary.md" | tee -a "$out/log.txt"
+rc=0
 if ((${#failed[@]})); then
   say "failed steps: ${failed[*]}"
-  exit 2
+  rc=2
 fi
-say "all steps passed; results in $out"
+if ((${#skipped[@]})); then
+  say "skipped at the deadline: ${skipped[*]}"
+  ((rc)) || rc=4
+fi
+((rc)) || say "all steps passed; results in $out"
+if [ -n "$bundle" ]; then
+  mkdir -p "$bundle" && cp "$out/summary.md" "$out/log.txt" "$out/versions.txt" "$bundle/" &&
+    tar -czf "$bundle/gpu-check.tgz" -C "$(dirname "$out")" "$(basename "$out")" &&
+    say "bundled summary.md, log.txt, versions.txt and gpu-check.tgz into $bundle" ||
+    { say "could not bundle into $bundle"; ((rc)) || rc=2; }
+fi
+exit $rc

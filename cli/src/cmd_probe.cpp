@@ -26,6 +26,7 @@ struct ProbeArgs {
   std::vector<int> world_sizes{2};
   bool quick = false;
   bool no_collectives = false;
+  bool world_sizes_given = false;
   double reuse_if_fresh_s = -1;
   std::int64_t device_memory = 0;
   double timeout_s = 90;
@@ -70,7 +71,8 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
   if (!a.output.empty()) check_output(a.output);  // before any work
   exec::ProbeOptions o;
   o.name = a.name;
-  o.world_sizes = a.world_sizes;
+  // Without collectives and without --world-sizes: one rank per node, which has every core (one GPU).
+  o.world_sizes = a.no_collectives && !a.world_sizes_given ? std::vector<int>{} : a.world_sizes;
   o.quick = a.quick;
   o.collectives = !a.no_collectives;
   o.device_memory_bytes = a.device_memory;
@@ -98,12 +100,16 @@ Action add_probe(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<ProbeArgs>();
   app.add_option("-o,--output", a->output, "Write the ClusterProfile here (default: this machine's probe cache, which --cluster local reads)")->check(output_path());
   app.add_option("--name", a->name, "The profile's name")->capture_default_str();
-  app.add_option("--world-sizes", a->world_sizes, "Ranks to fit the collectives at, e.g. 2,4 (each >= 2)")
+  CLI::Option* world_sizes =
+      app.add_option("--world-sizes", a->world_sizes,
+                     "Ranks to fit the collectives at, e.g. 2,4 (each >= 2); the largest is the ranks per node")
       ->delimiter(',')
       ->check(number_in(2, 64))
       ->capture_default_str();
   app.add_flag("--quick", a->quick, "Small sizes and few repeats: seconds, for tests and CI");
-  app.add_flag("--no-collectives", a->no_collectives, "Skip the collectives (links then estimated from memcpy)");
+  app.add_flag("--no-collectives", a->no_collectives,
+               "Skip the collectives (links then estimated from memcpy); without --world-sizes, one rank per node "
+               "with every core");
   app.add_option("--reuse-if-fresh", a->reuse_if_fresh_s,
                  "Keep -o FILE if it is younger than SECONDS, valid, and has fits for --world-sizes")
       ->check(non_negative());
@@ -114,8 +120,9 @@ Action add_probe(CLI::App& app, const Globals& globals) {
       ->capture_default_str()
       ->check(positive());
   app.add_flag("--collectives-worker", a->collectives_worker)->group("");  // hidden: one rank of the probe
-  return [a, &globals] {
+  return [a, world_sizes, &globals] {
     try {
+      a->world_sizes_given = world_sizes->count() > 0;
       return run_probe(*a, globals);
     } catch (const exec::ProbeError& e) {
       throw ExitError(kRunFailed, e.what());

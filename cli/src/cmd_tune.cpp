@@ -44,6 +44,7 @@ void print_ranking(const tuner::TuneResult& r) {
                                     plan.offload.optimizer ? " +off.optim" : "",
                                     plan.offload.activations_ratio > 0 ? fmt::format(" +off.act {:.2f}", plan.offload.activations_ratio) : "",
                                     plan.micro_batch, plan.microbatches);
+    if (rp.equivalents > 0) knobs += fmt::format(" (+{} same-prediction variants)", rp.equivalents);
     fmt::print(stderr, "  {:>2}  {:>11.6f}  {:>10.1f}  {:>12}  {:>12}  {:<14} {}\n", ++i, p.step_time_s, p.samples_per_s,
                gib(p.device.total_bytes()), gib(p.host.total_bytes()), p.bound, knobs);
   }

@@ -233,6 +233,9 @@ std::string hint(const std::string& name, double err) {
     return "the host optimizer runs " + direction(err, "slower", "faster") + " than the ClusterProfile's throughput";
   if (name == "phase.h2d_s" || name == "phase.d2h_s")
     return "copies run " + direction(err, "slower", "faster") + " than the ClusterProfile's bandwidth";
+  if (name.rfind("host_reserved_bytes", 0) == 0)
+    return err < 0 ? "the host allocator holds more than the simulated pinned blocks (blocks the simulator does not place)"
+                   : "the simulator rounds or keeps more pinned blocks than the host allocator held";
   if (name.rfind("device_peak_bytes", 0) == 0 || name.rfind("host_peak_bytes", 0) == 0)
     return err < 0 ? "memory the simulator does not model (allocator, workspaces, temporaries)"
                    : "the simulator keeps more memory, or keeps it longer, than the executor";
@@ -240,7 +243,8 @@ std::string hint(const std::string& name, double err) {
 }
 
 bool is_memory(const std::string& name) {
-  return name.rfind("device_peak_bytes", 0) == 0 || name.rfind("host_peak_bytes", 0) == 0;
+  return name.rfind("device_peak_bytes", 0) == 0 || name.rfind("host_peak_bytes", 0) == 0 ||
+         name.rfind("host_reserved_bytes", 0) == 0;
 }
 
 std::vector<std::string> largest_sources(const Comparison& c, double measured_step_s, int chunks, int max_sources) {
@@ -324,6 +328,20 @@ Comparison compare(const Prediction& p, const RunRecord& r, const CompareOptions
       const bool gating = predicted >= o.memory_floor_bytes || measured >= o.memory_floor_bytes;
       Metric m = make_metric(fmt::format("{}_peak_bytes.rank{}", pool, peak.rank), static_cast<double>(predicted),
                              static_cast<double>(measured), gating);
+      m.tolerance = o.memory_tolerance;
+      c.metrics.push_back(std::move(m));
+    }
+  }
+  // What the host allocator holds (pinned blocks rounded to powers of two and cached, host_allocator.h)
+  // against the simulated host total (peak + allocator overhead), where either side rounds: a prediction
+  // for a GPU cluster or a run on CUDA. Not per stage: stage predictions carry no host overhead.
+  if (!staged && (p.host.allocator_overhead_bytes > 0 || r.environment.device.rfind("cuda", 0) == 0)) {
+    for (const RankPeak& peak : r.peaks) {
+      if (peak.host_reserved_bytes <= 0) continue;
+      const std::int64_t predicted = p.host.total_bytes();
+      const bool gating = predicted >= o.memory_floor_bytes || peak.host_reserved_bytes >= o.memory_floor_bytes;
+      Metric m = make_metric(fmt::format("host_reserved_bytes.rank{}", peak.rank), static_cast<double>(predicted),
+                             static_cast<double>(peak.host_reserved_bytes), gating);
       m.tolerance = o.memory_tolerance;
       c.metrics.push_back(std::move(m));
     }

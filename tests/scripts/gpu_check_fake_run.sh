@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh's real path (not the dry run) on stand-ins: a Python that reports a CUDA torch and
-# a device, nvidia-smi naming an H100, nvcc, and cmake, ctest and zeroplan that only write the documents the
-# kit reads. Checks the kit runs every step in order, simulates against the GPU's shipped cluster,
+# a device, nvidia-smi naming an H100, nvcc, cmake (its configure leaves stand-in CUDA test binaries),
+# and a zeroplan that only writes the documents the kit reads. Checks the kit runs every step in order,
+# simulates against the GPU's shipped cluster extended with this host's probe and nvidia-smi's memory,
 # records the GPU and torch version, writes the predicted-against-measured table, and that a failing
 # step ends it with exit 2 naming the step, stops that plan (its row says "not run") and the next plans
-# still run.
+# still run; a skipped CUDA test fails; --quick builds three targets with fewer steps; --deadline-s
+# skips what is left (exit 4) and still writes the table; --bundle copies the results into a folder.
 #   gpu_check_fake_run.sh SCRIPT
 set -euo pipefail
 kit=$1
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp=${FAKE_TMP:-$(mktemp -d)}; [ -n "${FAKE_TMP:-}" ] || trap "rm -rf \"$tmp\"" EXIT
 fail() { echo "FAIL: $*" >&2; for f in "$tmp"/out*/log.txt; do echo "--- $f"; cat "$f"; done; exit 1; }
 mkdir -p "$tmp/bin"
 real_python=$(command -v python3)
@@ -31,12 +33,17 @@ echo "NVIDIA H100 80GB HBM3, 999.99, 81559 MiB"
 SH
 cat >"$tmp/bin/cmake" <<'SH'
 #!/usr/bin/env bash
-# configure: make the build folder and a stand-in zeroplan; --build: nothing to do.
-[ "$1" = --build ] && exit 0
+# configure: make the build folder, a stand-in zeroplan and the two CUDA test binaries; --build: records
+# its arguments (and sleeps ZP_BUILD_SLEEP seconds).
+if [ "$1" = --build ]; then echo "$*" >>"$2/build-args"; sleep "${ZP_BUILD_SLEEP:-0}"; exit 0; fi
 while (($#)); do [ "$1" = -B ] && build=$2; shift; done
-mkdir -p "$build" && cp "$ZP_STUB" "$build/zeroplan" && chmod +x "$build/zeroplan"
+mkdir -p "$build/tests/exec" "$build/tests/profiles" && cp "$ZP_STUB" "$build/zeroplan" && chmod +x "$build/zeroplan"
+for t in exec/exec_cuda_test profiles/profiler_test; do
+  printf '#!/usr/bin/env bash\necho "[ RUN      ] X.Y_CUDA"\n%s\necho "[  PASSED  ] 2 tests."\n' \
+    "${ZP_SKIP:+echo \"[  SKIPPED ] X.Y_CUDA\"}" >"$build/tests/$t"
+  chmod +x "$build/tests/$t"
+done
 SH
-printf '#!/usr/bin/env bash\nexit 0\n' >"$tmp/bin/ctest"
 printf '#!/usr/bin/env bash\nexit 0\n' >"$tmp/bin/nvcc"
 cat >"$tmp/zeroplan" <<'SH'
 #!/usr/bin/env bash
@@ -45,14 +52,22 @@ cmd=$1; out=""; all="$*"
 while (($#)); do [ "$1" = -o ] && out=$2; shift; done
 [ -n "${ZP_FAIL:-}" ] && [[ "$all" == *"$ZP_FAIL"* ]] && [ "$cmd" = run ] && exit 3
 case "$cmd" in
-  simulate) [[ "$all" == *"--cluster h100-sxm-80gb"* ]] || exit 1
-            echo '{"step_time_s": 0.1, "device": {"peak_bytes": 2147483648}}' >"$out" ;;
+  simulate) cluster=$(sed -n 's/.*--cluster \([^ ]*\).*/\1/p' <<<"$all")
+            grep -q '"extends": "h100-sxm-80gb"' "$cluster" || exit 1
+            grep -q '"mem_bytes": 85520809984' "$cluster" || exit 1   # 81559 MiB from nvidia-smi
+            grep -q '"memcpy_bw_bytes_per_s": 7000000000.0' "$cluster" || exit 1
+            echo '{"step_time_s": 0.1, "device": {"peak_bytes": 2147483648},
+                   "host": {"peak_bytes": 1073741824, "allocator_overhead_bytes": 536870912}}' >"$out" ;;
+  probe) [[ "$all" == *"--no-collectives"* ]] || exit 1
+         echo '{"host": {"mem_bytes": 1, "cores": 16, "memcpy_bw_bytes_per_s": 7e9, "optimizer": {}},
+                "provenance": {"host.cores": {"source": "probe", "citation": "x"}}}' >"$out" ;;
   compare) echo '{"metrics": [{"name": "step_time_s", "measured": 0.125, "rel_error": -0.2},
-                               {"name": "device_peak_bytes.rank0", "measured": 3221225472}], "verdict": "fail"}' >"$out" ;;
+                               {"name": "device_peak_bytes.rank0", "measured": 3221225472},
+                               {"name": "host_reserved_bytes.rank0", "measured": 2147483648}], "verdict": "fail"}' >"$out" ;;
   *) echo '{}' >"$out" ;;
 esac
 SH
-chmod +x "$tmp/bin/python" "$tmp/bin/nvidia-smi" "$tmp/bin/cmake" "$tmp/bin/ctest" "$tmp/bin/nvcc" "$tmp/zeroplan"
+chmod +x "$tmp/bin/python" "$tmp/bin/nvidia-smi" "$tmp/bin/cmake" "$tmp/bin/nvcc" "$tmp/zeroplan"
 export ZP_STUB="$tmp/zeroplan"
 export PATH="$tmp/bin:$PATH"
 
@@ -60,14 +75,14 @@ export PATH="$tmp/bin:$PATH"
   fail "the run exited $? ($(tail -3 "$tmp/stdout"))"
 grep -q '^torch 9.9.9+cu999$' "$tmp/out/versions.txt" || fail "versions.txt has no torch line"
 grep -q '^gpu NVIDIA H100 80GB HBM3' "$tmp/out/versions.txt" || fail "versions.txt has no GPU line"
-for s in configure build cuda-tests profile-gpt2-small profile-resnet50 simulate-s0 run-s0 compare-s0 \
+for s in configure build cuda-tests profile-gpt2-small profile-resnet50 probe-host cluster simulate-s0 run-s0 compare-s0 \
          simulate-s1-offload-ckpt run-s1-offload-ckpt compare-s1-offload-ckpt run-s0-act0.5 run-om2; do
   grep -q "step $s: ok" "$tmp/out/log.txt" || fail "step $s did not pass"
 done
-grep -q "step probe" "$tmp/out/log.txt" && fail "an H100 is simulated on its shipped cluster, no probe"
+grep -q 'step build: .*--target' "$tmp/out/log.txt" && fail "a full run built only some targets"
 grep -q '^Measured on NVIDIA H100 80GB HBM3, 999.99, 81559 MiB with torch 9.9.9+cu999' "$tmp/out/summary.md" ||
   fail "summary.md has no heading with the GPU and torch"
-grep -qF '| s1-offload | 100.0 | 125.0 | -20.0% | 2.00 | 3.00 | fail |' "$tmp/out/summary.md" || fail "summary row: $(cat "$tmp/out/summary.md")"
+grep -qF '| s1-offload | 100.0 | 125.0 | -20.0% | 2.00 | 3.00 | 1.50 | 2.00 | fail |' "$tmp/out/summary.md" || fail "summary row: $(cat "$tmp/out/summary.md")"
 [ "$(grep -c '^| \(s\|om\)' "$tmp/out/summary.md")" = 9 ] || fail "summary.md has not 9 plan rows"
 
 # A failing step: exit 2, named; the later steps still run.
@@ -80,5 +95,33 @@ grep -q "failed steps: run-s0-ckpt run-s1-offload-ckpt" "$tmp/stdout2" || fail "
 grep -q "step compare-s0-ckpt" "$tmp/out2/log.txt" && fail "a plan whose run failed was compared"
 grep -q "plan s0-ckpt: stopped at its failed step" "$tmp/out2/log.txt" || fail "the stopped plan is not named"
 grep -q "step simulate-s1-offload-ckpt: ok" "$tmp/out2/log.txt" || fail "the next plan did not run after a failure"
-grep -qF '| s0-ckpt | | | | | | not run |' "$tmp/out2/summary.md" || fail "a plan whose run failed: $(cat "$tmp/out2/summary.md")"
+grep -qF '| s0-ckpt | | | | | | | | not run |' "$tmp/out2/summary.md" || fail "a plan whose run failed: $(cat "$tmp/out2/summary.md")"
+
+# A CUDA test that skips (no GPU seen) fails the step.
+set +e
+ZP_SKIP=1 "$kit" --python "$tmp/bin/python" --out "$tmp/out3" --build-dir "$tmp/build3" >"$tmp/stdout3" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "a skipped CUDA test exited $rc, not 2"
+grep -q "step cuda-tests: FAILED" "$tmp/out3/log.txt" || fail "a skipped CUDA test did not fail the step"
+grep -q "exec_cuda_test: a CUDA test skipped" "$tmp/out3/log.txt" || fail "the skip is not named"
+
+# --quick: three targets, fewer profile rounds and steps; --bundle: the results in one folder.
+"$kit" --quick --python "$tmp/bin/python" --out "$tmp/out4" --build-dir "$tmp/build4" --bundle "$tmp/bundle" \
+  >"$tmp/stdout4" 2>&1 || fail "the quick run exited $? ($(tail -3 "$tmp/stdout4"))"
+grep -q -- '--target zeroplan exec_cuda_test profiler_test' "$tmp/build4/build-args" || fail "--quick built: $(cat "$tmp/build4/build-args")"
+grep -q 'step profile-gpt2-small: .*--repeats 3' "$tmp/out4/log.txt" || fail "--quick profiled with the default rounds"
+grep -q 'step run-s0: .*--steps 8 --warmup 2' "$tmp/out4/log.txt" || fail "--quick ran the default steps"
+for f in summary.md log.txt versions.txt gpu-check.tgz; do [ -s "$tmp/bundle/$f" ] || fail "--bundle has no $f"; done
+tar -tzf "$tmp/bundle/gpu-check.tgz" | grep -q 'out4/prediction-s0.json' || fail "the bundle's archive has no prediction"
+
+# --deadline-s: a build slower than the deadline; every later step skipped, the table still written, exit 4.
+set +e
+ZP_BUILD_SLEEP=2 "$kit" --deadline-s 1 --python "$tmp/bin/python" --out "$tmp/out5" --build-dir "$tmp/build5" >"$tmp/stdout5" 2>&1
+rc=$?
+set -e
+[ "$rc" = 4 ] || fail "a run past its deadline exited $rc, not 4 ($(tail -3 "$tmp/stdout5"))"
+grep -q "step cuda-tests: skipped (the --deadline-s 1 s has passed" "$tmp/out5/log.txt" || fail "no skipped step logged"
+grep -q "step run-s0:" "$tmp/out5/log.txt" && fail "a step started after the deadline"
+[ "$(grep -c 'not run |$' "$tmp/out5/summary.md")" = 9 ] || fail "the table after the deadline: $(cat "$tmp/out5/summary.md")"
 echo ok

@@ -163,6 +163,36 @@ TEST(Compare, MemoryHasItsOwnTolerance) {
   EXPECT_THROW(compare(prediction(), record(), CompareOptions{}.set_memory_tolerance(0)), SchemaError);
 }
 
+// A CUDA run's pinned host blocks (power-of-two, cached) against the simulated host total, peak plus the
+// allocator overhead of a GPU cluster's prediction; a CPU run on a CPU cluster has no such row.
+TEST(Compare, HostReservedBytesMeetTheSimulatedAllocatorOverhead) {
+  Prediction p = prediction();
+  p.host = PoolPeak{300 * kMiB, 84 * kMiB, 8'000'000'000LL, 0, {}};  // 300 MiB requested, 384 MiB of blocks
+  RunRecord r = record();
+  r.environment.device = "cuda:0";
+  for (RankPeak& peak : r.peaks) {
+    peak.host_peak_bytes = 300 * kMiB;
+    peak.host_reserved_bytes = 384 * kMiB;
+  }
+  const Comparison ok = compare(p, r);
+  EXPECT_EQ(metric(ok, "host_reserved_bytes.rank1").predicted, double(384 * kMiB));
+  EXPECT_EQ(metric(ok, "host_reserved_bytes.rank1").rel_error, 0);
+  EXPECT_EQ(ok.verdict, "pass");
+  // Blocks the simulator did not place: 512 MiB held, 384 predicted, the verdict fails on that row alone.
+  r.peaks[0].host_reserved_bytes = 512 * kMiB;
+  const Comparison miss = compare(p, r);
+  EXPECT_EQ(miss.verdict, "fail");
+  EXPECT_NEAR(metric(miss, "host_reserved_bytes.rank0").rel_error, 384.0 / 512 - 1, 1e-9);
+  EXPECT_NE(miss.largest_error_sources.front().find("host allocator holds more"), std::string::npos)
+      << miss.largest_error_sources.front();
+  // CPU: no rounding on either side, so no reserved row even when the record has the high-water mark.
+  RunRecord cpu = record();
+  for (RankPeak& peak : cpu.peaks) peak.host_reserved_bytes = 100 * kMiB;
+  const Comparison c = compare(prediction(), cpu);
+  EXPECT_TRUE(std::none_of(c.metrics.begin(), c.metrics.end(),
+                           [](const Metric& m) { return m.name.rfind("host_reserved_bytes", 0) == 0; }));
+}
+
 // A pipelined plan: each rank's peak against its own stage's (stage-major ranks: rank / dp), not the largest.
 TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
   Prediction p = prediction();

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "fixtures.h"
 #include "analytic_gpt.h"
@@ -242,6 +245,51 @@ TEST(ComputeOps, GemmEfficiencyIsTheLastMatchingBucket) {
   EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "bf16", 4096, 4096, 512), 0.6);    // k below 1024
   EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "bf16", 4096, 1024, 1024), 0.8);
   EXPECT_DOUBLE_EQ(gemm_efficiency(c.device, "fp16", 4096, 4096, 4096), 0.5);   // no table: compute_efficiency
+}
+
+// The shipped GEMM tables come from published cuBLAS sweeps (profiles/data/microbenchmarks/
+// gemm_sweeps.json), not from guesses: for each bucket, the efficiency the tile and wave model needs to
+// reproduce each published point in it is eff x predicted / published time; the shipped value is their
+// geometric mean (capped at 1), and every point is then predicted within 30%.
+TEST(GemmTables, ShippedBucketsAreFittedToThePublishedSweeps) {
+  std::ifstream in(shipped_data_dir() / "microbenchmarks" / "gemm_sweeps.json");
+  ASSERT_TRUE(in) << "no profiles/data/microbenchmarks/gemm_sweeps.json";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_EQ(doc.at("schema"), "zeroplan.gemm_sweeps/1");
+  int checked = 0;
+  for (const auto& sweep : doc.at("sweeps")) {
+    EXPECT_EQ(sweep.at("source"), "microbenchmark");
+    for (const auto& name : sweep.at("clusters")) {
+      const ClusterProfile c = resolve_cluster(name.get<std::string>());
+      EXPECT_EQ(c.provenance.at("device.gemm.efficiency").source, "microbenchmark") << name;
+      for (const auto& dtype_json : sweep.at("dtypes")) {
+        const std::string dtype = dtype_json.get<std::string>();
+        const std::vector<GemmBucket>& table = c.device.gemm.efficiency.at(dtype);
+        std::vector<double> log_sum(table.size(), 0.0);
+        std::vector<int> count(table.size(), 0);
+        for (const auto& pt : sweep.at("points")) {
+          const double m = pt.at("m"), n = pt.at("n"), k = pt.at("k");
+          const double published_s = 2 * m * n * k / (pt.at("tflops").get<double>() * 1e12);
+          const double predicted_s = gemm_time(c, dtype, m, n, k);
+          std::size_t b = 0;
+          for (std::size_t i = 0; i < table.size(); ++i)
+            if (m >= table[i].m_min && n >= table[i].n_min && k >= table[i].k_min) b = i;
+          // Compute-bound here, so the time scales as 1 / efficiency.
+          ASSERT_GT(predicted_s, 2 * dtype_bytes(dtype) * (m * k + k * n + m * n) / c.device.mem_bw_achieved_bytes_per_s);
+          log_sum[b] += std::log(table[b].efficiency * predicted_s / published_s);
+          count[b] += 1;
+          EXPECT_NEAR(predicted_s / published_s, 1.0, 0.3) << name << " " << dtype << " " << m;
+          ++checked;
+        }
+        for (std::size_t b = 0; b < table.size(); ++b) {
+          ASSERT_GT(count[b], 0) << name << " " << dtype << ": bucket " << b << " has no published point";
+          const double fitted = std::min(1.0, std::exp(log_sum[b] / count[b]));
+          EXPECT_NEAR(table[b].efficiency, fitted, 0.006) << name << " " << dtype << " bucket " << b;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 3 * 2 * 5);
 }
 
 TEST(ComputeOps, GemmTileAndWaveQuantisation) {

@@ -153,5 +153,49 @@ TEST(Tune, WhenNothingFitsTheClosestMissesSayByHowMuch) {
   EXPECT_NE(report_markdown(r).find("No plan fits"), std::string::npos);
 }
 
+// The simulator, blind to bucket sizes: every bucket variant of a plan predicts what the plan with the
+// default buckets predicts, as happens for a model whose gradients fit one bucket either way.
+class BucketBlind final : public Evaluator {
+ public:
+  explicit BucketBlind(const Evaluator& inner) : inner_(inner) {}
+  Prediction simulate(const Plan& plan) const override { return inner_.simulate(default_buckets(plan)); }
+  MemoryBytes memory_lower_bound(const Plan& plan) const override { return inner_.memory_lower_bound(default_buckets(plan)); }
+
+ private:
+  static Plan default_buckets(Plan p) {
+    p.buckets = Buckets{};
+    return p;
+  }
+  const Evaluator& inner_;
+};
+
+TEST(Tune, PlansPredictingTheSameAreRankedOnceWithTheirVariantsNamed) {
+  Tight t;
+  t.constraints.set_knobs({"zero_stage", "buckets"});
+  const auto sim = make_simulator(t.model, t.cluster);
+  const BucketBlind blind(*sim);
+  const TuneResult r = tune(t.model, t.cluster, t.constraints, TuneOptions{}.set_threads(2).set_evaluator(&blind));
+  ASSERT_GE(r.ranking.size(), 2u);
+  int folded = 0;
+  for (std::size_t i = 0; i < r.ranking.size(); ++i) {
+    const RankedPlan& p = r.ranking[i];
+    // The default buckets represent their group; the large-bucket twins are folded into it.
+    EXPECT_EQ(p.plan.buckets, Buckets{}) << i;
+    if (i > 0) EXPECT_TRUE(faster(r.ranking[i - 1].prediction, p.prediction)) << "rows " << i - 1 << " and " << i << " predict the same";
+    if (p.equivalents > 0) {
+      ++folded;
+      EXPECT_EQ(p.equivalent_knobs, std::vector<std::string>{"buckets"});
+    }
+  }
+  EXPECT_GT(folded, 0);
+  const std::string md = report_markdown(r);
+  EXPECT_NE(md.find("more plan differing in buckets: the same prediction)"), std::string::npos) << md;
+  EXPECT_NE(tune_json(r).find("\"equivalent_knobs\": [\n"), std::string::npos);
+  // The runner-up the explanation walks from is a real alternative, not a bucket twin.
+  ASSERT_FALSE(r.explanation.comparisons.empty());
+  EXPECT_EQ(r.explanation.comparisons.front().against, "runner-up");
+  EXPECT_NE(r.explanation.comparisons.front().other.zero_stage, r.best()->plan.zero_stage);
+}
+
 }  // namespace
 }  // namespace zeroplan::tuner

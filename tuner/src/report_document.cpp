@@ -20,10 +20,19 @@ Block plot(std::string which) { return Block{Block::Kind::plot, 0, std::move(whi
 
 std::string sps(double v) { return fmt::format("{:.2f}", v); }
 
+// " (and 3 more plans differing in buckets, prefetch: the same prediction)", or "".
+std::string equivalents_note(const RankedPlan& p) {
+  if (p.equivalents == 0) return "";
+  std::string knobs;
+  for (const std::string& k : p.equivalent_knobs) knobs += (knobs.empty() ? "" : ", ") + k;
+  return fmt::format(" (and {} more plan{} differing in {}: the same prediction)", p.equivalents,
+                     p.equivalents == 1 ? "" : "s", knobs);
+}
+
 std::vector<std::string> plan_row(int rank, const RankedPlan& p) {
   const Prediction& q = p.prediction;
   return {std::to_string(rank), text::seconds(q.step_time_s), sps(q.samples_per_s), text::bytes(q.device.total_bytes()),
-          text::bytes(q.host.total_bytes()), q.bound, summary(p.plan)};
+          text::bytes(q.host.total_bytes()), q.bound, summary(p.plan) + equivalents_note(p)};
 }
 
 }  // namespace

@@ -39,6 +39,10 @@ ojson ranked_json(const RankedPlan& r) {
   j["candidate"] = r.candidate;
   j["metrics"] = metrics(r.prediction);
   j["plan"] = plan_json(r.plan);
+  if (r.equivalents > 0) {
+    j["equivalents"] = r.equivalents;
+    j["equivalent_knobs"] = r.equivalent_knobs;
+  }
   return j;
 }
 

@@ -222,13 +222,28 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
   }
   r.fitting = static_cast<std::int64_t>(fitting.size());
   auto at = [&](int i) -> const Outcome& { return outcomes[static_cast<std::size_t>(i)]; };
-  auto ranked = [&](int i) { return RankedPlan{i, at(i).plan, at(i).prediction}; };
+  auto ranked = [&](int i) { return RankedPlan{i, at(i).plan, at(i).prediction, 0, {}}; };
 
-  // Ranking: fastest first; ties by memory, then by enumeration order.
+  // Ranking: fastest first; ties by memory, then by enumeration order. A plan that predicts exactly what
+  // a ranked one predicts (step time, device and host totals) is folded into it: `faster` orders by
+  // exactly these, so such plans sort next to each other.
   std::vector<int> order = fitting;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return faster(at(a).prediction, at(b).prediction); });
-  const std::size_t k = std::min(order.size(), static_cast<std::size_t>(std::max(0, options.top_k)));
-  for (std::size_t i = 0; i < k; ++i) r.ranking.push_back(ranked(order[i]));
+  const std::size_t k = static_cast<std::size_t>(std::max(0, options.top_k));
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const Outcome& o = at(order[i]);
+    RankedPlan* same = r.ranking.empty() ? nullptr : &r.ranking.back();
+    if (same != nullptr && !faster(same->prediction, o.prediction)) {  // `faster` orders them: equal
+      same->equivalents += 1;
+      for (const std::string& knob : differing_knobs(same->plan, o.plan))
+        if (std::find(same->equivalent_knobs.begin(), same->equivalent_knobs.end(), knob) == same->equivalent_knobs.end())
+          same->equivalent_knobs.push_back(knob);
+      std::sort(same->equivalent_knobs.begin(), same->equivalent_knobs.end());
+      continue;
+    }
+    if (r.ranking.size() == k) break;
+    r.ranking.push_back(ranked(order[i]));
+  }
 
   // Pareto front and the cloud of fitting points.
   std::vector<ParetoPoint> points;

@@ -140,6 +140,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   result.offloaded_activations = executor.offloaded_activations();
   result.device_peak_bytes = std::max(device_peak, device->peak_bytes());
   result.host_peak_bytes = std::max(host_peak, device->host_pool().peak_bytes());
+  result.host_reserved_bytes = device->host_pool().reserved_bytes();
   result.device_peak_at = recorder.peak_at();
   device->set_limit(0);
 
@@ -261,7 +262,8 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
       rec.units.push_back(std::move(u));
     }
   }
-  for (const RunResult* r : ranks) rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at});
+  for (const RunResult* r : ranks)
+    rec.peaks.push_back({r->rank, r->device_peak_bytes, r->host_peak_bytes, r->device_peak_at, r->host_reserved_bytes});
   // Pipeline stages: each stage's largest peaks over its ranks, its median compute per step, and the
   // bubble over every rank's measured steps.
   if (options.plan.pipeline_stages > 1) {
@@ -331,6 +333,7 @@ void to_json(nlohmann::json& j, const RunResult& r) {
                      {"lr_gains", r.lr_gains},
                      {"device_peak_bytes", r.device_peak_bytes},
                      {"host_peak_bytes", r.host_peak_bytes},
+                     {"host_reserved_bytes", r.host_reserved_bytes},
                      {"device_peak_at", r.device_peak_at},
                      {"fallbacks", r.fallbacks},
                      {"cpu_machine_busy_s", r.cpu_machine_busy_s},
@@ -366,6 +369,7 @@ void from_json(const nlohmann::json& j, RunResult& r) {
   if (j.contains("lr_gains")) j.at("lr_gains").get_to(r.lr_gains);
   j.at("device_peak_bytes").get_to(r.device_peak_bytes);
   j.at("host_peak_bytes").get_to(r.host_peak_bytes);
+  if (j.contains("host_reserved_bytes")) j.at("host_reserved_bytes").get_to(r.host_reserved_bytes);
   if (j.contains("device_peak_at")) j.at("device_peak_at").get_to(r.device_peak_at);
   j.at("fallbacks").get_to(r.fallbacks);
   if (j.contains("cpu_machine_busy_s")) j.at("cpu_machine_busy_s").get_to(r.cpu_machine_busy_s);

@@ -65,6 +65,7 @@ ojson write_peak(const RankPeak& p) {
   j["device_peak_bytes"] = p.device_peak_bytes;
   j["host_peak_bytes"] = p.host_peak_bytes;
   if (!p.device_peak_at.empty()) j["device_peak_at"] = p.device_peak_at;
+  if (p.host_reserved_bytes > 0) j["host_reserved_bytes"] = p.host_reserved_bytes;
   return j;
 }
 
@@ -123,6 +124,7 @@ void read_value(const nlohmann::json& j, RankPeak& p, const std::string& path) {
   r.req("device_peak_bytes", p.device_peak_bytes);
   r.req("host_peak_bytes", p.host_peak_bytes);
   r.opt("device_peak_at", p.device_peak_at);
+  r.opt("host_reserved_bytes", p.host_reserved_bytes);
   r.finish();
 }
 
@@ -248,9 +250,9 @@ void validate(const RunRecord& r) {
     const RankPeak& p = r.peaks[i];
     if (p.rank != static_cast<int>(i))
       record_error("peaks[" + std::to_string(i) + "].rank is " + num(p.rank) + " (expected " + std::to_string(i) + ")");
-    if (p.device_peak_bytes < 0 || p.host_peak_bytes < 0)
+    if (p.device_peak_bytes < 0 || p.host_peak_bytes < 0 || p.host_reserved_bytes < 0)
       record_error("peaks[" + std::to_string(i) + "]: negative bytes (device " + num(p.device_peak_bytes) +
-                   ", host " + num(p.host_peak_bytes) + ")");
+                   ", host " + num(p.host_peak_bytes) + ", host reserved " + num(p.host_reserved_bytes) + ")");
   }
   if (!r.stages.empty() && static_cast<int>(r.stages.size()) != r.plan.pipeline_stages)
     record_error("stages has " + num(static_cast<std::int64_t>(r.stages.size())) + " entries for plan.pipeline_stages " +

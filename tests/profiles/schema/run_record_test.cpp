@@ -8,6 +8,7 @@ namespace zeroplan {
 namespace {
 
 using testing::expect_error;
+using testing::expect_error_containing;
 using testing::sample_run_record;
 
 TEST(RunRecord, RoundTripWithNanLoss) {
@@ -36,6 +37,18 @@ TEST(RunRecord, RoundTripWithPipelineStages) {
   const std::string text = to_json_string(sample_run_record());
   EXPECT_EQ(text.find("bubble_fraction"), std::string::npos);
   EXPECT_EQ(text.find("\"stages\""), std::string::npos);
+}
+
+// The host allocator's reserved bytes (CUDA pinned blocks): optional per rank, round-trips, never negative.
+TEST(RunRecord, HostReservedBytesAreOptionalPerRank) {
+  RunRecord r = sample_run_record();
+  r.peaks[0].host_reserved_bytes = 1 << 20;
+  validate(r);
+  testing::expect_round_trip(r);
+  EXPECT_NE(to_json_string(r).find("\"host_reserved_bytes\": 1048576"), std::string::npos);
+  EXPECT_EQ(to_json_string(sample_run_record()).find("host_reserved_bytes"), std::string::npos);
+  r.peaks[1].host_reserved_bytes = -1;
+  expect_error_containing([&] { validate(r); }, "host reserved -1");
 }
 
 TEST(RunRecord, Statistics) {

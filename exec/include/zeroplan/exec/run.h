@@ -67,6 +67,7 @@ struct RunResult {
   std::vector<double> lr_gains;        // AdaScale's gain per step (same on every rank); empty without it
   std::int64_t device_peak_bytes = 0;  // over the steps, including the resident state
   std::int64_t host_peak_bytes = 0;
+  std::int64_t host_reserved_bytes = 0;  // HostPool::reserved_bytes at the end of the run
   std::string device_peak_at;          // Recorder::peak_at
   std::vector<std::string> fallbacks;
   // CPU time over the measured steps (Linux /proc; -1 elsewhere): the whole machine's busy seconds and

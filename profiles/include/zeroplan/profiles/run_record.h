@@ -35,6 +35,10 @@ struct RankPeak {
   std::int64_t host_peak_bytes = 0;
   std::string device_peak_at;       // the span during which the device peak was reached, e.g.
                                     // "forward head (step 1, microbatch 0)"; "" when not known
+  // What the host pool's allocator held at most (optional, 0 when not known): on CUDA the pinned blocks
+  // of PyTorch's caching host allocator, each rounded to a power of two and kept for reuse
+  // (host_allocator.h), >= host_peak_bytes; on CPU the requested bytes' high-water mark.
+  std::int64_t host_reserved_bytes = 0;
 
   bool operator==(const RankPeak&) const = default;
 };

@@ -56,6 +56,12 @@ struct RankedPlan {
   int candidate = -1;      // index into the enumerated candidates
   Plan plan;
   Prediction prediction;
+  // Fitting plans folded into this one: each predicts exactly the same step time and device and host
+  // totals (for this model the knobs in which it differs change nothing), so the ranking shows the plan
+  // once, the first in enumeration order (default knob values first), and the next rows are real
+  // alternatives. `equivalent_knobs`: the knobs (constraints.h names) in which they differ, sorted.
+  int equivalents = 0;
+  std::vector<std::string> equivalent_knobs;
 };
 
 // One rejected candidate kept as an example (the closest misses).
@@ -105,7 +111,8 @@ struct TuneResult {
   std::int64_t simulations = 0;    // simulator calls, candidates only (not the explanation)
   std::int64_t bound_prunes = 0;   // variants the analytic bound ruled out
   std::int64_t fitting = 0;        // candidates with a plan that fits
-  std::vector<RankedPlan> ranking;   // best first, at most top_k
+  std::vector<RankedPlan> ranking;   // best first, at most top_k, plans with identical predictions folded
+                                     // into the first (RankedPlan::equivalents)
   std::vector<RankedPlan> pareto;    // every simulated fitting plan that no other beats on both device memory
                                      // and samples/s, least memory first
   struct Point {
