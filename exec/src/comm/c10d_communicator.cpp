@@ -31,6 +31,25 @@ constexpr const char* kGlooReduceScatterFallback =
     "gloo reduce_scatter via all_reduce (the input cloned, all-reduced and this rank's chunk copied "
     "out, as reduce_scatter_single does): 2(N-1)/N traffic and a full-size temporary";
 
+// The flat all-gather and reduce-scatter of one buffer: all_gather_single / reduce_scatter_single in the
+// pinned torch, _allgather_base / _reduce_scatter_base in the torch of the lent GPU machines (2.11), which
+// the GPU kit builds against (-DZEROPLAN_TORCH_FROM); whichever the backend declares.
+template <class B>
+c10::intrusive_ptr<c10d::Work> all_gather_flat(B& pg, at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) {
+  if constexpr (requires { pg.all_gather_single(out, in, o); })
+    return pg.all_gather_single(out, in, o);
+  else
+    return pg._allgather_base(out, in, o);
+}
+template <class B>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(B& pg, at::Tensor& out, at::Tensor& in,
+                                                   const c10d::ReduceScatterOptions& o) {
+  if constexpr (requires { pg.reduce_scatter_single(out, in, o); })
+    return pg.reduce_scatter_single(out, in, o);
+  else
+    return pg._reduce_scatter_base(out, in, o);
+}
+
 class C10dCommunicator;
 
 class C10dWork final : public Work {
@@ -135,7 +154,7 @@ class C10dCommunicator final : public Communicator {
     c10d::AllgatherOptions opts;
     opts.timeout = options_.timeout;
     return issue("all_gather", output.nbytes(),
-                 [&] { return pg_->all_gather_single(out, in, opts); }, {});
+                 [&] { return all_gather_flat(*pg_, out, in, opts); }, {});
   }
 
   std::unique_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
@@ -172,7 +191,7 @@ class C10dCommunicator final : public Communicator {
     std::function<void()> after;
     if (divide) after = [t = output, n = world_]() mutable { t.div_(n); };
     return issue("reduce_scatter", input.nbytes(),
-                 [&] { return pg_->reduce_scatter_single(out, in, opts); }, std::move(after));
+                 [&] { return reduce_scatter_flat(*pg_, out, in, opts); }, std::move(after));
   }
 
   std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override {

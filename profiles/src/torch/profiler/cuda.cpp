@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <mutex>
 
@@ -80,6 +81,9 @@ namespace {
 // CUPTI activity buffers: CUPTI asks for a buffer, fills it with records, and hands it back completed;
 // the kernel durations are summed into a process-wide counter.
 constexpr std::size_t kBufferBytes = 8u << 20;
+static_assert(offsetof(CUpti_ActivityKernel4, start) == offsetof(CUpti_ActivityKernel10, start) &&
+                  offsetof(CUpti_ActivityKernel4, end) == offsetof(CUpti_ActivityKernel10, end),
+              "CUPTI kernel records moved start/end");
 constexpr std::size_t kAlign = 8;
 std::atomic<std::uint64_t> g_kernel_ns{0};
 
@@ -95,7 +99,10 @@ void CUPTIAPI buffer_completed(CUcontext /*ctx*/, uint32_t /*stream*/, uint8_t* 
   while (cuptiActivityGetNextRecord(buffer, valid_size, &record) == CUPTI_SUCCESS) {
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
         record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-      const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel11*>(record);
+      // Every kernel record version (CUpti_ActivityKernel4 in CUDA 9 to Kernel11 in CUPTI 13.2) has start
+      // and end at the same place; Kernel4 is declared by every CUPTI zeroplan builds against (the wheels'
+      // 13.0 and 13.2 differ in their newest), so the read does not depend on which one this is.
+      const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel4*>(record);
       g_kernel_ns.fetch_add(kernel->end - kernel->start);
     }
   }
