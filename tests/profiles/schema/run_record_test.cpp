@@ -110,7 +110,7 @@ const Rule kRules[] = {
     {"PeaksOrder", [](RunRecord& r) { std::swap(r.peaks[0], r.peaks[1]); },
      "run_record: peaks[0].rank is 1 (expected 0)"},
     {"PeaksBytes", [](RunRecord& r) { r.peaks[1].host_peak_bytes = -1; },
-     "run_record: peaks[1]: negative bytes (device 1010, host -1)"},
+     "run_record: peaks[1]: negative bytes (device 1010, host -1, host reserved 0)"},
     {"Losses", [](RunRecord& r) { r.losses.push_back(1.0); }, "run_record: losses has 8 entries for 7 steps"},
     {"TracePaths", [](RunRecord& r) { r.trace_paths.pop_back(); }, "run_record: trace_paths has 1 entries for 2 ranks"},
     {"StagesCount", [](RunRecord& r) { r.stages = {{0, 0, 1, {0}, 1, 0, 0}, {1, 1, 1, {1}, 1, 0, 0}}; },
