@@ -9,9 +9,11 @@
 #      (tests/profiles), and the executor's CUDA paths (tests/exec/step/cuda_test.cpp): pinned host
 #      blocks from the caching host allocator, pinned copies on a side stream, the fused optimizer on
 #      CUDA against the CPU, a one-rank NCCL all-reduce, caching-allocator peaks against the simulator
-#   4. profile gpt2-small and resnet50 on the GPU; the cluster to simulate on: the GPU's shipped file
-#      (H100, H200, A100) with this machine's host (cores, memory, memcpy, host optimizer throughput
-#      from `zeroplan probe --no-collectives`) and the device memory nvidia-smi reports
+#   4. profile gpt2-small and resnet50 on the GPU; the cluster to simulate on: `zeroplan probe --device
+#      cuda` over the GPU's shipped file (H100, H200, A100): its datasheet peaks stay, the device's memory,
+#      copy bandwidth, launch overhead, pinned/pageable copies and a bf16/fp16 GEMM sweep (fitted to the
+#      file's buckets) and the host are measured; if that fails, the shipped file with this host's CPU
+#      probe (`probe --no-collectives`) and the device memory nvidia-smi reports
 #   5. a single-GPU fidelity grid: simulate and run each plan (stage 0/1, optimizer offload,
 #      checkpointing, activation offload ratios 0.1/0.5/1 on the side stream, OffloadModel), then
 #      compare; prints predicted against measured step time, device peak and host blocks
@@ -232,7 +234,9 @@ step profile-gpt2-small "$zp" profile --model gpt --preset gpt2-small --seq 1024
   --dtype bf16 --device cuda "${rounds[@]}" -o "$out/gpt2-small.json"
 step profile-resnet50 "$zp" profile --model resnet --preset resnet50 --batch 32 --batches 16,32 \
   --device cuda "${rounds[@]}" -o "$out/resnet50.json"
-step probe-host "$zp" probe --no-collectives -o "$out/host-probe.json"
+# The cluster: `probe --device cuda` over the part's shipped file (device copies, pinned and pageable host
+# copies, launch overhead, a bf16/fp16 GEMM sweep fitted to the file's buckets, the host); if it fails,
+# the shipped file with this host's CPU probe and nvidia-smi's memory.
 compose_cluster() {
   "$python" - "$base_cluster" "$out/host-probe.json" "$cluster" "${gpu_mem_mib:-0}" "$gpu" "$stamp" <<'PY'
 import json, sys
@@ -253,7 +257,17 @@ if int(mem_mib) > 0:
 json.dump(child, open(out, "w"), indent=2)
 PY
 }
-step cluster compose_cluster
+fallback_cluster() {
+  step probe-host "$zp" probe --no-collectives -o "$out/host-probe.json" && step cluster compose_cluster
+}
+if ((dry_run)); then
+  step probe-gpu "$zp" probe --device cuda --base "$base_cluster" -o "$cluster"
+  say "  (if probe-gpu fails:)"
+  fallback_cluster
+elif ! step probe-gpu "$zp" probe --device cuda --base "$base_cluster" -o "$cluster"; then
+  log "the GPU probe failed: simulating on $base_cluster with this host's CPU probe instead"
+  fallback_cluster
+fi
 
 # 5. single-GPU fidelity grid on gpt2-small: simulate, run, compare.
 grid=(

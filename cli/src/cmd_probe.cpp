@@ -2,6 +2,7 @@
 //
 //   zeroplan probe -o profiles/data/clusters/local.json [--world-sizes 2,4] [--quick]
 //   zeroplan probe -o local.json --reuse-if-fresh 3600     keep a probe younger than an hour
+//   zeroplan probe --device cuda -o here.json [--base h100-sxm-80gb]   one GPU over its part's shipped file
 //
 // The collectives are timed by ranks this command starts itself: `zeroplan probe --collectives-worker`
 // (hidden), which joins the launcher's store, measures and writes its result for the parent.
@@ -16,6 +17,7 @@
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/exec/probe.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::cli {
 namespace {
@@ -27,6 +29,8 @@ struct ProbeArgs {
   bool quick = false;
   bool no_collectives = false;
   bool world_sizes_given = false;
+  std::string device = "cpu";
+  std::string base;
   double reuse_if_fresh_s = -1;
   std::int64_t device_memory = 0;
   double timeout_s = 90;
@@ -57,8 +61,66 @@ void print_summary(const ClusterProfile& c) {
   }
 }
 
+// The shipped file of a GPU's part, from the driver's name of it.
+std::string shipped_cluster_for(const std::string& gpu) {
+  auto has = [&](const char* part) { return gpu.find(part) != std::string::npos; };
+  if (has("H200")) return "h200-sxm-141gb";
+  if (has("H100")) return "h100-sxm-80gb";
+  if (has("A100")) return has("80GB") ? "a100-sxm-80gb" : "a100-sxm-40gb";
+  if (has("V100")) return "v100-sxm2-32gb";
+  throw ExitError(kBadInput, fmt::format("probe --device: no shipped cluster file for \"{}\"; give --base with a "
+                                         "cluster of the same part (a shipped name or a file)",
+                                         gpu));
+}
+
+// probe --device cuda: the GPU over its part's file, the base's GEMM buckets fitted to the sweep.
+int run_probe_gpu(const ProbeArgs& a, const Globals& g) {
+  if (!a.output.empty()) check_output(a.output);
+  const std::string base_name = a.base.empty() ? shipped_cluster_for(exec::device_display_name(a.device)) : a.base;
+  const ClusterProfile base = resolve_cluster(base_name);
+  exec::ProbeOptions o;
+  o.name = a.name == "local" ? base.name + "-here" : a.name;
+  o.quick = a.quick;
+  if (!g.quiet) o.progress = [](const std::string& line) { fmt::print(stderr, "probe: {}\n", line); };
+  exec::GpuProbe r = exec::probe_gpu(o, base, a.device);
+  ClusterProfile& c = r.cluster;
+  std::string measured;
+  for (const auto& [dtype, rates] : r.gemms) {
+    std::vector<sim::GemmPoint> points;
+    std::string listed;
+    for (const exec::GemmRate& x : rates) {
+      points.push_back({double(x.m), double(x.n), double(x.k), x.flops_per_s});
+      listed += fmt::format("{}{} {:.1f} TFLOP/s", listed.empty() ? "" : ", ", x.m, x.flops_per_s / 1e12);
+    }
+    auto it = base.device.gemm.efficiency.find(dtype);
+    std::vector<GemmBucket> buckets =
+        it != base.device.gemm.efficiency.end() ? it->second : std::vector<GemmBucket>{{0, 0, 0, 1}};
+    c.device.gemm.efficiency[dtype] = sim::fit_gemm_buckets(c, dtype, std::move(buckets), points);
+    if (!g.quiet) {
+      const double peak = c.device.peak_flops.count(dtype) ? c.device.peak_flops.at(dtype) : 0;
+      for (const exec::GemmRate& x : rates)
+        fmt::print(stderr, "  GEMM {} {:>5}^3 {:8.1f} TFLOP/s{}\n", dtype, x.m, x.flops_per_s / 1e12,
+                   peak > 0 ? fmt::format("  {:5.1f}% of the datasheet's {:.0f}", 100 * x.flops_per_s / peak, peak / 1e12) : "");
+    }
+    measured += fmt::format("{}{}: {}", measured.empty() ? "" : "; ", dtype, listed);
+  }
+  if (!measured.empty())
+    c.provenance["device.gemm.efficiency"] = Provenance{
+        "probe", fmt::format("the buckets of {} fitted (sim::fit_gemm_buckets) to m = n = k GEMMs measured by zeroplan "
+                             "probe --device on {}: {}",
+                             base.name, r.date, measured)};
+  validate(c);
+  const std::string output = a.output.empty() ? local_probe_path().string() : a.output;
+  write_document(output, c);
+  if (!g.quiet) fmt::print(stderr, "wrote {}\n", output);
+  if (g.json) fmt::print("{}", to_json_string(c));
+  return kOk;
+}
+
 int run_probe(const ProbeArgs& a, const Globals& g) {
   if (a.collectives_worker) return exec::run_collectives_worker();
+  if (a.device != "cpu") return run_probe_gpu(a, g);
+  if (!a.base.empty()) throw ExitError(kBadInput, "probe --base applies to --device cuda (a GPU over its part's file)");
   if (a.reuse_if_fresh_s >= 0) {
     if (a.output.empty()) throw ExitError(kBadInput, "--reuse-if-fresh needs -o FILE (the probe to reuse)");
     const auto max_age = std::chrono::seconds(static_cast<std::int64_t>(a.reuse_if_fresh_s));
@@ -119,6 +181,12 @@ Action add_probe(CLI::App& app, const Globals& globals) {
   app.add_option("--timeout", a->timeout_s, "Seconds before a silent collectives worker ends the probe")
       ->capture_default_str()
       ->check(positive());
+  app.add_option("--device", a->device,
+                 "cpu (this machine's cores as the devices) or cuda / cuda:<i>: one GPU and its host over --base")
+      ->capture_default_str();
+  app.add_option("--base", a->base,
+                 "With --device cuda: the cluster of the same part whose datasheet numbers stay (default: the "
+                 "shipped file named by the GPU, e.g. h100-sxm-80gb)");
   app.add_flag("--collectives-worker", a->collectives_worker)->group("");  // hidden: one rank of the probe
   return [a, world_sizes, &globals] {
     try {

@@ -7,6 +7,10 @@
 
 #include "zeroplan/sim/cost_models.h"
 
+#include <fmt/format.h>
+
+#include "zeroplan/sim/errors.h"
+
 namespace zeroplan::sim {
 
 ComputeParts& ComputeParts::operator+=(const ComputeParts& o) {
@@ -64,6 +68,35 @@ double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m
   const double e = dtype_bytes(dtype);
   const double mem = e * batch * (m * k + k * n + m * n) / achieved_bw(d);
   return std::max(math, mem);
+}
+
+std::vector<GemmBucket> fit_gemm_buckets(const ClusterProfile& cluster, std::string_view dtype,
+                                         std::vector<GemmBucket> buckets, const std::vector<GemmPoint>& points) {
+  if (buckets.empty()) throw SimError("fit_gemm_buckets: no buckets to fit");
+  // The model at efficiency 1 and unbounded memory bandwidth: the compute-bound time.
+  ClusterProfile at_one = cluster;
+  at_one.device.mem_bw_achieved_bytes_per_s = at_one.device.mem_bw_bytes_per_s = 1e30;
+  std::vector<GemmBucket>& ones = at_one.device.gemm.efficiency[std::string(dtype)];
+  ones = buckets;
+  for (GemmBucket& b : ones) b.efficiency = 1;
+  std::vector<double> log_sum(buckets.size(), 0.0);
+  std::vector<int> count(buckets.size(), 0);
+  for (const GemmPoint& p : points) {
+    if (!(p.m > 0 && p.n > 0 && p.k > 0 && p.flops_per_s > 0))
+      throw SimError(fmt::format("fit_gemm_buckets: GEMM {} x {} x {} at {} FLOP/s is not positive", p.m, p.n, p.k,
+                                 p.flops_per_s));
+    std::size_t b = 0;
+    for (std::size_t i = 0; i < buckets.size(); ++i)
+      if (p.m >= static_cast<double>(buckets[i].m_min) && p.n >= static_cast<double>(buckets[i].n_min) &&
+          p.k >= static_cast<double>(buckets[i].k_min))
+        b = i;
+    const double measured_s = 2 * p.m * p.n * p.k / p.flops_per_s;
+    log_sum[b] += std::log(gemm_time(at_one, dtype, p.m, p.n, p.k) / measured_s);
+    count[b] += 1;
+  }
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    if (count[i] > 0) buckets[i].efficiency = std::min(1.0, std::exp(log_sum[i] / count[i]));
+  return buckets;
 }
 
 ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double batch_scale, std::string_view dtype,

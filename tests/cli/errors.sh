@@ -3,7 +3,7 @@
 # backtrace ("frame #"): a convolutional model fed the wrong shape, a file that is not TorchScript,
 # BatchNorm at a batch it cannot normalise (in one process and on 2 ranks), a model name where a
 # profile is wanted, what the executor does not run in 16 bits (LocalSGD with 16-bit parameters, AdaScale with
-# loss scaling; in one process and on 2 ranks).
+# loss scaling; in one process and on 2 ranks), a GPU probe without a GPU.
 #   errors.sh ZEROPLAN PYTHON
 set -uo pipefail
 zp=$1; py=$2
@@ -26,6 +26,10 @@ expect() {
 }
 expect 1 'child stem \(Sequential\) failed on input \[2, 4, 16, 16\]: .*(channels|Error)' \
   -q profile --torchscript "$out/cnn.pt" --input-shape 4,16,16 --task classify --classes 10
+# probe --device cuda on a machine without a GPU; --base without --device cuda.
+expect 1 'probe: device cuda: (no such CUDA device on this machine \(0 visible\)|this build has no CUDA)' \
+  probe --device cuda -o "$out/gpu.json"
+expect 1 'probe: probe --base applies to --device cuda' probe --base h100-sxm-80gb -o "$out/gpu.json"
 expect 1 "torchscript $out/bad.pt: cannot load: " \
   -q profile --torchscript "$out/bad.pt" --input-shape 3,16,16
 expect 1 'needs an output \[batch, 7\], got \[2, 10\]' \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh --dry-run (the GPU kit on a CPU machine, as CI runs it): exits 0, prints every step
 # a real run takes (configure against the machine's torch, build, the *_CUDA tests, the two GPU profiles,
-# the host probe and the composed cluster, simulate/run/compare for each plan of the single-GPU grid, the summary) and the torch version, creates
+# the GPU probe over the part's file (and its fallback: the host probe and the composed cluster),
+# simulate/run/compare for each plan of the single-GPU grid, the summary) and the torch version, creates
 # nothing, and refuses bad arguments in one line with exit 1.
 #   gpu_check_dry_run.sh SCRIPT
 set -euo pipefail
@@ -18,6 +19,7 @@ expect '^\[gpu-check\] (ok|missing) +a Python that imports torch'
 expect '^\[gpu-check\] step configure .*-DZEROPLAN_TORCH_FROM=.*-DZEROPLAN_WITH_CUDA=ON'
 expect '^\[gpu-check\] step build .*cmake --build'
 expect '^\[gpu-check\] step cuda-tests +cuda_tests'
+expect '^\[gpu-check\] step probe-gpu .* probe --device cuda --base '
 expect '^\[gpu-check\] step probe-host .* probe --no-collectives'
 expect '^\[gpu-check\] step cluster +compose_cluster'
 expect '^\[gpu-check\] step profile-gpt2-small .* profile --model gpt --preset gpt2-small .*--device cuda'

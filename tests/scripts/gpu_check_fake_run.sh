@@ -53,12 +53,20 @@ while (($#)); do [ "$1" = -o ] && out=$2; shift; done
 [ -n "${ZP_FAIL:-}" ] && [[ "$all" == *"$ZP_FAIL"* ]] && [ "$cmd" = run ] && exit 3
 case "$cmd" in
   simulate) cluster=$(sed -n 's/.*--cluster \([^ ]*\).*/\1/p' <<<"$all")
-            grep -q '"extends": "h100-sxm-80gb"' "$cluster" || exit 1
-            grep -q '"mem_bytes": 85520809984' "$cluster" || exit 1   # 81559 MiB from nvidia-smi
-            grep -q '"memcpy_bw_bytes_per_s": 7000000000.0' "$cluster" || exit 1
+            if [ -n "${ZP_FAIL_GPU_PROBE:-}" ]; then   # the fallback: the shipped file, this host, nvidia-smi's memory
+              grep -q '"extends": "h100-sxm-80gb"' "$cluster" || exit 1
+              grep -q '"mem_bytes": 85520809984' "$cluster" || exit 1   # 81559 MiB
+              grep -q '"memcpy_bw_bytes_per_s": 7000000000.0' "$cluster" || exit 1
+            else
+              grep -q '"probed over": "h100-sxm-80gb"' "$cluster" || exit 1
+            fi
             echo '{"step_time_s": 0.1, "device": {"peak_bytes": 2147483648},
                    "host": {"peak_bytes": 1073741824, "allocator_overhead_bytes": 536870912}}' >"$out" ;;
-  probe) [[ "$all" == *"--no-collectives"* ]] || exit 1
+  probe) if [[ "$all" == *"--device cuda --base h100-sxm-80gb"* ]]; then
+           [ -n "${ZP_FAIL_GPU_PROBE:-}" ] && exit 3
+           echo '{"probed over": "h100-sxm-80gb"}' >"$out"; exit 0
+         fi
+         [[ "$all" == *"--no-collectives"* ]] || exit 1
          echo '{"host": {"mem_bytes": 1, "cores": 16, "memcpy_bw_bytes_per_s": 7e9, "optimizer": {}},
                 "provenance": {"host.cores": {"source": "probe", "citation": "x"}}}' >"$out" ;;
   compare) echo '{"metrics": [{"name": "step_time_s", "measured": 0.125, "rel_error": -0.2},
@@ -75,7 +83,7 @@ export PATH="$tmp/bin:$PATH"
   fail "the run exited $? ($(tail -3 "$tmp/stdout"))"
 grep -q '^torch 9.9.9+cu999$' "$tmp/out/versions.txt" || fail "versions.txt has no torch line"
 grep -q '^gpu NVIDIA H100 80GB HBM3' "$tmp/out/versions.txt" || fail "versions.txt has no GPU line"
-for s in configure build cuda-tests profile-gpt2-small profile-resnet50 probe-host cluster simulate-s0 run-s0 compare-s0 \
+for s in configure build cuda-tests profile-gpt2-small profile-resnet50 probe-gpu simulate-s0 run-s0 compare-s0 \
          simulate-s1-offload-ckpt run-s1-offload-ckpt compare-s1-offload-ckpt run-s0-act0.5 run-om2; do
   grep -q "step $s: ok" "$tmp/out/log.txt" || fail "step $s did not pass"
 done
@@ -96,6 +104,19 @@ grep -q "step compare-s0-ckpt" "$tmp/out2/log.txt" && fail "a plan whose run fai
 grep -q "plan s0-ckpt: stopped at its failed step" "$tmp/out2/log.txt" || fail "the stopped plan is not named"
 grep -q "step simulate-s1-offload-ckpt: ok" "$tmp/out2/log.txt" || fail "the next plan did not run after a failure"
 grep -qF '| s0-ckpt | | | | | | | | not run |' "$tmp/out2/summary.md" || fail "a plan whose run failed: $(cat "$tmp/out2/summary.md")"
+
+grep -q "step probe-host" "$tmp/out/log.txt" && fail "the host probe ran although the GPU probe passed"
+
+# The GPU probe fails: the shipped file with this host's CPU probe and nvidia-smi's memory; the plans run.
+set +e
+ZP_FAIL_GPU_PROBE=1 "$kit" --python "$tmp/bin/python" --out "$tmp/out6" --build-dir "$tmp/build6" >"$tmp/stdout6" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "a failed GPU probe exited $rc, not 2"
+for s in probe-host cluster compare-s0 compare-om2; do
+  grep -q "step $s: ok" "$tmp/out6/log.txt" || fail "after a failed GPU probe, step $s did not pass"
+done
+grep -q "failed steps: probe-gpu$" "$tmp/stdout6" || fail "the failed GPU probe is not named: $(tail -2 "$tmp/stdout6")"
 
 # A CUDA test that skips (no GPU seen) fails the step.
 set +e

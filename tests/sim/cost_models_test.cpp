@@ -248,9 +248,9 @@ TEST(ComputeOps, GemmEfficiencyIsTheLastMatchingBucket) {
 }
 
 // The shipped GEMM tables come from published cuBLAS sweeps (profiles/data/microbenchmarks/
-// gemm_sweeps.json), not from guesses: for each bucket, the efficiency the tile and wave model needs to
-// reproduce each published point in it is eff x predicted / published time; the shipped value is their
-// geometric mean (capped at 1), and every point is then predicted within 30%.
+// gemm_sweeps.json), not from guesses: each equals fit_gemm_buckets over its sweep (the geometric mean,
+// capped at 1, of the efficiency the tile and wave model needs for each published point of a bucket),
+// and then predicts every point within 30%.
 TEST(GemmTables, ShippedBucketsAreFittedToThePublishedSweeps) {
   std::ifstream in(shipped_data_dir() / "microbenchmarks" / "gemm_sweeps.json");
   ASSERT_TRUE(in) << "no profiles/data/microbenchmarks/gemm_sweeps.json";
@@ -259,37 +259,49 @@ TEST(GemmTables, ShippedBucketsAreFittedToThePublishedSweeps) {
   int checked = 0;
   for (const auto& sweep : doc.at("sweeps")) {
     EXPECT_EQ(sweep.at("source"), "microbenchmark");
+    std::vector<GemmPoint> points;
+    for (const auto& pt : sweep.at("points"))
+      points.push_back({pt.at("m"), pt.at("n"), pt.at("k"), pt.at("tflops").get<double>() * 1e12});
     for (const auto& name : sweep.at("clusters")) {
       const ClusterProfile c = resolve_cluster(name.get<std::string>());
       EXPECT_EQ(c.provenance.at("device.gemm.efficiency").source, "microbenchmark") << name;
       for (const auto& dtype_json : sweep.at("dtypes")) {
         const std::string dtype = dtype_json.get<std::string>();
         const std::vector<GemmBucket>& table = c.device.gemm.efficiency.at(dtype);
-        std::vector<double> log_sum(table.size(), 0.0);
-        std::vector<int> count(table.size(), 0);
-        for (const auto& pt : sweep.at("points")) {
-          const double m = pt.at("m"), n = pt.at("n"), k = pt.at("k");
-          const double published_s = 2 * m * n * k / (pt.at("tflops").get<double>() * 1e12);
-          const double predicted_s = gemm_time(c, dtype, m, n, k);
-          std::size_t b = 0;
-          for (std::size_t i = 0; i < table.size(); ++i)
-            if (m >= table[i].m_min && n >= table[i].n_min && k >= table[i].k_min) b = i;
-          // Compute-bound here, so the time scales as 1 / efficiency.
-          ASSERT_GT(predicted_s, 2 * dtype_bytes(dtype) * (m * k + k * n + m * n) / c.device.mem_bw_achieved_bytes_per_s);
-          log_sum[b] += std::log(table[b].efficiency * predicted_s / published_s);
-          count[b] += 1;
-          EXPECT_NEAR(predicted_s / published_s, 1.0, 0.3) << name << " " << dtype << " " << m;
+        const std::vector<GemmBucket> fitted = fit_gemm_buckets(c, dtype, table, points);
+        ASSERT_EQ(fitted.size(), table.size());
+        for (std::size_t b = 0; b < table.size(); ++b)
+          EXPECT_NEAR(table[b].efficiency, fitted[b].efficiency, 0.006) << name << " " << dtype << " bucket " << b;
+        for (const GemmPoint& p : points) {
+          const double published_s = 2 * p.m * p.n * p.k / p.flops_per_s;
+          EXPECT_NEAR(gemm_time(c, dtype, p.m, p.n, p.k) / published_s, 1.0, 0.3) << name << " " << dtype << " " << p.m;
           ++checked;
-        }
-        for (std::size_t b = 0; b < table.size(); ++b) {
-          ASSERT_GT(count[b], 0) << name << " " << dtype << ": bucket " << b << " has no published point";
-          const double fitted = std::min(1.0, std::exp(log_sum[b] / count[b]));
-          EXPECT_NEAR(table[b].efficiency, fitted, 0.006) << name << " " << dtype << " bucket " << b;
         }
       }
     }
   }
   EXPECT_GE(checked, 3 * 2 * 5);
+}
+
+// The fit's closed form: one bucket, two points whose tile-model times at efficiency 1 are 0.5 and 0.8 of
+// their measured times give sqrt(0.5 x 0.8); a point above the model's peak caps at 1; a bucket without
+// points keeps its value; a non-positive point is refused.
+TEST(GemmTables, FitIsTheGeometricMeanOfTheNeededEfficiencies) {
+  ClusterProfile c = a100_ops();
+  const std::vector<GemmBucket> buckets = {{0, 0, 0, 0.1}, {1024, 1024, 1024, 0.2}, {65536, 65536, 65536, 0.3}};
+  c.device.gemm.efficiency["bf16"] = buckets;
+  const double peak = 312e12;
+  // 8192^3: 32 x 64 tiles of 256 x 128 = 2048 tiles, 19 waves of 108: time at efficiency 1.
+  const double t1 = 2 * 19 * 108 * 256 * 128 * 8192.0 / peak;
+  const double flops = 2.0 * 8192 * 8192 * 8192;
+  const std::vector<GemmPoint> points = {{8192, 8192, 8192, flops / (t1 / 0.5)}, {8192, 8192, 8192, flops / (t1 / 0.8)},
+                                         {256, 256, 256, 1e18}};
+  const std::vector<GemmBucket> fitted = fit_gemm_buckets(c, "bf16", buckets, points);
+  EXPECT_NEAR(fitted[1].efficiency, std::sqrt(0.5 * 0.8), 1e-12);
+  EXPECT_EQ(fitted[0].efficiency, 1.0);
+  EXPECT_EQ(fitted[2].efficiency, 0.3);
+  EXPECT_THROW(fit_gemm_buckets(c, "bf16", buckets, {{0, 1, 1, 1}}), SimError);
+  EXPECT_THROW(fit_gemm_buckets(c, "bf16", {}, points), SimError);
 }
 
 TEST(ComputeOps, GemmTileAndWaveQuantisation) {

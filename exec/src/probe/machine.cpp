@@ -157,6 +157,21 @@ void measure_memory(ClusterProfile& c, const Context& x) {
                        gbps(c.device.mem_bw_bytes_per_s), c.device.launch_overhead_s * 1e6));
 }
 
+void measure_host_memcpy(ClusterProfile& c, const Context& x, HostPool& host_pool) {
+  const Sizes& s = x.sizes;
+  const std::int64_t n = s.stream_bytes / 4;
+  auto from = host_pool.zeros(n);
+  auto to = host_pool.zeros(n);
+  void* dst = to.data_ptr();
+  const void* src = from.data_ptr();
+  const std::size_t len = static_cast<std::size_t>(s.stream_bytes);
+  const double t_memcpy = median_s(s.stream_reps, 1, [&] { std::memcpy(dst, src, len); });
+  c.host.memcpy_bw_bytes_per_s = positive(static_cast<double>(s.stream_bytes) / t_memcpy, "memcpy bandwidth");
+  c.provenance["host.memcpy_bw_bytes_per_s"] = x.measured(fmt::format(
+      "std::memcpy of {:.0f} MiB between two host-pool buffers (one thread), bytes copied per second, median of {}",
+      s.stream_bytes / kMiB, s.stream_reps));
+}
+
 // D2H and H2D = copies between the device pool and the host pool; memcpy; tiny-copy latency.
 void measure_copies(ClusterProfile& c, const Context& x, Device& device, HostPool& host_pool) {
   const Sizes& s = x.sizes;
@@ -178,15 +193,7 @@ void measure_copies(ClusterProfile& c, const Context& x, Device& device, HostPoo
           "pool, bytes copied per second, median of {}, {}; pinned = pageable on a CPU",
           dir, s.stream_bytes / kMiB, s.stream_reps, as_rank));
 
-  auto other = host_pool.zeros(n);
-  void* dst = other.data_ptr();
-  const void* src = host.data_ptr();
-  const std::size_t len = static_cast<std::size_t>(s.stream_bytes);
-  const double t_memcpy = median_s(s.stream_reps, 1, [&] { std::memcpy(dst, src, len); });
-  c.host.memcpy_bw_bytes_per_s = positive(bytes / t_memcpy, "memcpy bandwidth");
-  c.provenance["host.memcpy_bw_bytes_per_s"] = measured(fmt::format(
-      "std::memcpy of {:.0f} MiB between two host-pool buffers (one thread), bytes copied per second, median of {}",
-      s.stream_bytes / kMiB, s.stream_reps));
+  measure_host_memcpy(c, x, host_pool);
 
   auto one_dev = torch::zeros({1});
   auto one_host = host_pool.zeros(1);

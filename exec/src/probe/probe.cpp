@@ -40,7 +40,8 @@ Sizes sizes_for(bool quick) {
                  .opt_reps = 3,
                  .coll_bytes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20},
                  .coll_reps = 5,
-                 .coll_warmup = 1};
+                 .coll_warmup = 1,
+                 .gemm_sweep = {128, 256}};
   }
   return Sizes{.stream_bytes = 256 << 20,
                .stream_reps = 10,
@@ -55,7 +56,8 @@ Sizes sizes_for(bool quick) {
                .opt_reps = 5,
                .coll_bytes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20},
                .coll_reps = 20,
-               .coll_warmup = 2};
+               .coll_warmup = 2,
+               .gemm_sweep = {512, 1024, 2048, 4096, 8192}};
 }
 
 namespace {
@@ -187,6 +189,67 @@ ClusterProfile probe_cluster(const ProbeOptions& o) {
       m.cpu_model, m.cores, static_cast<double>(m.mem_bytes) / (probe::kMiB * 1024), x.date, ranks, threads);
   validate(c);
   return c;
+}
+
+std::string device_display_name(const std::string& device) {
+  auto dev = make_device(device);
+  return probe::gpu_facts(*dev).name;
+}
+
+GpuProbe probe_gpu(const ProbeOptions& o, const ClusterProfile& base, const std::string& device) {
+  auto dev = make_device(device);  // ExecError when there is no such device
+  const probe::Sizes s = probe::sizes_for(o.quick);
+  const probe::Machine m = probe::read_machine();
+  probe::Progress progress(o, 5);
+  const probe::Context x{.options = o,
+                         .sizes = s,
+                         .machine = m,
+                         .ranks = 1,
+                         .threads = m.cores,
+                         .date = probe::today_utc(),
+                         .as_rank = fmt::format("{} torch thread(s), the host of one device", m.cores),
+                         .progress = [&progress](const std::string& line) { progress(line); }};
+  probe::ThreadsGuard threads_guard(m.cores);
+
+  GpuProbe r;
+  r.date = x.date;
+  ClusterProfile& c = r.cluster;
+  c = base;
+  c.name = o.name;
+  c.nodes = 1;
+  c.devices_per_node = 1;
+  c.provenance["devices_per_node"] = x.measured("one device probed (zeroplan probe --device)");
+  const probe::GpuFacts f = probe::gpu_facts(*dev);
+  c.device.name = f.name;
+  if (f.mem_bytes > 0) {
+    c.device.mem_bytes = f.mem_bytes;
+    c.provenance["device.mem_bytes"] = x.measured("cudaDeviceProp::totalGlobalMem of " + dev->name());
+  }
+  if (f.sm_count > 0) {
+    c.device.gemm.sm_count = f.sm_count;
+    c.provenance["device.gemm.sm_count"] = x.measured("cudaDeviceProp::multiProcessorCount of " + dev->name());
+  }
+  progress(fmt::format("{} ({}, {:.1f} GiB, {} SMs) on {} with {} cores, {:.1f} GiB; datasheet numbers from {}", f.name,
+                       dev->name(), static_cast<double>(c.device.mem_bytes) / (probe::kMiB * 1024),
+                       c.device.gemm.sm_count, m.cpu_model, m.cores,
+                       static_cast<double>(m.mem_bytes) / (probe::kMiB * 1024), base.name));
+
+  c.host.mem_bytes = m.mem_bytes;
+  c.host.cores = m.cores;
+  c.provenance["host.mem_bytes"] = x.measured(m.mem_how);
+  c.provenance["host.cores"] = x.measured(m.cores_how);
+  probe::measure_host_memcpy(c, x, dev->host_pool());
+  probe::measure_optimizer(c, x, dev->host_pool());
+  probe::measure_device(c, x, *dev);
+  std::vector<std::string> dtypes;
+  for (const auto& [dtype, buckets] : base.device.gemm.efficiency) dtypes.push_back(dtype);
+  if (dtypes.empty()) dtypes = {"bf16", "fp16"};
+  r.gemms = probe::measure_gemm_sweep(x, *dev, dtypes);
+
+  c.description = fmt::format("{} on this machine ({}, {} cores), as zeroplan probe --device measured it on {} over {}",
+                              f.name, m.cpu_model, m.cores, x.date, base.name);
+  validate(c);
+  return r;
 }
 
 }  // namespace zeroplan::exec

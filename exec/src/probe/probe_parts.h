@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,7 @@ struct Sizes {
   std::vector<std::int64_t> coll_bytes;
   int coll_reps;
   int coll_warmup;
+  std::vector<std::int64_t> gemm_sweep;  // the GPU probe's m = n = k GEMMs
 };
 Sizes sizes_for(bool quick);
 
@@ -131,6 +133,23 @@ void record_machine(ClusterProfile& c, const Context& x);
 void measure_memory(ClusterProfile& c, const Context& x);
 // host D2H / H2D / memcpy bandwidth and links.pcie (copies between the device and host pools).
 void measure_copies(ClusterProfile& c, const Context& x, Device& device, HostPool& host_pool);
+// host.memcpy_bw_bytes_per_s: std::memcpy between two host-pool buffers.
+void measure_host_memcpy(ClusterProfile& c, const Context& x, HostPool& host_pool);
+
+// ---- a GPU (gpu.cpp) ----
+
+struct GpuFacts {
+  std::string name;           // the driver's name of the device ("NVIDIA H100 80GB HBM3"); Device::name on a CPU
+  std::int64_t mem_bytes = 0;  // 0 when not a CUDA device
+  int sm_count = 0;
+};
+GpuFacts gpu_facts(Device& dev);
+// device.mem_bw_achieved_bytes_per_s, device.launch_overhead_s and the four host copy rates (pinned: the
+// device's host pool; pageable: a plain host tensor), each work queued back to back and the device drained.
+void measure_device(ClusterProfile& c, const Context& x, Device& dev);
+// dtype -> achieved rate of m = n = k GEMMs for each sizes.gemm_sweep, random operands.
+std::map<std::string, std::vector<GemmRate>> measure_gemm_sweep(const Context& x, Device& dev,
+                                                                  const std::vector<std::string>& dtypes);
 
 // ---- collectives (collectives.cpp, collectives_worker.cpp) ----
 

@@ -239,6 +239,49 @@ TEST(Probe, QuickRunOnThisMachine) {
   fs::remove(file);
 }
 
+// probe --device: the GPU probe's measurements, run on the CPU device (the same code times a CUDA device):
+// the base file's datasheet numbers stay, what one device can measure is replaced with provenance
+// "probe", and each dtype of the base's GEMM tables gets its m = n = k sweep; a device that is not there
+// is an ExecError.
+TEST(ProbeGpu, MeasuresTheDeviceOverItsBaseFile) {
+  const ClusterProfile base = resolve_cluster("h100-sxm-80gb");
+  ProbeOptions o;
+  o.quick = true;
+  o.name = "here";
+  const GpuProbe r = probe_gpu(o, base, "cpu");
+  const ClusterProfile& c = r.cluster;
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(c.name, "here");
+  EXPECT_EQ(c.devices_per_node, 1);
+  EXPECT_EQ(c.device.kind, "cuda");  // the base's part: plans simulate as on that GPU
+  EXPECT_EQ(c.device.peak_flops, base.device.peak_flops);
+  EXPECT_EQ(c.links, base.links);
+  EXPECT_EQ(c.device.gemm.tile_m, base.device.gemm.tile_m);
+  EXPECT_EQ(c.provenance.at("device.peak_flops.bf16").source, base.provenance.at("device.peak_flops.bf16").source);
+  for (const char* path : {"devices_per_node", "host.mem_bytes", "host.cores", "host.memcpy_bw_bytes_per_s",
+                           "host.optimizer.adam.flat_params_per_s", "device.mem_bw_achieved_bytes_per_s",
+                           "device.launch_overhead_s", "host.bw_h2d_pinned_bytes_per_s", "host.bw_d2h_pinned_bytes_per_s",
+                           "host.bw_h2d_pageable_bytes_per_s", "host.bw_d2h_pageable_bytes_per_s"}) {
+    ASSERT_TRUE(c.provenance.count(path)) << path;
+    EXPECT_EQ(c.provenance.at(path).source, "probe") << path;
+  }
+  EXPECT_NE(c.device.mem_bw_achieved_bytes_per_s, base.device.mem_bw_achieved_bytes_per_s);
+  EXPECT_NE(c.host.cores, base.host.cores);
+  EXPECT_GT(c.host.bw_d2h_pageable_bytes_per_s, 0);
+  EXPECT_EQ(r.date.size(), 10u);
+  ASSERT_EQ(r.gemms.size(), base.device.gemm.efficiency.size());
+  for (const auto& [dtype, rates] : r.gemms) {
+    ASSERT_EQ(rates.size(), 2u) << dtype;  // the quick sweep: 128 and 256
+    EXPECT_EQ(rates[0].m, 128);
+    EXPECT_EQ(rates[1].k, 256);
+    for (const GemmRate& g : rates) {
+      EXPECT_GT(g.flops_per_s, 0) << dtype;
+      EXPECT_GE(g.reps, 1) << dtype;
+    }
+  }
+  EXPECT_THROW(probe_gpu(o, base, "cuda:7"), ExecError);
+}
+
 TEST(Probe, RejectsWorldSizeBelowTwo) {
   ProbeOptions o;
   o.set_world_sizes({1});

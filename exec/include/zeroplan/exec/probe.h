@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -57,6 +58,34 @@ struct ProbeOptions {
 // Measures the machine (progress on options.progress). Throws ExecError for bad options (a world size
 // below 2), ProbeError when a measurement fails. The result validates (validate(ClusterProfile)).
 ClusterProfile probe_cluster(const ProbeOptions& options);
+
+// One timed GEMM of the GPU probe: C[m,n] = A[m,k] B[k,n], 2mnk / mean time, over `reps` products.
+struct GemmRate {
+  std::int64_t m = 0, n = 0, k = 0;
+  double flops_per_s = 0;
+  int reps = 0;
+};
+
+struct GpuProbe {
+  ClusterProfile cluster;                                // see probe_gpu
+  std::map<std::string, std::vector<GemmRate>> gemms;    // dtype -> the m = n = k sweep, smallest first
+  std::string date;                                      // the probe's day, "2026-01-31"
+};
+
+// `zeroplan probe --device cuda`: one GPU and its host, measured on top of `base`, a cluster file of the
+// same part (its datasheet peaks, tiles, links and what cannot be measured on one device stay). Replaced,
+// each with provenance "probe": the host's memory, cores, memcpy and optimizer throughput (every core:
+// one rank per node), the device's name, memory and SM count (CUDA runtime), achieved copy bandwidth,
+// launch overhead, and pinned and pageable copies each way; one device per node. The GEMM sweep (each
+// dtype of base's GEMM tables, else bf16 and fp16) is returned for the caller to fit base's buckets to
+// (sim::fit_gemm_buckets; exec does not link the simulator). `device` "cpu" runs the same measurements
+// on the CPU device (tests). Throws ExecError when the device does not exist, ProbeError when a
+// measurement fails.
+GpuProbe probe_gpu(const ProbeOptions& options, const ClusterProfile& base, const std::string& device = "cuda");
+
+// The driver's name of `device` ("NVIDIA H100 80GB HBM3"), to pick the shipped file of its part; throws
+// ExecError when there is no such device.
+std::string device_display_name(const std::string& device);
 
 // Other programs' load above which a probe measured a busy machine: a quarter of a core or a tenth of
 // the machine's cores, whichever is more (the threshold compare uses for a run).

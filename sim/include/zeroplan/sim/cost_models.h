@@ -68,6 +68,21 @@ double gemm_efficiency(const DeviceSpec& device, std::string_view dtype, double 
 //   t     = max(math, e x batch x (m k + k n + m n) / bw)
 double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m, double n, double k, double batch = 1);
 
+// One measured or published GEMM: C[m,n] = A[m,k] B[k,n] at flops_per_s = 2mnk / its time.
+struct GemmPoint {
+  double m = 0, n = 0, k = 0;
+  double flops_per_s = 0;
+};
+
+// The efficiency table that makes gemm_time reproduce `points` on `cluster` (its peak, SMs and tiles):
+// the boundaries of `buckets` (their efficiencies are replaced), each bucket's efficiency the geometric
+// mean, capped at 1, over its points of the efficiency the tile and wave model needs for that point
+// (the compute-bound time at efficiency 1 over the measured time). A bucket no point falls in keeps its
+// efficiency. Used for the shipped tables (profiles/data/microbenchmarks/gemm_sweeps.json) and by
+// `probe --device cuda`. Throws SimError when `buckets` is empty or a point is not positive.
+std::vector<GemmBucket> fit_gemm_buckets(const ClusterProfile& cluster, std::string_view dtype,
+                                         std::vector<GemmBucket> buckets, const std::vector<GemmPoint>& points);
+
 // Time of one op forward or backward, its sizes scaled by `batch_scale` (micro batch / profile batch):
 //   gemm       fwd gemm_time(m, n, k), 1 kernel; bwd gemm_time(m, k, n) + gemm_time(k, n, m), 2 kernels,
 //              + with bias: the column sum e x m x n / bw, 1 kernel
