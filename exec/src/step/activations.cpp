@@ -63,7 +63,7 @@ torch::Tensor Activations::output_for_backward(int u, int micro) {
     ComputeScope compute(c_.dt, c_.dev.torch_device().type());
     out = U.module->forward(s.in);
   }
-  c_.dev.synchronize();
+  c_.dev.wait_compute();
   c_.rec.span(Lane::compute, "recompute " + U.name, t0, c_.rec.now_s(), "recompute", u, micro);
   c_.cur_phase = "backward";
   return out;

@@ -204,6 +204,7 @@ class CpuDevice final : public Device {
   std::string name() const override { return "cpu"; }
   torch::Device torch_device() const override { return torch::kCPU; }
   void synchronize() override {}
+  void wait_compute() override {}
   std::int64_t live_bytes() const override { return scope_.allocator().live_bytes(); }
   std::int64_t peak_bytes() const override { return scope_.allocator().peak_bytes(); }
   void reset_peak() override { scope_.allocator().reset_peak(); }
@@ -300,6 +301,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return "cuda:" + std::to_string(index_); }
   torch::Device torch_device() const override { return torch::Device(torch::kCUDA, index_); }
   void synchronize() override { c10::cuda::device_synchronize(); }
+  void wait_compute() override { c10::cuda::getCurrentCUDAStream(index_).synchronize(); }
   std::int64_t live_bytes() const override { return stat().current; }
   std::int64_t peak_bytes() const override { return stat().peak; }
   void reset_peak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(index_); }

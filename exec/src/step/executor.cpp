@@ -161,7 +161,7 @@ class Executor::Impl {
       params_->before_fwd(u, micro);
       const double t0 = c.rec.now_s();
       torch::Tensor out = acts(micro).forward(u, x, micro);
-      dev_.synchronize();
+      dev_.wait_compute();
       c.rec.span(Lane::compute, std::string(phase) + " " + c.unit(u).name, t0, c.rec.now_s(), phase, u, micro);
       x = out.detach();
       params_->after_fwd(u);
@@ -181,7 +181,7 @@ class Executor::Impl {
         pieces::ComputeScope compute(c.dt, dev_.torch_device().type());
         x = c.unit(u).module->forward(x);
       }
-      dev_.synchronize();
+      dev_.wait_compute();
       c.rec.span(Lane::compute, "forward " + c.unit(u).name, t0, c.rec.now_s(), "forward", u, micro);
       params_->after_fwd(u);
     }
@@ -196,7 +196,7 @@ class Executor::Impl {
     torch::Tensor grad_in = differentiate(*c_, u, std::move(out), acts(micro).input(u), grad,
                                           [this](int owner) { return grads_->region(owner); }, adascale_.get());
     acts(micro).after_bwd(u);
-    dev_.synchronize();
+    dev_.wait_compute();
     c_->rec.span(Lane::compute, "backward " + c_->unit(u).name, t0, c_->rec.now_s(), "backward", u, micro);
     return grad_in;
   }

@@ -83,6 +83,10 @@ class Device {
   virtual std::string name() const = 0;               // "cpu", "cuda:0"
   virtual torch::Device torch_device() const = 0;
   virtual void synchronize() = 0;                     // wait for everything queued on the device
+  // Wait for the compute this thread queued (CUDA: its current stream), leaving side lanes, copies on
+  // other streams and collectives running: what a unit's compute span times, so timing does not
+  // serialise the overlap the plan relies on. CPU: nothing to wait for.
+  virtual void wait_compute() = 0;
 
   // Device pool.
   virtual std::int64_t live_bytes() const = 0;
