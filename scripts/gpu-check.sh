@@ -84,6 +84,10 @@ fi
 if [ -z "$python" ]; then
   if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=$(command -v python3 || echo python3); fi
 fi
+case "$python" in  # CMake wants a path: "python3" becomes the one on PATH
+  */*) ;;
+  *) python=$(command -v "$python" || echo "$python") ;;
+esac
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 out=${out:-$root/gpu-check-$stamp}
 build_dir=${build_dir:-$root/build-gpu}

@@ -127,11 +127,13 @@ set -e
 grep -q "step cuda-tests: FAILED" "$tmp/out3/log.txt" || fail "a skipped CUDA test did not fail the step"
 grep -q "exec_cuda_test: a CUDA test skipped" "$tmp/out3/log.txt" || fail "the skip is not named"
 
-# --quick: three targets, fewer profile rounds and steps; --bundle: the results in one folder.
-"$kit" --quick --python "$tmp/bin/python" --out "$tmp/out4" --build-dir "$tmp/build4" --bundle "$tmp/bundle" \
+# --quick: three targets, fewer profile rounds and steps; --python NAME resolved on PATH (CMake wants a
+# path); --bundle: the results in one folder.
+"$kit" --quick --python python --out "$tmp/out4" --build-dir "$tmp/build4" --bundle "$tmp/bundle" \
   >"$tmp/stdout4" 2>&1 || fail "the quick run exited $? ($(tail -3 "$tmp/stdout4"))"
 grep -q -- '--target zeroplan exec_cuda_test profiler_test' "$tmp/build4/build-args" || fail "--quick built: $(cat "$tmp/build4/build-args")"
 grep -q 'step profile-gpt2-small: .*--repeats 3' "$tmp/out4/log.txt" || fail "--quick profiled with the default rounds"
+grep -q "step configure: .*-DZEROPLAN_TORCH_FROM=$tmp/bin/python " "$tmp/out4/log.txt" || fail "--python python was not resolved to its path"
 grep -q 'step run-s0: .*--steps 8 --warmup 2' "$tmp/out4/log.txt" || fail "--quick ran the default steps"
 for f in summary.md log.txt versions.txt gpu-check.tgz; do [ -s "$tmp/bundle/$f" ] || fail "--bundle has no $f"; done
 tar -tzf "$tmp/bundle/gpu-check.tgz" | grep -q 'out4/prediction-s0.json' || fail "the bundle's archive has no prediction"
