@@ -328,6 +328,33 @@ for n in names:
           f"{peak.get('measured', nan) / g:.2f} | "
           f"{(ph.get('peak_bytes', 0) + ph.get('allocator_overhead_bytes', 0)) / g:.2f} | "
           f"{host.get('measured', nan) / g:.2f} | {c.get('verdict', '')} |")
+# What `probe --device cuda` measured of the device (absent when it failed and the fallback ran).
+try:
+    cl = json.load(open(os.path.join(out, "cluster.json")))
+except (OSError, ValueError):
+    cl = {}
+prov = cl.get("provenance", {})
+rows = [("device copy, read + write", "device.mem_bw_achieved_bytes_per_s", 1e-12, "TB/s"),
+        ("launch (dispatch) per kernel", "device.launch_overhead_s", 1e6, "us"),
+        ("host to device, pinned", "host.bw_h2d_pinned_bytes_per_s", 1e-9, "GB/s"),
+        ("device to host, pinned", "host.bw_d2h_pinned_bytes_per_s", 1e-9, "GB/s"),
+        ("host to device, pageable", "host.bw_h2d_pageable_bytes_per_s", 1e-9, "GB/s"),
+        ("device to host, pageable", "host.bw_d2h_pageable_bytes_per_s", 1e-9, "GB/s")]
+if prov.get("device.mem_bw_achieved_bytes_per_s", {}).get("source") == "probe":
+    print(f"\nThe device as `zeroplan probe --device cuda` measured it ({cl.get('name', '')}):\n")
+    print("| what | measured |")
+    print("|---|---|")
+    for label, path, scale, unit in rows:
+        section, key = path.split(".", 1)
+        v = cl.get(section, {}).get(key)
+        if v is not None:
+            print(f"| {label} | {v * scale:.2f} {unit} |")
+    gemm = prov.get("device.gemm.efficiency", {})
+    if gemm.get("source") == "probe":
+        print(f"| GEMMs (m = n = k) | {gemm.get('citation', '').split(': ', 1)[-1]} |")
+        for dtype, buckets in cl.get("device", {}).get("gemm", {}).get("efficiency", {}).items():
+            fitted = ", ".join(f"{b['efficiency']:.2f} from m,n,k >= {b['m_min']},{b['n_min']},{b['k_min']}" for b in buckets)
+            print(f"| fitted {dtype} buckets | {fitted} |")
 PY
 }
 if ((dry_run)); then

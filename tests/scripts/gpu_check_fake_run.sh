@@ -64,7 +64,12 @@ case "$cmd" in
                    "host": {"peak_bytes": 1073741824, "allocator_overhead_bytes": 536870912}}' >"$out" ;;
   probe) if [[ "$all" == *"--device cuda --base h100-sxm-80gb"* ]]; then
            [ -n "${ZP_FAIL_GPU_PROBE:-}" ] && exit 3
-           echo '{"probed over": "h100-sxm-80gb"}' >"$out"; exit 0
+           echo '{"probed over": "h100-sxm-80gb", "name": "h100-sxm-80gb-here",
+                  "device": {"mem_bw_achieved_bytes_per_s": 3.0e12, "launch_overhead_s": 5e-6,
+                             "gemm": {"efficiency": {"bf16": [{"m_min": 0, "n_min": 0, "k_min": 0, "efficiency": 0.8}]}}},
+                  "host": {"bw_h2d_pinned_bytes_per_s": 5.0e10},
+                  "provenance": {"device.mem_bw_achieved_bytes_per_s": {"source": "probe", "citation": "x"},
+                                 "device.gemm.efficiency": {"source": "probe", "citation": "the buckets ...: bf16: 512 100.0 TFLOP/s"}}}' >"$out"; exit 0
          fi
          [[ "$all" == *"--no-collectives"* ]] || exit 1
          echo '{"host": {"mem_bytes": 1, "cores": 16, "memcpy_bw_bytes_per_s": 7e9, "optimizer": {}},
@@ -106,6 +111,9 @@ grep -q "step simulate-s1-offload-ckpt: ok" "$tmp/out2/log.txt" || fail "the nex
 grep -qF '| s0-ckpt | | | | | | | | not run |' "$tmp/out2/summary.md" || fail "a plan whose run failed: $(cat "$tmp/out2/summary.md")"
 
 grep -q "step probe-host" "$tmp/out/log.txt" && fail "the host probe ran although the GPU probe passed"
+grep -qF '| device copy, read + write | 3.00 TB/s |' "$tmp/out/summary.md" || fail "summary.md has no probed device table"
+grep -qF '| GEMMs (m = n = k) | bf16: 512 100.0 TFLOP/s |' "$tmp/out/summary.md" || fail "summary.md has no GEMM row"
+grep -qF '| fitted bf16 buckets | 0.80 from m,n,k >= 0,0,0 |' "$tmp/out/summary.md" || fail "summary.md has no fitted buckets"
 
 # The GPU probe fails: the shipped file with this host's CPU probe and nvidia-smi's memory; the plans run.
 set +e
