@@ -234,8 +234,10 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
     const Outcome& o = at(order[i]);
     RankedPlan* same = r.ranking.empty() ? nullptr : &r.ranking.back();
     if (same != nullptr && !faster(same->prediction, o.prediction)) {  // `faster` orders them: equal
+      const std::vector<std::string> knobs = differing_knobs(same->plan, o.plan);
+      if (knobs.empty()) continue;  // two candidates that became the same plan: not a variant
       same->equivalents += 1;
-      for (const std::string& knob : differing_knobs(same->plan, o.plan))
+      for (const std::string& knob : knobs)
         if (std::find(same->equivalent_knobs.begin(), same->equivalent_knobs.end(), knob) == same->equivalent_knobs.end())
           same->equivalent_knobs.push_back(knob);
       std::sort(same->equivalent_knobs.begin(), same->equivalent_knobs.end());
