@@ -120,7 +120,7 @@ torch::Tensor OffloadModel::unit_forward(int u, const torch::Tensor& x, int micr
     ComputeScope compute(c.dt, c.dev.torch_device().type());
     out = c.unit(u).module->forward(in);
   }
-  c.dev.synchronize();
+  c.dev.wait_compute();
   c.rec.span(Lane::compute, std::string(phase) + " " + c.unit(u).name, t0, c.rec.now_s(), phase, u, micro);
   if (in_leaf != nullptr) *in_leaf = in;
   return out;
@@ -235,7 +235,7 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
         g = differentiate(c, u, std::exchange(outs[ui(u, k)], torch::Tensor()), in, g,
                           [this](int owner) { return region(owner); }, adascale_);
         in = torch::Tensor();
-        dev.synchronize();
+        dev.wait_compute();
         c.rec.span(Lane::compute, "backward " + c.unit(u).name, t0, c.rec.now_s(), "backward", u, micro(k));
       }
       grad[static_cast<std::size_t>(k)] = std::move(g);
