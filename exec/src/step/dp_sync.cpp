@@ -88,7 +88,7 @@ void GradSync::zero() {
   const double t0 = c_.rec.now_s();
   if (grad_all_.defined()) grad_all_.zero_();
   if (grad_shard_all_.defined()) grad_shard_all_.zero_();
-  c_.dev.synchronize();
+  c_.dev.wait_compute();
   c_.rec.span(Lane::compute, "zero_grad", t0, c_.rec.now_s(), "zero_grad");
 }
 

@@ -65,7 +65,7 @@ void ReplicaSync::after_step(std::int64_t step) {
   slow_momentum_.mul_(p.slowmo_momentum).sub_(x, 1.0 / lr).add_(old_params_, 1.0 / lr);
   old_params_.add_(slow_momentum_, -lr * p.slowmo_lr);
   x.copy_(old_params_);
-  c_.dev.synchronize();
+  c_.dev.wait_compute();
   c_.rec.span(Lane::compute, "slowmo update", t0, c_.rec.now_s(), "optimizer");
 }
 

@@ -89,7 +89,7 @@ bool OptimizerStep::step(double lr_scale) {
     torch::Tensor g = c_.host_optimizer() ? c_.hzeros(c_.shard_total) : c_.dempty(c_.shard_total);
     for (int u = 0; u < c_.unit_count(); ++u) g.narrow(0, c_.unit(u).shard_base, c_.unit(u).shard()).copy_(grad_of(u));
     if (!c_.host_optimizer()) {
-      c_.dev.synchronize();
+      c_.dev.wait_compute();
       c_.rec.span(Lane::compute, "fp32 grads", t0, c_.rec.now_s(), "cast");
     }
     params.push_back(master_);
@@ -122,7 +122,7 @@ bool OptimizerStep::step(double lr_scale) {
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
   optimizer_->step(params, grads, lr_scale);
-  c_.dev.synchronize();
+  c_.dev.wait_compute();
   c_.rec.span(c_.host_optimizer() ? Lane::optimizer : Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
   grads.clear();
 
@@ -147,7 +147,7 @@ void OptimizerStep::master_to_params() {
   if (c_.host_optimizer() == dst_host) {
     dst.copy_(master_);  // same pool: rounded in place
     if (!dst_host) {
-      c_.dev.synchronize();
+      c_.dev.wait_compute();
       c_.rec.span(Lane::compute, "round params", t1, c_.rec.now_s(), "cast");
     }
     return;
@@ -217,7 +217,7 @@ void OptimizerStep::sync_params() {
       in.narrow(0, at, U.shard()).copy_(from_master ? master_.narrow(0, U.shard_base, U.shard()) : updated_chunk(u));
       at += U.shard();
     }
-    c_.dev.synchronize();
+    c_.dev.wait_compute();
     c_.rec.span(Lane::compute, "stage params " + what, t0, c_.rec.now_s(), "cast", bucket.front());
     auto h = c_.tracker.issue(c_.comm.all_gather(out, in), c_.rec.now_s(), "all_gather " + what, "all_gather",
                               bucket.front(), -1);
@@ -231,7 +231,7 @@ void OptimizerStep::sync_params() {
       U.full.view({world, n}).copy_(rows.narrow(1, at, n));
       at += n;
     }
-    c_.dev.synchronize();
+    c_.dev.wait_compute();
     c_.rec.span(Lane::compute, "unstage params " + what, t0, c_.rec.now_s(), "cast", bucket.back());
   }
   for (auto& h : works) c_.tracker.wait(h);
