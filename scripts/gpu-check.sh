@@ -115,12 +115,14 @@ check_gpu() {  # check_gpu WHAT OK-COMMAND...: needed to run on the GPU, not to 
     check "$@"
   fi
 }
+system_include=${GPU_CHECK_SYSTEM_INCLUDE:-/usr/include}   # tests point it at an empty folder
 header_in() {  # header_in HEADER: in /usr/include, or in one of the --debs packages (unpacked at configure)
-  [ -e "/usr/include/$1" ] && return 0
+  [ -e "$system_include/$1" ] && return 0
   [ -n "$debs" ] || return 1
   local d
   for d in "$debs"/*.deb; do
-    [ -e "$d" ] && dpkg-deb -c "$d" 2>/dev/null | grep -q -- "\./usr/include/$1\$" && return 0
+    # grep without -q reads the whole listing: with pipefail, -q's early exit would SIGPIPE dpkg-deb and fail
+    [ -e "$d" ] && dpkg-deb -c "$d" 2>/dev/null | grep -- "\./usr/include/$1\$" >/dev/null && return 0
   done
   return 1
 }

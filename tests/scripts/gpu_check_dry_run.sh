@@ -37,6 +37,20 @@ expect '^\[gpu-check\] dry run done'
 [ ! -e "$tmp/out" ] || fail "the dry run created its output folder"
 [ ! -e "$tmp/build" ] || fail "the dry run created its build folder"
 
+# Headers found only in --debs packages (none in the system include folder): a package whose listing is
+# long (the Boost headers' is: grep -q stopping early once SIGPIPE'd dpkg-deb and, under pipefail,
+# reported the header missing) counts, the headers of no package stay missing.
+mkdir -p "$tmp/pkg/DEBIAN" "$tmp/pkg/usr/include/boost/graph" "$tmp/debs" "$tmp/empty"
+printf 'Package: fake-boost\nVersion: 1\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n' >"$tmp/pkg/DEBIAN/control"
+touch "$tmp/pkg/usr/include/boost/graph/adjacency_list.hpp"
+for i in $(seq 1 3000); do touch "$tmp/pkg/usr/include/boost/graph/zz_filler_header_number_$i.hpp"; done
+dpkg-deb --build --root-owner-group "$tmp/pkg" "$tmp/debs/fake-boost.deb" >/dev/null
+GPU_CHECK_SYSTEM_INCLUDE="$tmp/empty" "$kit" --dry-run --debs "$tmp/debs" --out "$tmp/out" --build-dir "$tmp/build" \
+  >"$tmp/stdout" 2>"$tmp/stderr" || fail "dry run with --debs exited $?"
+grep -q '^\[gpu-check\] ok       Boost.Graph headers' "$tmp/stdout" || fail "the header in a --debs package was not found"
+grep -q '^\[gpu-check\] missing  fmt headers' "$tmp/stdout" || fail "a header in no package was found"
+grep -q 'step unpack-debs' "$tmp/stdout" || fail "no unpack step with --debs"
+
 # Bad arguments: one line, exit 1.
 set +e
 "$kit" --dry-run --bogus >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
