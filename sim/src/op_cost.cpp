@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "zeroplan/sim/cost_models.h"
 
@@ -37,14 +38,24 @@ constexpr double kHuge = std::numeric_limits<double>::infinity();
 
 }  // namespace
 
+namespace {
+
+// The index of the last bucket an (m, n, k) GEMM matches (0 when none does). REQUIRES: buckets non-empty.
+std::size_t gemm_bucket(const std::vector<GemmBucket>& buckets, double m, double n, double k) {
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    if (m >= static_cast<double>(buckets[i].m_min) && n >= static_cast<double>(buckets[i].n_min) &&
+        k >= static_cast<double>(buckets[i].k_min))
+      at = i;
+  return at;
+}
+
+}  // namespace
+
 double gemm_efficiency(const DeviceSpec& device, std::string_view dtype, double m, double n, double k) {
   const auto it = device.gemm.efficiency.find(std::string(dtype));
   if (it == device.gemm.efficiency.end() || it->second.empty()) return device.compute_efficiency;
-  double eff = it->second.front().efficiency;
-  for (const GemmBucket& b : it->second)
-    if (m >= static_cast<double>(b.m_min) && n >= static_cast<double>(b.n_min) && k >= static_cast<double>(b.k_min))
-      eff = b.efficiency;
-  return eff;
+  return it->second[gemm_bucket(it->second, m, n, k)].efficiency;
 }
 
 double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m, double n, double k, double batch) {
@@ -85,11 +96,7 @@ std::vector<GemmBucket> fit_gemm_buckets(const ClusterProfile& cluster, std::str
     if (!(p.m > 0 && p.n > 0 && p.k > 0 && p.flops_per_s > 0))
       throw SimError(fmt::format("fit_gemm_buckets: GEMM {} x {} x {} at {} FLOP/s is not positive", p.m, p.n, p.k,
                                  p.flops_per_s));
-    std::size_t b = 0;
-    for (std::size_t i = 0; i < buckets.size(); ++i)
-      if (p.m >= static_cast<double>(buckets[i].m_min) && p.n >= static_cast<double>(buckets[i].n_min) &&
-          p.k >= static_cast<double>(buckets[i].k_min))
-        b = i;
+    const std::size_t b = gemm_bucket(buckets, p.m, p.n, p.k);
     const double measured_s = 2 * p.m * p.n * p.k / p.flops_per_s;
     log_sum[b] += std::log(gemm_time(at_one, dtype, p.m, p.n, p.k) / measured_s);
     count[b] += 1;
