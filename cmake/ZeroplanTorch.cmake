@@ -72,6 +72,17 @@ if(_zp_want_cuda)
   add_library(zeroplan_torch_cuda INTERFACE)
   add_library(zeroplan::torch_cuda ALIAS zeroplan_torch_cuda)
   target_include_directories(zeroplan_torch_cuda SYSTEM INTERFACE "${_zp_cu}/include")
+  # Some torch installs' runtime wheel carries cuda_runtime.h without the crt/ headers it includes (torch
+  # 2.11's nvidia/cu13 on the lent GPU machines: "crt/host_config.h: No such file"); the local toolkit's
+  # come after the wheel's then, so the wheel's runtime headers still win.
+  if(NOT EXISTS "${_zp_cu}/include/crt/host_config.h")
+    foreach(_zp_dir ${CUDAToolkit_INCLUDE_DIRS})
+      if(EXISTS "${_zp_dir}/crt/host_config.h")
+        target_include_directories(zeroplan_torch_cuda SYSTEM INTERFACE "${_zp_dir}")
+        message(STATUS "zeroplan: ${_zp_cu}/include has no crt/ headers; taking them from the toolkit's ${_zp_dir}")
+      endif()
+    endforeach()
+  endif()
   target_link_libraries(zeroplan_torch_cuda INTERFACE zeroplan_torch
     "-Wl,--no-as-needed" "${_zp_tl}/libtorch_cuda.so" "-Wl,--as-needed" "${_zp_tl}/libc10_cuda.so" "${ZEROPLAN_CUDART}")
   set(ZEROPLAN_HAVE_CUDA 1)

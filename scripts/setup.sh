@@ -47,4 +47,12 @@ say "configuring and building into $build_dir ($jobs jobs)"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 # The binary only (the first result sooner); scripts/test.sh builds the tests and benchmarks after it.
 cmake --build "$build_dir" -j "$jobs" --target zeroplan
+# The Python package (python/zeroplan) and its extension (zeroplan._C, in $build_dir/python/zeroplan):
+# `import zeroplan` from .venv, with python/ on its path through a .pth file.
+if grep -q '^build zeroplan_python' "$build_dir/build.ninja" 2>/dev/null ||
+   cmake --build "$build_dir" --target help 2>/dev/null | grep -q zeroplan_python; then
+  cmake --build "$build_dir" -j "$jobs" --target zeroplan_python
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$root/python" > "$site/zeroplan.pth"
+fi
 say "ready: $build_dir/zeroplan"

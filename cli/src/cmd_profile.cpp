@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "model_args.h"
+#include "python_bridge.h"
 #include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/profiles/profiler.h"
@@ -21,6 +22,7 @@ namespace {
 
 struct ProfileArgs {
   std::string model, preset, torchscript, analytic, output, trace;
+  PythonModelArgs python;
   std::vector<std::string> sets;
   std::vector<int64_t> input_shape;
   std::optional<int64_t> layers, hidden, heads, seq, vocab;
@@ -33,11 +35,17 @@ struct ProfileArgs {
 int run_profile(const ProfileArgs& a, const Globals& g) {
   if (!a.output.empty()) check_output(a.output);  // before any work
   if (!a.trace.empty()) check_output(a.trace);
-  int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty();
+  int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty() + !a.python.spec.empty();
   if (sources != 1)
-    throw ExitError(kBadInput, fmt::format("give exactly one of --model, --torchscript, --analytic (got {})", sources));
+    throw ExitError(kBadInput,
+                    fmt::format("give exactly one of --python, --model, --torchscript, --analytic (got {})", sources));
   ModelProfile profile;
-  if (!a.analytic.empty()) {
+  if (!a.python.spec.empty()) {
+    if (!a.trace.empty()) throw ExitError(kBadInput, "--trace is not yet written for --python models");
+    ProfileOptions options = a.options;
+    options.progress = options.progress && !g.quiet;
+    profile = profile_python(a.python, options);
+  } else if (!a.analytic.empty()) {
     if (a.analytic != "gpt")
       throw ExitError(kBadInput, fmt::format("--analytic {}: unknown family (families: gpt)", a.analytic));
     AnalyticGptOptions o;
@@ -103,6 +111,14 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
 
 Action add_profile(CLI::App& app, const Globals& globals) {
   auto a = std::make_shared<ProfileArgs>();
+  app.add_option("--python", a->python.spec,
+                 "Your own PyTorch model: FILE.py:FACTORY, FACTORY() returning (model, make_batch, loss_fn); "
+                 "profiled by capture and replay");
+  app.add_option("--units", a->python.policy,
+                 "--python: the units, auto (the repeated blocks, as FSDP's transformer wrap policy) or "
+                 "comma-separated classes or module names")
+      ->capture_default_str();
+  app.add_flag("--verbose", a->python.verbose, "--python: the Python traceback of a failure");
   app.add_option("--model", a->model, "Built-in model (see the list below)");
   app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
   app.add_option("--opt", a->sets, "Model option key=value (repeat or comma-separate), e.g. --opt layers=4");

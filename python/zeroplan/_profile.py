@@ -1,0 +1,168 @@
+"""zeroplan.profile: any nn.Module profiled unit by unit by the C++ profiler, through capture and replay."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from . import _C
+from ._capture import Replays, capture, first_tensor, loss_of, root_split, split_batch
+from ._errors import ZeroplanError, first_line
+from ._units import Unit, format_units, units as choose_units
+
+
+def _call_make_batch(make_batch, b: int):
+    try:
+        return make_batch(b)
+    except Exception as e:  # noqa: BLE001
+        raise ZeroplanError("bad_input", f"make_batch({b}) failed: {first_line(e)}") from e
+
+
+def _step_seconds(model, cap, loss_fn, device: str) -> float:
+    """One real training step's compute (forward, loss, backward) of the whole model, in seconds."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    out = model(*cap.args, **cap.kwargs)
+    loss_of(loss_fn, out, cap.batch).backward()
+    sync()
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _add_glue(doc: dict, model, captured, loss_fn, batches, repeats: int, device: str) -> None:
+    """The model's own code outside the units (masks, position tables, skips, what runs between blocks),
+    as a unit of its own without parameters, just before root:post: per batch, a whole training step's
+    compute (median of `repeats`) minus the units' forward and backward at that batch (never below 0).
+    The simulator charges its time like a unit's; it holds no memory of its own (what it allocates is in
+    the units' activations). Fitted over the batches like every figure."""
+    units = doc["units"]
+    ys = []
+    for b in batches:
+        whole = statistics.median(_step_seconds(model, captured[b], loss_fn, device) for _ in range(repeats))
+        parts = sum(_at(u["time_fwd_s"], b) + _at(u["time_bwd_s"], b) for u in units)
+        ys.append(max(0.0, whole - parts))
+    ref = doc["batch"]
+    n = len(batches)
+    mean_x, mean_y = sum(batches) / n, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in batches)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(batches, ys)) / sxx if sxx > 0 else 0.0
+    intercept = mean_y - slope * mean_x if sxx > 0 else 0.0
+    if sxx == 0:
+        slope = mean_y / mean_x
+    fitted = [intercept + slope * x for x in batches]
+    ss_res = sum((y - f) ** 2 for y, f in zip(ys, fitted))
+    ss_tot = sum((y - mean_y) ** 2 for y in ys)
+
+    def figure(values, fit=True):
+        value = values[batches.index(ref)]
+        if not fit:
+            return {"value": value, "intercept": value, "per_sample": 0.0, "r2": 1.0, "points": n,
+                    "measured": [[x, v] for x, v in zip(batches, values)]}
+        return {"value": value, "intercept": intercept, "per_sample": slope,
+                "r2": 1.0 if ss_tot == 0 else max(-1e9, 1 - ss_res / ss_tot), "points": n,
+                "measured": [[x, y] for x, y in zip(batches, ys)]}
+
+    zero = [0.0] * n
+    post = units[-1]
+    glue = {"name": "glue", "type": "Glue", "count": 1, "params": 0, "bytes_param": 0, "bytes_buffer": 0,
+            "input_shape": post["input_shape"], "output_shape": post["input_shape"],
+            "bytes_saved": figure(zero, False), "bytes_output": figure(zero, False),
+            "time_fwd_s": figure(ys), "time_bwd_s": figure(zero, False),
+            "bytes_peak_fwd": figure(zero, False), "bytes_peak_bwd": figure(zero, False),
+            "flops_fwd": figure(zero, False), "flops_bwd": figure(zero, False)}
+    units.insert(len(units) - 1, glue)
+    # the borrowed indices of later units are unchanged: only root:post (after it) borrows, from unit 0
+    total = sum(_at(u["time_fwd_s"], ref) + _at(u["time_bwd_s"], ref) for u in units)
+    doc.setdefault("notes", []).append(
+        f"glue: the model's own code outside the units takes {1e3 * glue['time_fwd_s']['value']:.3f} ms of a "
+        f"{1e3 * total:.3f} ms step at batch {ref} (a whole step's compute minus its units')")
+
+
+def _at(figure: dict, batch: int) -> float:
+    for x, y in figure.get("measured", []):
+        if x == batch:
+            return y
+    return figure.get("intercept", figure["value"]) + figure.get("per_sample", 0.0) * batch
+
+
+def _training_mode(model: nn.Module) -> None:
+    model.train()
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False  # a training step keeps no key/value cache (Hugging Face models)
+
+
+def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Callable, *,
+            batches: Sequence[int] = (1, 2), batch: int | None = None, policy: str | Iterable = "auto",
+            name: str | None = None, source: str | None = None, repeats: int = 3, warmup: int = 1,
+            threads: int = 0, device: str = "cpu", dtype: str = "fp32", concurrent_ranks: int = 1,
+            progress: bool = False, print_units: bool = False) -> dict:
+    """Profiles `model` unit by unit; returns the ModelProfile document (a dict; json.dump it for the CLI).
+
+    make_batch(n) returns a batch of n samples (a tensor, a tuple of arguments, a dict of keyword
+    arguments, or (tuple, dict)); loss_fn(output, batch) returns the scalar loss. The figures' `value`s
+    are at `batch` (default: the smallest of `batches`), fitted over `batches`.
+    """
+    if not isinstance(model, nn.Module):
+        raise ZeroplanError("bad_input", f"profile: expected an nn.Module, got {type(model).__name__}")
+    batches = sorted({int(b) for b in batches})
+    if not batches or batches[0] < 1:
+        raise ZeroplanError("bad_input", f"profile: batches {list(batches)} must be positive")
+    ref = batches[0] if batch is None else int(batch)
+    if ref not in batches:
+        batches = sorted(set(batches) | {ref})
+    _training_mode(model)
+    chosen = choose_units(model, policy)
+    if print_units:
+        print(format_units(chosen), file=sys.stderr)
+    if len(chosen) < 2:
+        raise ZeroplanError("bad_input", "profile: no units besides the root")
+    blocks = [u for u in chosen if not u.is_root]
+    captured = {}
+    for b in batches:
+        captured[b] = capture(model, chosen, _call_make_batch(make_batch, b), loss_fn)
+    first = captured[ref]
+    x0 = first_tensor(first.args + tuple(first.kwargs.values()))
+    if x0 is None:
+        raise ZeroplanError("bad_input", "profile: make_batch's batch holds no tensor")
+    replays = Replays(model, chosen, loss_fn, captured)
+    pre, post, borrowed = root_split(model, chosen, first)
+    root_type = type(model).__name__
+
+    def named(items, kind):
+        return [(n, t) for k, n, t in items if k == kind]
+
+    entries = [{"name": "root:pre", "type": root_type, "replay": replays.pre,
+                "params": named(pre, "param"), "buffers": named(pre, "buffer"), "borrowed": []}]
+    for i, u in enumerate(blocks):
+        entries.append({"name": u.name, "type": u.type, "replay": replays.block(i),
+                        "params": list(u.module.named_parameters()), "buffers": list(u.module.named_buffers()),
+                        "borrowed": []})
+    entries.append({"name": "root:post", "type": root_type, "replay": replays.post,
+                    "params": named(post, "param"), "buffers": named(post, "buffer"),
+                    "borrowed": [(0, n) for n in borrowed]})
+    options = {"batch": ref, "batches": batches, "warmup": warmup, "repeats": repeats, "threads": threads,
+               "device": device, "dtype": dtype, "progress": progress, "concurrent_ranks": concurrent_ranks}
+    try:
+        text = _C.profile_units(name or type(model).__name__, source or f"python:{type(model).__qualname__}",
+                                entries, replays.make_input, list(x0.shape[1:]), options)
+    except _C.BadInput as e:
+        raise ZeroplanError("bad_input", str(e)) from None
+    doc = json.loads(text)
+    _add_glue(doc, model, captured, loss_fn, batches, repeats=max(3, repeats), device=device)
+    total = sum(p.numel() for p in model.parameters())
+    counted = sum(u["params"] * u.get("count", 1) for u in doc["units"])
+    if counted != total:
+        raise ZeroplanError("bad_input", f"profile: the units hold {counted:,} parameters but the model has "
+                            f"{total:,} (a parameter outside every unit and the root?)")
+    doc.setdefault("notes", []).append(
+        "units chosen by policy " + (policy if isinstance(policy, str) else repr(list(policy))) + ": " +
+        "; ".join(f"{u.name or '(root)'} {u.type} {u.params}" for u in chosen))
+    return doc
