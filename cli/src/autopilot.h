@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "python_bridge.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/comparison.h"
 #include "zeroplan/profiles/knobs.h"
@@ -29,6 +30,7 @@ struct Args {
   std::string model = "gpt";
   std::string preset;
   std::vector<std::string> model_opts;
+  PythonModelArgs python;          // --python FILE.py:FACTORY: the user's own nn.Module (profiled and tuned)
   std::string torchscript;         // the user's model instead of a built-in one
   std::vector<int64_t> input_shape;
   zoo::ScriptTask task;

@@ -269,9 +269,18 @@ Action add_run(CLI::App& app, const Globals& globals) {
                  "Continue from the newest checkpoint in this folder (its step, states and data order; at stages "
                  "1-3 on any number of ranks)");
   app.add_option("-o,--output", a->output, "Write the RunRecord here")->check(output_path());
-  return [a, &app, &globals] {
+  auto python = std::make_shared<std::string>();
+  app.add_option("--python", *python, "Your own PyTorch model, FILE.py:FACTORY: not run by zeroplan yet (the hook "
+                 "driver); profile, simulate and tune it, and record your own loop with zeroplan.record");
+  return [a, &app, &globals, python] {
     a->argv = globals.argv;
     (void)app;
+    if (!python->empty())
+      throw ExitError(kNotPossibleHere,
+                      fmt::format("--python {}: running a Python model under a plan needs the hook driver (the executor "
+                                  "inside the model's own forward), not built yet; `zeroplan profile --python` and "
+                                  "`tune` plan it, and zeroplan.record measures your own loop for `compare`",
+                                  *python));
     if (a->nproc > 0 && !a->plan.world_size) a->plan.world_size = a->nproc;
     try {
       return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);

@@ -204,6 +204,13 @@ PYBIND11_MODULE(_C, m) {
     if (kind == "plan") return to_json_string(parse_document<Plan>(text, kind));
     throw SchemaError("validate_document: unknown kind " + kind);
   });
+  // The unit times of `other_json` (the same model at another dtype) in the profile's times_at_dtype.
+  m.def("add_times_at_dtype", [](const std::string& profile_json, const std::string& other_json) {
+    using namespace zeroplan;
+    auto profile = parse_document<ModelProfile>(profile_json, "profile");
+    add_times_at_dtype(profile, parse_document<ModelProfile>(other_json, "profile at another dtype"));
+    return to_json_string(profile);
+  });
   m.def("default_plan", [](int world_size, int global_batch) {
     return zeroplan::to_json_string(zeroplan::Plan::default_ddp(world_size, global_batch));
   });

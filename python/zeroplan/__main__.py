@@ -38,10 +38,12 @@ def main(argv=None) -> int:
             batches = [ref, 2 * ref]
         policy = "auto" if a.units == "auto" else [u for u in a.units.split(",") if u]
         path = os.path.abspath(a.python.rsplit(":", 1)[0])
-        doc = zeroplan.profile(model, make_batch, loss_fn, batches=batches, batch=ref, policy=policy,
+        # --dtype bf16|fp16: the fp32 profile with the units' times at that dtype (torch.autocast) recorded
+        dtypes = [] if a.dtype == "fp32" else [a.dtype]
+        doc = zeroplan.profile(model, make_batch, loss_fn, batches=batches, batch=ref, policy=policy, dtypes=dtypes,
                                name=a.python.rsplit(":", 1)[1], source=f"python:{path}:{a.python.rsplit(':', 1)[1]}",
                                repeats=a.repeats, warmup=a.warmup, threads=a.threads, device=a.device,
-                               dtype=a.dtype, concurrent_ranks=a.concurrent_ranks, progress=a.progress,
+                               concurrent_ranks=a.concurrent_ranks, progress=a.progress,
                                print_units=True)
         with open(a.output, "w") as f:
             json.dump(doc, f, indent=2)

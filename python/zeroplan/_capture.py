@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable
 
 import torch
@@ -267,9 +268,16 @@ def _with_first_tensor(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tupl
 
 
 class Replays:
-    """The replay callables of every profile unit, each choosing the captured batch by its input's shape."""
+    """The replay callables of every profile unit, each choosing the captured batch by its input's shape.
+    Replays run one at a time (a lock): root:post swaps the blocks' forwards for the duration, and the
+    profiler's concurrent ranks (threads) would otherwise run a block's stub for the block."""
 
-    def __init__(self, model: nn.Module, chosen: list[Unit], loss_fn, captured: dict[int, Captured]):
+    def __init__(self, model: nn.Module, chosen: list[Unit], loss_fn, captured: dict[int, Captured],
+                 autocast: torch.dtype | None = None, device_type: str = "cpu"):
+        # autocast: the units compute in this dtype on their fp32 parameters (torch.autocast), as a
+        # mixed-precision step runs them; None: in the parameters' dtype
+        self.autocast, self.device_type = autocast, device_type
+        self.lock = threading.RLock()
         self.model = model
         self.blocks = [u for u in chosen if not u.is_root]
         self.loss_fn = loss_fn
@@ -286,7 +294,16 @@ class Replays:
         c = self.captured[batch]
         return first_tensor(c.args + tuple(c.kwargs.values()))
 
+    def _context(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast)
+
     def pre(self, x: torch.Tensor) -> torch.Tensor:
+        with self.lock, self._context():
+            return self._pre(x)
+
+    def _pre(self, x: torch.Tensor) -> torch.Tensor:
         c = self._by_input[tuple(x.shape)]
 
         def stop(module, a, k):
@@ -310,10 +327,15 @@ class Replays:
         def run(x: torch.Tensor) -> torch.Tensor:
             c = table[tuple(x.shape)]
             a, k = c.blocks[i].with_input(x)
-            return first_tensor(module(*a, **k))
+            with self.lock, self._context():
+                return first_tensor(module(*a, **k))
         return run
 
     def post(self, x: torch.Tensor) -> torch.Tensor:
+        with self.lock, self._context():
+            return self._post(x)
+
+    def _post(self, x: torch.Tensor) -> torch.Tensor:
         c = self._by_last[tuple(x.shape)]
         stubs: dict[nn.Module, Callable] = {}
         for i, u in enumerate(self.blocks):

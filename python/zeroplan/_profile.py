@@ -23,20 +23,25 @@ def _call_make_batch(make_batch, b: int):
         raise ZeroplanError("bad_input", f"make_batch({b}) failed: {first_line(e)}") from e
 
 
-def _step_seconds(model, cap, loss_fn, device: str) -> float:
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _step_seconds(model, cap, loss_fn, device: str, context) -> float:
     """One real training step's compute (forward, loss, backward) of the whole model, in seconds."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    out = model(*cap.args, **cap.kwargs)
-    loss_of(loss_fn, out, cap.batch).backward()
+    with context():
+        out = model(*cap.args, **cap.kwargs)
+        loss = loss_of(loss_fn, out, cap.batch)
+    loss.backward()
     sync()
     seconds = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return seconds
 
 
-def _add_glue(doc: dict, model, captured, loss_fn, batches, repeats: int, device: str) -> None:
+def _add_glue(doc: dict, model, captured, loss_fn, batches, repeats: int, device: str, context) -> None:
     """The model's own code outside the units (masks, position tables, skips, what runs between blocks),
     as a unit of its own without parameters, just before root:post: per batch, a whole training step's
     compute (median of `repeats`) minus the units' forward and backward at that batch (never below 0).
@@ -45,7 +50,7 @@ def _add_glue(doc: dict, model, captured, loss_fn, batches, repeats: int, device
     units = doc["units"]
     ys = []
     for b in batches:
-        whole = statistics.median(_step_seconds(model, captured[b], loss_fn, device) for _ in range(repeats))
+        whole = statistics.median(_step_seconds(model, captured[b], loss_fn, device, context) for _ in range(repeats))
         parts = sum(_at(u["time_fwd_s"], b) + _at(u["time_bwd_s"], b) for u in units)
         ys.append(max(0.0, whole - parts))
     ref = doc["batch"]
@@ -102,14 +107,23 @@ def _training_mode(model: nn.Module) -> None:
 def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Callable, *,
             batches: Sequence[int] = (1, 2), batch: int | None = None, policy: str | Iterable = "auto",
             name: str | None = None, source: str | None = None, repeats: int = 3, warmup: int = 1,
-            threads: int = 0, device: str = "cpu", dtype: str = "fp32", concurrent_ranks: int = 1,
-            progress: bool = False, print_units: bool = False) -> dict:
+            threads: int = 0, device: str = "cpu", dtype: str = "fp32", dtypes: Sequence[str] = (),
+            concurrent_ranks: int = 1, progress: bool = False, print_units: bool = False) -> dict:
     """Profiles `model` unit by unit; returns the ModelProfile document (a dict; json.dump it for the CLI).
 
     make_batch(n) returns a batch of n samples (a tensor, a tuple of arguments, a dict of keyword
     arguments, or (tuple, dict)); loss_fn(output, batch) returns the scalar loss. The figures' `value`s
     are at `batch` (default: the smallest of `batches`), fitted over `batches`.
+    dtypes: 16-bit dtypes ("bf16", "fp16") whose unit times are measured too, with the units computing
+    under torch.autocast on their fp32 parameters (mixed precision), and recorded in each unit's
+    times_at_dtype, which simulate and tune use for plans computing in that dtype.
     """
+    for d in dtypes:
+        if d not in ("bf16", "fp16"):
+            raise ZeroplanError("bad_input", f"profile: dtypes has {d!r}; expected bf16 or fp16")
+    if dtype != "fp32":
+        raise ZeroplanError("bad_input", f"profile: a Python model is profiled at fp32 with dtypes=[{dtype!r}] "
+                            "for its 16-bit times (its captured inputs are fp32)")
     if not isinstance(model, nn.Module):
         raise ZeroplanError("bad_input", f"profile: expected an nn.Module, got {type(model).__name__}")
     batches = sorted({int(b) for b in batches})
@@ -150,13 +164,36 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
                     "borrowed": [(0, n) for n in borrowed]})
     options = {"batch": ref, "batches": batches, "warmup": warmup, "repeats": repeats, "threads": threads,
                "device": device, "dtype": dtype, "progress": progress, "concurrent_ranks": concurrent_ranks}
-    try:
-        text = _C.profile_units(name or type(model).__name__, source or f"python:{type(model).__qualname__}",
-                                entries, replays.make_input, list(x0.shape[1:]), options)
-    except _C.BadInput as e:
-        raise ZeroplanError("bad_input", str(e)) from None
-    doc = json.loads(text)
-    _add_glue(doc, model, captured, loss_fn, batches, repeats=max(3, repeats), device=device)
+    label = name or type(model).__name__
+    src = source or f"python:{type(model).__qualname__}"
+
+    def measure(reps: Replays) -> dict:
+        replay = {"root:pre": reps.pre, "root:post": reps.post}
+        units_at = [dict(e, replay=replay.get(e["name"]) or reps.block(i - 1)) for i, e in enumerate(entries)]
+        try:
+            text = _C.profile_units(label, src, units_at, reps.make_input, list(x0.shape[1:]), options)
+        except _C.BadInput as e:
+            raise ZeroplanError("bad_input", str(e)) from None
+        d = json.loads(text)
+        _add_glue(d, model, captured, loss_fn, batches, repeats=max(3, repeats), device=device,
+                  context=reps._context)
+        return d
+
+    doc = measure(replays)
+    for d16 in dtypes:
+        other = measure(Replays(model, chosen, loss_fn, captured, autocast=_TORCH_DTYPES[d16],
+                                device_type=device.split(":")[0]))
+        other["dtype"] = d16
+        try:
+            doc = json.loads(_C.add_times_at_dtype(json.dumps(doc), json.dumps(other)))
+        except _C.BadInput as e:
+            raise ZeroplanError("bad_input", str(e)) from None
+        doc.setdefault("notes", []).append(
+            f"times_at_dtype {d16}: the units computing under torch.autocast({d16}) on their fp32 parameters")
+    if concurrent_ranks > 1:
+        doc.setdefault("notes", []).append(
+            f"timed with {concurrent_ranks} ranks' worth of each unit at once, but the units' Python code runs one "
+            "replay at a time (the GIL and the replays' lock): the contention between ranks is underestimated")
     total = sum(p.numel() for p in model.parameters())
     counted = sum(u["params"] * u.get("count", 1) for u in doc["units"])
     if counted != total:

@@ -53,6 +53,16 @@ def _state_bytes(model, optimizer) -> int:
     return n
 
 
+def _model_name(model) -> str:
+    """The model's class name, as zeroplan.profile names it; FSDP2's fully_shard makes a subclass named
+    "FSDP" + the class's name, DDP and torch.compile wrap it: the user's class is named."""
+    model = getattr(model, "module", getattr(model, "_orig_mod", model))
+    name = type(model).__name__
+    if name.startswith("FSDP") and any(c.__name__ == name[4:] for c in type(model).__mro__[1:]):
+        name = name[4:]
+    return name
+
+
 class record:  # noqa: N801 - used as a context manager, like torch.no_grad
     def __init__(self, path, *, model=None, optimizer=None, plan=None, global_batch: int | None = None,
                  warmup_steps: int = 1, name: str | None = None, device: str | None = None):
@@ -61,7 +71,7 @@ class record:  # noqa: N801 - used as a context manager, like torch.no_grad
         self.path = os.fspath(path)
         self.model, self.optimizer, self.plan = model, optimizer, plan
         self.global_batch, self.warmup_steps = global_batch, warmup_steps
-        self.name = name or (type(model).__name__ if model is not None else "python")
+        self.name = name or (_model_name(model) if model is not None else "python")
         if device is None and model is not None:
             p = next(model.parameters(), None)
             device = p.device.type if p is not None else "cpu"

@@ -80,6 +80,9 @@ ComputeTime unit_compute_time(const ModelProfile& model, int unit_index, const C
     t.from_ops = true;
     return t;
   }
+  // A Python model's glue (the model's own code outside its units, zeroplan/_profile.py): measured on
+  // another device kind, with nothing to scale it by; left out rather than charged at that device's speed.
+  if (u.type == "Glue") return t;
   const double flops_f = u.flops_fwd.at(micro_batch, ref);
   double flops_b = u.flops_bwd.at(micro_batch, ref);
   if (flops_f <= 0 && flops_b <= 0) {

@@ -255,6 +255,23 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
                                   plan.localsgd_warmup_steps, c.n, warm_s, warm_s - p.step_time_s,
                                   plan.localsgd_warmup_steps * (warm_s - p.step_time_s)));
   }
+  // A plan computing in another dtype than the profile's, on the device kind it was measured on: its unit
+  // times come from times measured at that dtype where the profile has them, else from the profile's own
+  // scaled by the ratio of the device's peaks, which the user should know.
+  if (measured_on_device_kind(model, cluster) && model.dtype != plan.precision.compute_dtype) {
+    std::vector<std::string> scaled;
+    for (const UnitProfile& u : model.units)
+      if (!u.times_at_dtype.contains(plan.precision.compute_dtype) && u.time_fwd_s.value + u.time_bwd_s.value > 0)
+        scaled.push_back(u.name);
+    if (!scaled.empty())
+      c.notes.push_back(fmt::format("compute in {} predicted from the profile's {} times scaled by the ratio of peaks "
+                                    "for {} of {} units (no times measured at {}: profile with --dtype {})",
+                                    plan.precision.compute_dtype, model.dtype, scaled.size(), model.units.size(),
+                                    plan.precision.compute_dtype, plan.precision.compute_dtype));
+    else
+      c.notes.push_back(fmt::format("compute in {}: the unit times measured at {} (times_at_dtype)",
+                                    plan.precision.compute_dtype, plan.precision.compute_dtype));
+  }
   if (cluster.allocator_overhead_factor > 1) {
     c.notes.push_back(fmt::format("device allocator overhead factor {} reported separately from peak_bytes",
                                   cluster.allocator_overhead_factor));

@@ -34,6 +34,21 @@ class CliTest(unittest.TestCase):
             pred = json.loads(r.stdout)
             self.assertGreater(pred["device"]["peak_bytes"], 0)
 
+    def test_autopilot_profiles_tunes_and_says_where_it_stops(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "ap")
+            r = run("autopilot", "--python", f"{MODELS}:skipnet", "--cluster", "a100-sxm-80gb", "--global-batch", "4",
+                    "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("running a --python model under a plan needs the hook driver", r.stderr)
+            self.assertTrue(os.path.getsize(os.path.join(out, "tune", "report.md")) > 0)
+            with open(os.path.join(out, "model_profile.json")) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["concurrent_ranks"], 2)
+            r = run("run", "--python", f"{MODELS}:skipnet", "--nproc", "2")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("needs the hook driver", r.stderr)
+
     def test_bad_inputs_one_line(self):
         cases = [
             ("raises", "raises() failed: RuntimeError: no GPU here"),

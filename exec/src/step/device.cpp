@@ -296,6 +296,9 @@ class CudaSideLane final : public SideLane {
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(c10::DeviceIndex index) : index_(index), host_(at::getHostAllocator(at::kCUDA)) {
+    // What `torch.cuda.init()` does in Python, which a C++ program must ask for: without it the context
+    // reports no pointer as pinned (is_pinned() is false for the caching host allocator's blocks).
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::set_device(index_);
   }
   std::string name() const override { return "cuda:" + std::to_string(index_); }

@@ -63,6 +63,7 @@ class CudaEventTimer final : public PhaseTimer {
 }  // namespace
 
 std::unique_ptr<MemoryMeter> make_cuda_memory_meter(int device_index) {
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // torch.cuda.init(), as Python does
   return std::make_unique<CudaMemoryMeter>(device_index);
 }
 

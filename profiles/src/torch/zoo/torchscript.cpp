@@ -8,7 +8,9 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 namespace zeroplan::zoo {
@@ -28,10 +30,14 @@ std::string unique_name(const std::string& dotted, std::set<std::string>& used) 
 
 class ScriptUnit : public UnitModule {
  public:
-  explicit ScriptUnit(torch::jit::Module script) : script_(std::move(script)) {
+  // `borrowed`: dotted names of parameters another (earlier) unit owns: used, not registered.
+  explicit ScriptUnit(torch::jit::Module script, const std::set<std::string>& borrowed = {})
+      : script_(std::move(script)) {
     std::set<std::string> used;
     for (const auto& p : script_.named_parameters(/*recurse=*/true)) {
-      register_parameter(unique_name(p.name, used), p.value, p.value.requires_grad());
+      if (borrowed.contains(p.name)) continue;
+      registered_.emplace_back(p.value, unique_name(p.name, used));
+      register_parameter(registered_.back().second, p.value, p.value.requires_grad());
     }
     for (const auto& b : script_.named_buffers(/*recurse=*/true)) {
       register_buffer(unique_name(b.name, used), b.value);
@@ -47,11 +53,36 @@ class ScriptUnit : public UnitModule {
     script_.train(on);
   }
   void set_copy_input(bool on) { copy_input_ = on; }
+  // The name `p` is registered under ("" when this unit does not own it).
+  std::string registered_name(const torch::Tensor& p) const {
+    for (const auto& [t, name] : registered_)
+      if (t.is_same(p)) return name;
+    return "";
+  }
 
  private:
+  std::vector<std::pair<torch::Tensor, std::string>> registered_;
   torch::jit::Module script_;
   bool copy_input_ = false;
 };
+
+// A parameter's identity across TorchScript attributes: two attributes that were one tensor when scripted
+// load as two tensors on one storage (same data pointer, offset, sizes and strides).
+using ParamKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>>;
+ParamKey param_key(const torch::Tensor& t) {
+  return {t.storage().data(), t.storage_offset(), t.sizes().vec(), t.strides().vec()};
+}
+
+// Sets the parameter at dotted `name` of `module` to `value` (the same tensor object, so what the owner's
+// unit puts in it, set_data on a flat buffer included, is what this module computes with).
+void set_parameter(torch::jit::Module module, const std::string& name, const torch::Tensor& value) {
+  std::string rest = name;
+  for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+    module = module.attr(rest.substr(0, dot)).toModule();
+    rest = rest.substr(dot + 1);
+  }
+  module.setattr(rest, value);
+}
 
 std::string type_name(const torch::jit::Module& module) {
   const auto& qualified = module.type()->name();
@@ -160,6 +191,42 @@ class PrototypeClassification : public Task {
 
 std::string shape_text(c10::IntArrayRef shape) { return c10::str("[", c10::Join(", ", shape), "]"); }
 
+// zeroplan runs a scripted module's children in order and never calls its forward(): a module whose
+// forward() is something else (a skip across children, a reordering) would train another model than the
+// user's. Refused: the forward of a random batch, in eval mode, must equal the chain's.
+void check_forward_is_chain(const std::string& path, torch::jit::Module& script, Model& model,
+                            const std::vector<int64_t>& sample_shape, const ScriptTask& task, uint64_t seed) {
+  if (!script.find_method("forward")) return;
+  torch::NoGradGuard no_grad;
+  detail::DefaultGeneratorGuard keep_generator;
+  torch::manual_seed(static_cast<uint64_t>(detail::teacher_key(seed)));
+  const auto shape = with_batch(2, sample_shape);
+  const torch::Tensor input = task.kind == "lm" ? torch::randint(0, task.vocab, shape, torch::kInt64) : torch::randn(shape);
+  script.eval();
+  torch::Tensor chain = input;
+  for (Unit& unit : model.units) chain = unit.module->forward(chain);
+  torch::Tensor whole;
+  try {
+    whole = script.forward({input}).toTensor();
+  } catch (const std::exception& e) {
+    throw SchemaError(c10::str("torchscript ", path, ": its forward() fails where the chain of its children runs (",
+                               torch_cause(e), "): zeroplan runs the children in order; script an nn.Sequential whose "
+                               "children are the units, or give the model with --python FILE.py:FACTORY"));
+  }
+  script.train();
+  const bool same_shape = whole.sizes() == chain.sizes();
+  const double diff = same_shape ? (whole.to(torch::kFloat64) - chain.to(torch::kFloat64)).abs().max().item<double>() : 0;
+  const double scale = same_shape ? chain.to(torch::kFloat64).abs().max().item<double>() : 0;
+  if (!same_shape || diff > 1e-4 * std::max(1.0, scale)) {
+    throw SchemaError(c10::str(
+        "torchscript ", path, ": the module's forward() is not the chain of its children (",
+        same_shape ? c10::str("outputs differ by up to ", diff, " on a random batch") :
+                     c10::str("output ", shape_text(whole.sizes()), " against the chain's ", shape_text(chain.sizes())),
+        "): zeroplan runs the children in order and would train another model; script an nn.Sequential whose "
+        "children are the units, or give the model with --python FILE.py:FACTORY"));
+  }
+}
+
 }  // namespace
 
 std::string torch_cause(const std::exception& error) {
@@ -216,9 +283,24 @@ Model load_torchscript(const std::string& path, const std::vector<int64_t>& samp
   Model model;
   model.name = "torchscript";
   std::vector<std::shared_ptr<ScriptUnit>> units;
+  // A parameter shared by two children (a tied embedding and head) stays one tensor: the first child
+  // owns it, a later one borrows it (Unit::borrowed) and computes with the owner's tensor.
+  std::map<ParamKey, std::pair<int, torch::Tensor>> owners;
   for (const auto& child : script.named_children()) {
-    units.push_back(std::make_shared<ScriptUnit>(child.value));
+    const int index = static_cast<int>(units.size());
+    std::set<std::string> borrowed_names;
+    std::vector<std::pair<int, torch::Tensor>> borrowed;
+    for (const auto& p : child.value.named_parameters(/*recurse=*/true)) {
+      auto [it, fresh] = owners.try_emplace(param_key(p.value), index, p.value);
+      if (fresh || it->second.first == index) continue;
+      set_parameter(child.value, p.name, it->second.second);
+      borrowed_names.insert(p.name);
+      borrowed.push_back(it->second);
+    }
+    units.push_back(std::make_shared<ScriptUnit>(child.value, borrowed_names));
     model.units.push_back({child.name, type_name(child.value), units.back(), {}});
+    for (const auto& [owner, tensor] : borrowed)
+      model.units.back().borrowed.push_back({owner, units[static_cast<std::size_t>(owner)]->registered_name(tensor)});
   }
   if (model.units.empty()) {
     throw SchemaError(c10::str("torchscript ", path, ": the module (", type_name(script),
@@ -248,6 +330,7 @@ Model load_torchscript(const std::string& path, const std::vector<int64_t>& samp
                                  shape_text(input.sizes()), ": ", torch_cause(e)));
     }
   }
+  check_forward_is_chain(path, script, model, sample_shape, task, seed);
   for (Unit& unit : model.units) unit.module->train();
   std::vector<int64_t> output_shape(output.sizes().begin() + 1, output.sizes().end());
   if (task.kind == "classify") {
