@@ -22,7 +22,13 @@ struct HookEngine final : torch::autograd::Engine {
 
 torch::autograd::Engine& hook_engine() {
   // Never destroyed: autograd may still run while static objects are torn down at exit.
-  static HookEngine* engine = new HookEngine();
+  static HookEngine* engine = [] {
+    auto* e = new HookEngine();
+    // Its per-device threads now (a CUDA process has initialised CUDA by the time it records saved
+    // tensors): see cuda_init() in profiler/cuda.cpp.
+    e->initialize_device_threads_pool();
+    return e;
+  }();
   return *engine;
 }
 

@@ -8,6 +8,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <atomic>
 #include <cstddef>
@@ -62,8 +63,18 @@ class CudaEventTimer final : public PhaseTimer {
 
 }  // namespace
 
+void cuda_init() {
+  // torch.cuda.init(), as Python does (is_pinned() answers false before it), and the autograd engines'
+  // per-device threads started now that CUDA is up: on the lent H100 with torch 2.11 every backward of a
+  // C++ process failed with "device.index() < device_ready_queues_.size()", the engine holding no CUDA
+  // queue (README, the GPU kit). Both calls happen once per process; harmless where they were not needed.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  torch::autograd::Engine::get_base_engine().initialize_device_threads_pool();
+  torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
+}
+
 std::unique_ptr<MemoryMeter> make_cuda_memory_meter(int device_index) {
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // torch.cuda.init(), as Python does
+  cuda_init();
   return std::make_unique<CudaMemoryMeter>(device_index);
 }
 
