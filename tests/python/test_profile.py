@@ -3,6 +3,7 @@ documents the CLI reads, and the simulated peak of plain data parallelism agains
 measured by zeroplan.record around a plain PyTorch loop."""
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -77,6 +78,24 @@ class ProfileTest(unittest.TestCase):
         _, doc = self.check(models.skipnet, 3)
         # the root parameter read before the blocks (the gate) belongs to root:pre
         self.assertGreater(doc["units"][0]["params"], 24 * 48)
+
+    def test_bf16_times_and_a_bf16_plan_predicted_from_them(self):
+        """dtypes=["bf16"]: every unit's times under torch.autocast(bf16) in times_at_dtype; a bf16 plan on
+        this machine is predicted from them, and says so; the fp32 profile alone says it scaled."""
+        model, make_batch, loss_fn, doc = profile(models.gpt2, dtypes=["bf16"])
+        self.assertEqual(doc["dtype"], "fp32")
+        for u in doc["units"]:
+            self.assertIn("bf16", u["times_at_dtype"], u["name"])
+        with tempfile.TemporaryDirectory() as tmp:
+            host = os.path.join(tmp, "host.json")
+            build = os.environ.get("ZEROPLAN_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+            subprocess.run([os.path.join(build, "zeroplan"), "-q", "probe", "--no-collectives", "-o", host], check=True)
+            bf16 = {"precision.param_dtype": "bf16", "precision.compute_dtype": "bf16"}
+            pred = zeroplan.simulate(doc, cluster=host, world_size=1, global_batch=1, set=bf16)
+            self.assertTrue(any("the unit times measured at bf16" in n for n in pred["notes"]), pred["notes"])
+            plain = dict(doc, units=[{k: v for k, v in u.items() if k != "times_at_dtype"} for u in doc["units"]])
+            pred = zeroplan.simulate(plain, cluster=host, world_size=1, global_batch=1, set=bf16)
+            self.assertTrue(any("scaled by the ratio of peaks" in n for n in pred["notes"]), pred["notes"])
 
     def test_simulated_peak_matches_a_real_step(self):
         """Plain data parallelism on one rank, Adam: the simulated device peak against zeroplan.record's
