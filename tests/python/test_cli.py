@@ -37,7 +37,7 @@ class CliTest(unittest.TestCase):
     def test_autopilot_profiles_tunes_and_says_where_it_stops(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "ap")
-            r = run("autopilot", "--python", f"{MODELS}:skipnet", "--cluster", "a100-sxm-80gb", "--global-batch", "4",
+            r = run("autopilot", "--python", f"{MODELS}:llama", "--cluster", "a100-sxm-80gb", "--global-batch", "4",
                     "-o", out)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("running a --python model under a plan needs the hook driver", r.stderr)

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import models  # noqa: E402
 import zeroplan  # noqa: E402
 from zeroplan import _C  # noqa: E402
+from zeroplan._capture import split_batch  # noqa: E402
 
 torch.set_num_threads(1)
 CLUSTER = "a100-sxm-80gb"
@@ -96,11 +97,21 @@ class ProfileTest(unittest.TestCase):
             plain = dict(doc, units=[{k: v for k, v in u.items() if k != "times_at_dtype"} for u in doc["units"]])
             pred = zeroplan.simulate(plain, cluster=host, world_size=1, global_batch=1, set=bf16)
             self.assertTrue(any("scaled by the ratio of peaks" in n for n in pred["notes"]), pred["notes"])
+            # tune ranks bf16 plans from the bf16 times, and says so
+            path = os.path.join(tmp, "gpt2.json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            r = subprocess.run([os.path.join(build, "zeroplan"), "tune", "--model", path, "--cluster", host,
+                                "--world-size", "1", "--global-batch", "2", "--fix", "precision.compute_dtype=bf16",
+                                "--fix", "precision.param_dtype=bf16", "-o", os.path.join(tmp, "tune")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("note on the best plan: compute in bf16: the unit times measured at bf16", r.stderr)
 
     def test_simulated_peak_matches_a_real_step(self):
         """Plain data parallelism on one rank, Adam: the simulated device peak against zeroplan.record's
         measured peak of real steps of the same model (within 5%)."""
-        for factory in (models.gpt2, models.llama):
+        for factory in (models.gpt2, models.llama, models.resnet, models.vit, models.skipnet):
             with self.subTest(factory.__name__):
                 batch = 4
                 model, make_batch, loss_fn, doc = profile(factory, batches=[2, 4], batch=batch)
@@ -108,12 +119,13 @@ class ProfileTest(unittest.TestCase):
                                          set={"optimizer": "adam"})
                 model.zero_grad(set_to_none=True)
                 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-                data = make_batch(batch)
                 with tempfile.TemporaryDirectory() as tmp:
                     path = os.path.join(tmp, "run.json")
                     with zeroplan.record(path, model=model, optimizer=opt, global_batch=batch) as rec:
                         for _ in range(3):
-                            loss = loss_fn(model(**data), data)
+                            data = make_batch(batch)  # the loader's batch of this step, on the device
+                            args, kwargs = split_batch(data)
+                            loss = loss_fn(model(*args, **kwargs), data)
                             loss.backward()
                             opt.step()
                             # gradients stay allocated between steps, as in zeroplan's executor and
