@@ -3,7 +3,9 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -21,7 +23,8 @@ namespace zeroplan::cli {
 namespace {
 
 struct ProfileArgs {
-  std::string model, preset, torchscript, analytic, output, trace;
+  std::string model, preset, torchscript, analytic, analytic_config, output, trace;
+  std::optional<int64_t> intermediate;
   PythonModelArgs python;
   std::vector<std::string> sets;
   std::vector<int64_t> input_shape;
@@ -35,12 +38,69 @@ struct ProfileArgs {
 int run_profile(const ProfileArgs& a, const Globals& g) {
   if (!a.output.empty()) check_output(a.output);  // before any work
   if (!a.trace.empty()) check_output(a.trace);
-  int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty() + !a.python.spec.empty();
+  int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty() + !a.python.spec.empty() +
+                !a.analytic_config.empty();
   if (sources != 1)
-    throw ExitError(kBadInput,
-                    fmt::format("give exactly one of --python, --model, --torchscript, --analytic (got {})", sources));
+    throw ExitError(kBadInput, fmt::format(
+        "give exactly one of --python, --model, --torchscript, --analytic, --analytic-config (got {})", sources));
   ModelProfile profile;
-  if (!a.python.spec.empty()) {
+  if (!a.analytic_config.empty()) {
+    if (!a.trace.empty()) throw ExitError(kBadInput, "--trace: an analytic profile runs nothing to trace");
+    std::ifstream in(a.analytic_config, std::ios::binary);
+    if (!in) throw ExitError(kBadInput, fmt::format("--analytic-config {}: cannot open", a.analytic_config));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto kv = parse_key_values(a.sets, "--opt");
+    for (const auto& [k, v] : kv)
+      if (k != "attention")
+        throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic-config (options: attention=flash|unfused; "
+                                               "the sizes come from the config)", k));
+    profile = analytic_from_hf_config(text, a.analytic_config, a.options.batch, a.seq.value_or(0),
+                                      a.dtype_given ? a.options.dtype : "bf16",
+                                      kv.contains("attention") && kv.at("attention") == "flash");
+  } else if (!a.analytic.empty() && a.analytic != "gpt") {
+    // Llama-family (Llama, Mistral, Qwen2) and MPT decoders.
+    AnalyticDecoderOptions o;
+    o.family = a.analytic;
+    o.name = a.analytic;
+    if (o.family != "llama" && o.family != "mpt")
+      throw ExitError(kBadInput, fmt::format("--analytic {}: unknown family (families: gpt, llama, mpt)", a.analytic));
+    o.layers = a.layers.value_or(o.layers);
+    o.hidden = a.hidden.value_or(o.hidden);
+    o.heads = a.heads.value_or(o.heads);
+    o.seq = a.seq.value_or(o.seq);
+    o.vocab = a.vocab.value_or(o.family == "mpt" ? 50432 : o.vocab);
+    o.intermediate = a.intermediate.value_or(o.family == "mpt" ? 4 * o.hidden : o.intermediate);
+    o.batch = a.options.batch;
+    if (a.dtype_given) o.dtype = a.options.dtype;
+    const std::vector<std::string> known = o.family == "llama"
+        ? std::vector<std::string>{"kv_heads", "head_dim", "tied", "qkv_bias", "attention"}
+        : std::vector<std::string>{"expansion", "attention"};
+    for (const auto& [k, v] : parse_key_values(a.sets, "--opt")) {
+      if (std::find(known.begin(), known.end(), k) == known.end())
+        throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic {} (options: {}; sizes: --layers, "
+                                               "--hidden, --heads, --seq, --vocab, --intermediate)",
+                                               k, o.family, fmt::join(known, ", ")));
+      auto integer = [&] {
+        try {
+          return std::stoll(v);
+        } catch (const std::exception&) {
+          throw ExitError(kBadInput, fmt::format("--opt {}={}: expected an integer", k, v));
+        }
+      };
+      if (k == "kv_heads") o.kv_heads = integer();
+      if (k == "head_dim") o.head_dim = integer();
+      if (k == "expansion") o.intermediate = integer() * o.hidden;
+      if (k == "tied") o.tied_embeddings = v != "false" && v != "0";
+      if (k == "qkv_bias") o.qkv_bias = v != "false" && v != "0";
+      if (k == "attention") {
+        if (v != "unfused" && v != "flash")
+          throw ExitError(kBadInput, fmt::format("--opt attention={}: expected unfused or flash", v));
+        o.flash_attention = v == "flash";
+      }
+    }
+    if (!a.trace.empty()) throw ExitError(kBadInput, "--trace: an --analytic profile runs nothing to trace");
+    profile = analytic_decoder(o);
+  } else if (!a.python.spec.empty()) {
     if (!a.trace.empty()) throw ExitError(kBadInput, "--trace is not yet written for --python models");
     ProfileOptions options = a.options;
     options.progress = options.progress && !g.quiet;
@@ -57,6 +117,11 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     o.batch = a.options.batch;
     if (a.dtype_given) o.dtype = a.options.dtype;  // else the analytic default (fp16 mixed precision)
     auto kv = parse_key_values(a.sets, "--opt");
+    for (const auto& [k, v] : kv)
+      if (k != "tied" && k != "units" && k != "attention")
+        throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic gpt (options: tied, units, attention; "
+                                               "a Llama-style model is --analytic llama with --opt kv_heads=N and "
+                                               "--intermediate N)", k));
     if (auto it = kv.find("tied"); it != kv.end()) o.tied_embeddings = it->second != "false" && it->second != "0";
     if (auto it = kv.find("units"); it != kv.end()) {  // FSDP's wrap: whole blocks, or attention and MLP apart
       if (it->second != "block" && it->second != "sub-block")
@@ -123,7 +188,11 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--preset", a->preset, "Preset of the model, e.g. gpt2-tiny");
   app.add_option("--opt", a->sets, "Model option key=value (repeat or comma-separate), e.g. --opt layers=4");
   add_torchscript_options(app, a->torchscript, a->input_shape, a->task, /*with_vocab=*/false);
-  app.add_option("--analytic", a->analytic, "Closed-form profile of a family too large to build: gpt");
+  app.add_option("--analytic", a->analytic, "Closed-form profile of a family too large to build: gpt, llama (Llama, "
+                 "Mistral, Qwen2: --opt kv_heads=N,tied=,qkv_bias=,head_dim=), mpt (--opt expansion=R)");
+  app.add_option("--analytic-config", a->analytic_config,
+                 "Closed-form profile of a Hugging Face config.json (llama, mistral, qwen2, mpt, gpt2)");
+  app.add_option("--intermediate", a->intermediate, "MLP width (analytic llama; mpt: expansion x hidden)");
   app.add_option("--layers", a->layers, "Transformer layers (gpt, analytic gpt)");
   app.add_option("--hidden", a->hidden, "Hidden size (gpt, analytic gpt)");
   app.add_option("--heads", a->heads, "Attention heads (gpt, analytic gpt)");

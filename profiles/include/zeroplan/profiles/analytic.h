@@ -79,3 +79,52 @@ std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& pr
 int dtype_bytes(const std::string& dtype);
 
 }  // namespace zeroplan
+
+namespace zeroplan {
+
+// Decoder families beside GPT (analytic_decoder.cpp), h = hidden, a = heads, g = kv_heads, d = head_dim,
+// I = intermediate, V = vocab, T = batch x seq tokens, e = bytes per element:
+//   llama  (Llama, Mistral, Qwen2): RMSNorm (weight only), grouped-query attention (q: h x a*d, k and v:
+//          h x g*d, o: a*d x h; q/k/v biases with qkv_bias, as Qwen2), rotary positions (no parameters),
+//          SwiGLU MLP with three matrices (gate, up: h x I; down: I x h), untied head unless tied.
+//          Per layer: 2h + h*a*d + 2*h*g*d + a*d*h + 3*h*I (+ a*d + 2*g*d biases).
+//          Saved per layer: e*T*(6h + 2*a*d + 4I) + 8T (the two RMSNorms' fp32 statistics) and the
+//          attention scores a*s*s*b*(4 + e) (HF eager: fp32 softmax output, its cast kept for the AV
+//          product), or with flash attention 4*a*s*b (the log-sum-exp) and k, v unexpanded (2*g*d).
+//   mpt    (MPT): LayerNorms without bias, fused Wqkv h x 3h and out h x h, no biases, ALiBi (no position
+//          parameters), MLP h x rI x h with GELU (r = expansion_ratio, I = r*h), head tied to the token
+//          embedding. Per layer: 2h + 4h^2 + 2*r*h^2. Saved e*T*h*(8 + 2r) + a*s*s*b*(4 + e) (flash:
+//          4*a*s*b).
+// Units: embed (V*h), block x layers, head (final norm, + V*h when not tied, with the loss), as the GPT's.
+// Parameter counts equal the transformers models built from the same configs (tests/python).
+struct AnalyticDecoderOptions {
+  std::string family = "llama";  // "llama" | "mpt"
+  std::int64_t layers = 32;
+  std::int64_t hidden = 4096;
+  std::int64_t intermediate = 11008;  // llama: the MLP's width; mpt: expansion_ratio x hidden
+  std::int64_t heads = 32;
+  std::int64_t kv_heads = 0;          // 0: heads (no grouping)
+  std::int64_t head_dim = 0;          // 0: hidden / heads
+  std::int64_t seq = 2048;
+  std::int64_t vocab = 32000;
+  int batch = 1;
+  std::string dtype = "bf16";
+  bool tied_embeddings = false;       // llama: tie_word_embeddings; mpt: always tied
+  bool qkv_bias = false;              // Qwen2
+  bool flash_attention = false;
+  std::string name = "llama";
+  std::string source;                 // "" = "analytic:<family>"
+};
+
+// Throws SchemaError naming the value for non-positive sizes, heads not a multiple of kv_heads, an
+// unknown family or dtype.
+ModelProfile analytic_decoder(const AnalyticDecoderOptions& options);
+
+// A Hugging Face config.json's model (LlamaConfig, MistralConfig, Qwen2Config: family llama; MptConfig:
+// mpt; GPT2Config: gpt), at `batch`, `seq` (0: the config's max_position_embeddings / n_positions /
+// max_seq_len, capped at 4096) and `dtype`. `origin` names the file in errors; a config of another
+// model_type is refused with the list of those read.
+ModelProfile analytic_from_hf_config(const std::string& config_json, const std::string& origin, int batch,
+                                     std::int64_t seq, const std::string& dtype, bool flash_attention);
+
+}  // namespace zeroplan

@@ -1,0 +1,240 @@
+// Analytic Llama-family and MPT profiles, and Hugging Face config.json reading (analytic.h). No torch.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <zeroplan/config.h>
+
+#include "zeroplan/profiles/analytic.h"
+#include "zeroplan/profiles/errors.h"
+
+namespace zeroplan {
+namespace {
+
+UnitOp gemm(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias) {
+  return {.kind = "gemm", .name = name, .m = m, .n = n, .k = k, .bias = bias};
+}
+UnitOp memory(const char* name, double elems_fwd, double bytes_fwd, int kernels_fwd, double elems_bwd,
+              double bytes_bwd, int kernels_bwd) {
+  return {.kind = "memory", .name = name, .elems_fwd = elems_fwd, .elems_bwd = elems_bwd, .bytes_fwd = bytes_fwd,
+          .bytes_bwd = bytes_bwd, .kernels_fwd = kernels_fwd, .kernels_bwd = kernels_bwd};
+}
+
+// The sizes of one decoder layer.
+struct Layer {
+  std::int64_t h, a, g, d, I;
+  bool llama, qkv_bias;
+  std::int64_t params() const {
+    if (!llama) return 2 * h + 4 * h * h + 2 * h * I;
+    return 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * I + (qkv_bias ? a * d + 2 * g * d : 0);
+  }
+  double flops_fwd(double b, double s) const {  // matmuls: projections, MLP, QK^T and AV
+    const double T = b * s;
+    const double proj = llama ? double(h * a * d + 2 * h * g * d + a * d * h) : double(4 * h * h);
+    const double mlp = llama ? 3.0 * double(h * I) : 2.0 * double(h * I);
+    return 2 * T * (proj + mlp) + 4 * b * s * s * double(a * d);
+  }
+  double saved(double b, double s, int e, bool flash) const {
+    const double T = b * s;
+    const double scores = flash ? 4.0 * double(a) * s * b : double(a) * s * s * b * (4.0 + e);
+    if (!llama) return e * T * double(h) * (8.0 + 2.0 * double(I) / double(h)) + scores;
+    const double kv = flash ? 2.0 * double(g * d) : 2.0 * double(a * d);  // eager expands k, v to a heads
+    return e * T * (6.0 * double(h) + kv + 4.0 * double(I)) + 8 * T + scores;
+  }
+  std::vector<UnitOp> ops(std::int64_t seq, std::int64_t batch, bool flash) const {
+    const std::int64_t T = seq * batch;
+    const double Th = double(T) * double(h), TI = double(T) * double(I);
+    const UnitOp attention{.kind = "attention", .name = "attention", .m = seq, .n = seq, .k = d, .batch = batch * a,
+                           .fused = flash, .causal = true, .dropout = false};
+    if (!llama) {
+      return {memory("layernorm1", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("qkv", T, 3 * h, h, false), attention,
+              memory("alibi", double(batch * a) * double(seq) * double(seq), 0, 1, 0, 0, 0),
+              gemm("out", T, h, h, false), memory("residual1", 3 * Th, 0, 1, 3 * Th, 0, 1),
+              memory("layernorm2", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("up", T, I, h, false),
+              memory("gelu", 2 * TI, 0, 1, 3 * TI, 0, 1), gemm("down", T, h, I, false),
+              memory("residual2", 3 * Th, 0, 1, 3 * Th, 0, 1)};
+    }
+    const double Tq = double(T) * double((a + 2 * g) * d);
+    return {memory("rmsnorm1", 2 * Th, 0, 2, 3 * Th, 0, 3), gemm("qkv", T, (a + 2 * g) * d, h, qkv_bias),
+            memory("rotary", 2 * Tq, 0, 2, 2 * Tq, 0, 2), attention, gemm("o", T, h, a * d, false),
+            memory("residual1", 3 * Th, 0, 1, 3 * Th, 0, 1), memory("rmsnorm2", 2 * Th, 0, 2, 3 * Th, 0, 3),
+            gemm("gate_up", T, 2 * I, h, false), memory("silu_mul", 3 * TI, 0, 2, 5 * TI, 0, 2),
+            gemm("down", T, h, I, false), memory("residual2", 3 * Th, 0, 1, 3 * Th, 0, 1)};
+  }
+};
+
+}  // namespace
+
+ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
+  const std::string& f = o.family;
+  if (f != "llama" && f != "mpt")
+    throw SchemaError(fmt::format("analytic: unknown family \"{}\" (families: gpt, llama, mpt)", f));
+  const auto positive = [&](const char* what, std::int64_t v) {
+    if (v < 1) throw SchemaError(fmt::format("analytic {}: {} must be >= 1 (got {})", f, what, v));
+  };
+  positive("layers", o.layers);
+  positive("hidden", o.hidden);
+  positive("intermediate", o.intermediate);
+  positive("heads", o.heads);
+  positive("seq", o.seq);
+  positive("vocab", o.vocab);
+  positive("batch", o.batch);
+  const std::int64_t g = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  if (o.heads % g != 0)
+    throw SchemaError(fmt::format("analytic {}: heads {} is not a multiple of kv_heads {}", f, o.heads, g));
+  if (o.head_dim == 0 && o.hidden % o.heads != 0)
+    throw SchemaError(fmt::format("analytic {}: hidden {} is not a multiple of heads {}", f, o.hidden, o.heads));
+  const int e = dtype_bytes(o.dtype);
+  const bool llama = f == "llama";
+  const Layer L{o.hidden, o.heads, g, o.head_dim > 0 ? o.head_dim : o.hidden / o.heads, o.intermediate, llama,
+                llama && o.qkv_bias};
+  const bool tied = llama ? o.tied_embeddings : true;
+  const std::int64_t b = o.batch, s = o.seq, h = o.hidden, V = o.vocab;
+  const double bd = double(b), sd = double(s), hd = double(h), vd = double(V);
+  const auto prop = [&](double v) { return Figure::proportional(v, bd); };
+
+  ModelProfile p;
+  p.name = o.name;
+  p.source = o.source.empty() ? "analytic:" + f : o.source;
+  p.measured = false;
+  p.device = "analytic";
+  p.dtype = o.dtype;
+  p.threads = 1;
+  p.library_versions = {{"zeroplan", ZEROPLAN_VERSION}};
+  p.batch = o.batch;
+  p.seq_len = s;
+  p.input_shape = {b, s};
+
+  const double Th = bd * sd * hd, TV = bd * sd * vd;
+  UnitProfile embed;
+  embed.name = "embed";
+  embed.type = "Embedding";
+  embed.params = V * h;  // rotary and ALiBi positions have no parameters
+  embed.input_shape = {b, s};
+  embed.output_shape = {b, s, h};
+  embed.bytes_saved = prop(8 * bd * sd);
+  embed.bytes_output = prop(e * Th);
+  embed.ops = {memory("embedding", 2 * Th, 8 * bd * sd, 1, 2 * Th, 8 * bd * sd, 1)};
+
+  UnitProfile block;
+  block.name = "block";
+  block.type = llama ? "LlamaDecoderLayer" : "MptBlock";
+  block.count = static_cast<int>(o.layers);
+  block.params = L.params();
+  block.input_shape = {b, s, h};
+  block.output_shape = {b, s, h};
+  block.bytes_saved = prop(L.saved(bd, sd, e, o.flash_attention));
+  block.bytes_output = prop(e * Th);
+  block.flops_fwd = prop(L.flops_fwd(bd, sd));
+  block.flops_bwd = prop(2 * L.flops_fwd(bd, sd));
+  block.ops = L.ops(s, b, o.flash_attention);
+
+  UnitProfile head;
+  head.name = "head";
+  head.type = "Head";
+  head.params = h + (tied ? 0 : V * h);
+  head.input_shape = {b, s, h};
+  head.output_shape = {b, s, V};
+  const double logits = e * TV, loss_fp32 = 4 * TV;
+  head.bytes_saved = prop(2.0 * e * Th + logits);
+  head.bytes_output = prop(logits);
+  head.bytes_peak_fwd = prop(2.0 * e * Th + 2 * logits + 2 * loss_fp32);
+  head.flops_fwd = prop(2 * Th * vd);
+  head.flops_bwd = prop(4 * Th * vd);
+  if (tied) head.borrowed.push_back({0, V * h});
+  head.ops = {memory(llama ? "rmsnorm_f" : "layernorm_f", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("logits", b * s, V, h, false),
+              memory("loss", TV, 12 * TV, 3, TV, 12 * TV, 2)};
+
+  for (UnitProfile* u : {&embed, &block, &head}) {
+    u->bytes_param = u->params * e;
+    p.units.push_back(std::move(*u));
+  }
+  validate(p);
+  return p;
+}
+
+ModelProfile analytic_from_hf_config(const std::string& text, const std::string& origin, int batch, std::int64_t seq,
+                                     const std::string& dtype, bool flash_attention) {
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& err) {
+    throw SchemaError(fmt::format("{}: not JSON ({})", origin, err.what()));
+  }
+  if (!c.is_object()) throw SchemaError(fmt::format("{}: not a Hugging Face config (a JSON object)", origin));
+  const std::string type = c.value("model_type", "");
+  auto need = [&](const char* key) -> std::int64_t {
+    if (!c.contains(key) || !c[key].is_number_integer())
+      throw SchemaError(fmt::format("{}: model_type {} needs an integer \"{}\"", origin, type, key));
+    return c[key].get<std::int64_t>();
+  };
+  auto seq_or = [&](std::int64_t configured) { return seq > 0 ? seq : std::min<std::int64_t>(configured, 4096); };
+  const std::string name = c.contains("_name_or_path") && c["_name_or_path"].is_string()
+                               ? c["_name_or_path"].get<std::string>() : type;
+  if (type == "gpt2") {
+    AnalyticGptOptions o;
+    o.layers = need("n_layer");
+    o.hidden = need("n_embd");
+    o.heads = need("n_head");
+    o.vocab = need("vocab_size");
+    o.seq = seq_or(need("n_positions"));
+    o.batch = batch;
+    o.dtype = dtype;
+    o.tied_embeddings = c.value("tie_word_embeddings", true);
+    o.flash_attention = flash_attention;
+    o.name = name;
+    if (o.seq > need("n_positions") || (c.contains("n_inner") && c["n_inner"].is_number() &&
+                                        c["n_inner"].get<std::int64_t>() != 4 * o.hidden))
+      throw SchemaError(fmt::format("{}: gpt2 with n_inner other than 4 x n_embd, or seq above n_positions {}, is not "
+                                    "modelled", origin, need("n_positions")));
+    ModelProfile p = analytic_gpt(o);
+    // GPT-2's position table has n_positions rows whatever the training sequence length.
+    p.units.front().params = o.vocab * o.hidden + need("n_positions") * o.hidden;
+    p.units.front().bytes_param = p.units.front().params * dtype_bytes(dtype);
+    p.source = "analytic:gpt from " + origin;
+    return p;
+  }
+  AnalyticDecoderOptions o;
+  o.batch = batch;
+  o.dtype = dtype;
+  o.flash_attention = flash_attention;
+  o.name = name;
+  o.source = "analytic:" + type + " from " + origin;
+  if (type == "llama" || type == "mistral" || type == "qwen2") {
+    o.family = "llama";
+    o.layers = need("num_hidden_layers");
+    o.hidden = need("hidden_size");
+    o.intermediate = need("intermediate_size");
+    o.heads = need("num_attention_heads");
+    o.kv_heads = c.contains("num_key_value_heads") && c["num_key_value_heads"].is_number_integer()
+                     ? c["num_key_value_heads"].get<std::int64_t>() : o.heads;
+    if (c.contains("head_dim") && c["head_dim"].is_number_integer()) o.head_dim = c["head_dim"].get<std::int64_t>();
+    o.vocab = need("vocab_size");
+    o.seq = seq_or(need("max_position_embeddings"));
+    o.tied_embeddings = c.value("tie_word_embeddings", false);
+    // Qwen2 has q/k/v biases; Llama's attention_bias adds them to o_proj too, which is not modelled.
+    o.qkv_bias = type == "qwen2";
+    if (c.value("attention_bias", false) || c.value("mlp_bias", false))
+      throw SchemaError(fmt::format("{}: attention_bias / mlp_bias are not modelled", origin));
+    return analytic_decoder(o);
+  }
+  if (type == "mpt") {
+    o.family = "mpt";
+    o.layers = need("n_layers");
+    o.hidden = need("d_model");
+    o.heads = need("n_heads");
+    o.vocab = need("vocab_size");
+    o.seq = seq_or(need("max_seq_len"));
+    o.intermediate = need("expansion_ratio") * o.hidden;
+    if (!c.value("no_bias", true)) throw SchemaError(fmt::format("{}: mpt with biases (no_bias false) is not modelled", origin));
+    return analytic_decoder(o);
+  }
+  throw SchemaError(fmt::format("{}: model_type \"{}\" is not read (read: gpt2, llama, mistral, qwen2, mpt)", origin,
+                                type.empty() ? "(none)" : type));
+}
+
+}  // namespace zeroplan
