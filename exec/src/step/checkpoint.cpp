@@ -4,7 +4,12 @@
 //                                  at stage 0), the fp32 master and the optimizer state in the same layout,
 //                                  the RNG state, the module buffers (BatchNorm statistics)
 //   <dir>/step-<N>/manifest.json   written by rank 0 after every rank's file is in place: the step, the
-//                                  ranks, the layout, the units, the loss scale
+//                                  ranks, the layout, the units, the loss scale, and each rank file's
+//                                  size and SHA-1 (c10::sha1); each file also names its step and rank
+// Loading verifies before it uses anything: the manifest's values (ranks, shards, units) in range, every
+// file's size and SHA-1 as the manifest recorded them, and the step and rank each file names, so a
+// flipped byte, a NaN written over a value, two shards swapped or a shard of another step is refused in
+// one line naming the file (issue #37).
 // Each file is written to a temporary name in its folder, flushed to disk and renamed; a previous
 // manifest of the same step is removed before any rank writes. A rank killed in the middle of a save
 // leaves that step without a manifest and every earlier checkpoint whole.
@@ -17,8 +22,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
+
+#include <c10/util/hash.h>
 
 #include "pieces.h"
 #include "strformat.h"
@@ -56,6 +65,65 @@ fs::path step_dir(const std::string& dir, std::int64_t step) { return fs::path(d
 // The element layout of one kind (parameters, master, each optimizer state) in a rank's file: units in
 // order, each this rank's chunk of ceil(numel / shards) elements (the whole unit when shards is 1).
 std::int64_t chunk_of(std::int64_t numel, int shards) { return (numel + shards - 1) / shards; }
+
+// A file's bytes and their SHA-1 (c10::sha1, as torch's own caches key their files).
+std::pair<std::int64_t, std::string> file_digest(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw ExecError(detail::format("checkpoint: cannot read {}", f.string()));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  const std::string data = bytes.str();
+  c10::sha1 hash(data);
+  return {static_cast<std::int64_t>(data.size()), hash.str()};
+}
+
+// The manifest's values before any of them is used (a malformed one crashed the loader: shards 0 divided
+// by zero, world_size 0 indexed nothing), then every rank file's size and SHA-1 where it recorded them.
+void verify_manifest(const fs::path& sdir, const nlohmann::json& m, std::int64_t step) {
+  auto bad = [&](const std::string& what) {
+    return ExecError(detail::format("--resume {}: manifest.json {}", sdir.string(), what));
+  };
+  auto integer = [&](const char* key, std::int64_t lo, std::int64_t hi) {
+    if (!m.contains(key) || !m[key].is_number_integer()) throw bad(detail::format("has no integer \"{}\"", key));
+    const std::int64_t v = m[key].get<std::int64_t>();
+    if (v < lo || v > hi) throw bad(detail::format("\"{}\" {} is not in {}..{}", key, v, lo, hi));
+    return v;
+  };
+  const std::int64_t world = integer("world_size", 1, 1 << 20);
+  integer("shards", 1, world);
+  if (integer("step", 0, std::numeric_limits<std::int64_t>::max()) != step)
+    throw bad(detail::format("says step {}, in the folder of step {}", m["step"].get<std::int64_t>(), step));
+  integer("optimizer_steps", 0, std::numeric_limits<std::int64_t>::max());
+  for (const char* key : {"param_dtype", "optimizer", "model"})
+    if (!m.contains(key) || !m[key].is_string()) throw bad(detail::format("has no string \"{}\"", key));
+  if (!m.contains("units") || !m["units"].is_array()) throw bad("has no \"units\" list");
+  for (const auto& u : m["units"])
+    if (!u.is_object() || !u.contains("name") || !u["name"].is_string() || !u.contains("numel") ||
+        !u["numel"].is_number_integer() || u["numel"].get<std::int64_t>() < 0)
+      throw bad("has a unit without a name and a parameter count");
+  if (!m.contains("state_kinds") || !m["state_kinds"].is_array()) throw bad("has no \"state_kinds\" list");
+  if (!m.contains("loss_scale") || !m["loss_scale"].is_number() || !(m["loss_scale"].get<double>() > 0))
+    throw bad("has no positive \"loss_scale\"");
+  integer("loss_scale_clean_steps", 0, std::numeric_limits<int>::max());
+  if (!m.contains("master") || !m["master"].is_boolean()) throw bad("has no boolean \"master\"");
+  for (const auto& k : m["state_kinds"])
+    if (!k.is_string()) throw bad("has a state kind that is not a string");
+  if (!m.contains("files")) return;  // an older checkpoint: no checksums recorded
+  if (!m["files"].is_array() || static_cast<std::int64_t>(m["files"].size()) != world)
+    throw bad(detail::format("lists {} files for {} ranks", m["files"].is_array() ? m["files"].size() : 0, world));
+  for (std::int64_t r = 0; r < world; ++r) {
+    const auto& f = m["files"][static_cast<std::size_t>(r)];
+    const std::string name = "rank" + std::to_string(r) + ".pt";
+    if (!f.is_object() || f.value("name", "") != name || !f.contains("bytes") || !f.contains("sha1"))
+      throw bad(detail::format("files[{}] is not {{name: {}, bytes, sha1}}", r, name));
+    if (!fs::exists(sdir / name)) throw ExecError(detail::format("--resume {}: {} is missing", sdir.string(), name));
+    const auto [bytes, sha1] = file_digest(sdir / name);
+    if (bytes != f["bytes"].get<std::int64_t>() || sha1 != f["sha1"].get<std::string>())
+      throw ExecError(detail::format("--resume {}: {} is corrupted: {} bytes with SHA-1 {}, the manifest recorded {} "
+                                     "bytes with SHA-1 {}", sdir.string(), name, bytes, sha1.substr(0, 12),
+                                     f["bytes"].get<std::int64_t>(), f["sha1"].get<std::string>().substr(0, 12)));
+  }
+}
 
 }  // namespace
 
@@ -108,6 +176,7 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
   const std::vector<std::string> kinds = opt_.optimizer().state_kinds();
   for (std::size_t k = 0; k < kinds.size(); ++k) ar.write("state_" + kinds[k], opt_.optimizer().state(k).to(torch::kCPU));
   ar.write("rng", c_.dev.rng_state().to(torch::kCPU));
+  ar.write("identity", torch::tensor({step, static_cast<std::int64_t>(c_.rank), static_cast<std::int64_t>(c_.world)}));
   for (int u = 0; u < c_.unit_count(); ++u) {
     std::size_t b = 0;
     for (const auto& buf : c_.unit(u).module->buffers()) {
@@ -139,6 +208,11 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
   m["loss_scale"] = precision_.scaler().scale();
   m["loss_scale_clean_steps"] = precision_.scaler().clean_steps();
   for (const UnitRT& U : c_.units) m["units"].push_back({{"name", U.name}, {"numel", U.numel()}});
+  // Every rank's file is in place (the barrier above): its size and SHA-1, checked before a resume uses it.
+  for (int r = 0; r < c_.world; ++r) {
+    const auto [bytes, sha1] = file_digest(sdir / ("rank" + std::to_string(r) + ".pt"));
+    m["files"].push_back({{"name", "rank" + std::to_string(r) + ".pt"}, {"bytes", bytes}, {"sha1", sha1}});
+  }
   write_atomically(sdir / "manifest.json", m.dump(1) + "\n");
 }
 
@@ -158,6 +232,7 @@ std::int64_t Checkpoint::load(const std::string& dir) {
     return ExecError(detail::format("--resume {}: the checkpoint's {} {} != this run's {}", sdir.string(), what, saved, now));
   };
   if (m.value("schema", "") != kManifestSchema) throw mismatch("schema", m.value("schema", "?"), kManifestSchema);
+  verify_manifest(sdir, m, step);
   if (m.at("param_dtype").get<std::string>() != c_.plan.precision.param_dtype)
     throw mismatch("param_dtype", m.at("param_dtype").get<std::string>(), c_.plan.precision.param_dtype);
   if (m.at("optimizer").get<std::string>() != c_.plan.optimizer.name)
@@ -180,6 +255,15 @@ std::int64_t Checkpoint::load(const std::string& dir) {
       files[static_cast<std::size_t>(r)].load_from(f.string());
     } catch (const std::exception&) {
       throw ExecError(detail::format("--resume {}: {} is missing or unreadable", sdir.string(), f.filename().string()));
+    }
+    // The file names its step and rank: a shard of another step or rank is refused even where the
+    // manifest (an older one, without checksums) could not tell.
+    torch::Tensor id;
+    if (files[static_cast<std::size_t>(r)].try_read("identity", id)) {
+      if (id.numel() != 3 || id[0].item<std::int64_t>() != step || id[1].item<std::int64_t>() != r)
+        throw ExecError(detail::format("--resume {}: {} holds step {} rank {}, not step {} rank {}", sdir.string(),
+                                       f.filename().string(), id.numel() == 3 ? id[0].item<std::int64_t>() : -1,
+                                       id.numel() == 3 ? id[1].item<std::int64_t>() : -1, step, r));
     }
   }
   auto read = [&](int r, const std::string& key) {
