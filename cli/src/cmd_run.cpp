@@ -7,6 +7,10 @@
 //                                                   gathers the results through the store;
 //   zeroplan run ...                                one process, world size 1.
 #include <fmt/core.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -168,7 +172,19 @@ int run_parent(const RunArgs& a, const Globals& g) {
 }
 
 // A rank: under launch_local, torchrun, Slurm, or alone.
+// A rank started by a launcher (`run --nproc`, torchrun's agent) dies with it: a launcher killed by SIGKILL
+// (or any signal it cannot pass on) leaves no orphan training on and writing checkpoints into a folder a
+// restarted job uses. SIGKILL, as the launcher's own escalation does; every file a rank writes is replaced
+// atomically, so nothing written is lost. A parent that is already gone ends the rank at once.
+void die_with_launcher() {
+  if (std::getenv("RANK") == nullptr) return;  // not launched as a rank
+  const pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return;
+  if (getppid() != parent) std::_Exit(128 + SIGKILL);
+}
+
 int run_rank(RunArgs a, const Globals& g) {
+  die_with_launcher();
   exec::RankContext ctx = exec::rank_context_from_env();
   // Like torchrun, never oversubscribe the cores: ranks on one machine share them.
   if (a.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
