@@ -58,7 +58,7 @@ class _ImageModel(nn.Module):
 
 
 def resnet():
-    """torchvision ResNet-18 (10 classes) on 32 x 32 images."""
+    """torchvision ResNet-18 (10 classes) on 64 x 64 images."""
     from torchvision.models import resnet18
     torch.manual_seed(0)
     model = resnet18(num_classes=10)
@@ -67,7 +67,7 @@ def resnet():
         x, y = _images(n, 32, 0)
         return (x,), {}, y
 
-    return _Labelled(model), (lambda n: _images(n, 32, 0)), _labelled_loss
+    return _Labelled(model), (lambda n: _images(n, 64, 0)), _labelled_loss
 
 
 def vit():
