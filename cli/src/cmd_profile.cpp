@@ -101,10 +101,12 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (!a.trace.empty()) throw ExitError(kBadInput, "--trace: an --analytic profile runs nothing to trace");
     profile = analytic_decoder(o);
   } else if (!a.python.spec.empty()) {
-    if (!a.trace.empty()) throw ExitError(kBadInput, "--trace is not yet written for --python models");
     ProfileOptions options = a.options;
     options.progress = options.progress && !g.quiet;
-    profile = profile_python(a.python, options);
+    PythonModelArgs python = a.python;
+    python.trace = a.trace;
+    profile = profile_python(python, options);
+    if (!a.trace.empty() && !g.quiet) fmt::print(stderr, "wrote {}\n", a.trace);
   } else if (!a.analytic.empty()) {
     if (a.analytic != "gpt")
       throw ExitError(kBadInput, fmt::format("--analytic {}: unknown family (families: gpt)", a.analytic));

@@ -73,6 +73,10 @@ ModelProfile profile_python(const PythonModelArgs& model, const ProfileOptions& 
   }
   if (o.progress) argv.push_back("--progress");
   if (model.verbose) argv.push_back("--verbose");
+  if (!model.trace.empty()) {
+    argv.push_back("--trace");
+    argv.push_back(model.trace);
+  }
   const int rc = spawn(argv);
   std::string message;
   if (std::ifstream in(err); in) {

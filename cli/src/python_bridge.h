@@ -15,6 +15,7 @@ struct PythonModelArgs {
   std::string spec;            // FILE.py:FACTORY
   std::string policy = "auto"; // --units: auto | comma-separated classes or module names
   bool verbose = false;        // the child's Python traceback on failure
+  std::string trace;           // --trace: the profiling run as a Chrome trace
 };
 
 // Profiles the Python model with `options` (batch, batches, repeats, warmup, threads, device, dtype,

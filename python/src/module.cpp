@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/plan.h"
 #include "zeroplan/profiles/profiler.h"
+#include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
 #include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/simulate.h"
@@ -93,7 +95,8 @@ using Named = std::vector<std::pair<std::string, at::Tensor>>;
 // units: a list of dicts {name, type, replay, params: [(name, tensor)], buffers: [(name, tensor)],
 // borrowed: [(owner unit index, owner parameter name)]}; options: ProfileOptions' fields by name.
 std::string profile_units(const std::string& name, const std::string& source, py::list units,
-                          py::object make_input, std::vector<std::int64_t> sample_shape, py::dict options) {
+                          py::object make_input, std::vector<std::int64_t> sample_shape, py::dict options,
+                          const std::string& trace_path) {
   zoo::Model model;
   model.name = name;
   for (py::handle h : units) {
@@ -128,9 +131,15 @@ std::string profile_units(const std::string& name, const std::string& source, py
   get("concurrent_ranks", o.concurrent_ranks);
 
   ModelProfile profile;
+  TraceWriter trace;
   {
     py::gil_scoped_release release;  // the units take the GIL back when they run Python
-    profile = profile_model(model, o);
+    profile = profile_model(model, o, trace_path.empty() ? nullptr : &trace);
+  }
+  if (!trace_path.empty()) {  // the profiling run as a Chrome trace, the schema of every producer (trace.h)
+    std::ofstream out(trace_path, std::ios::binary);
+    out << trace.json();
+    if (!out) throw SchemaError("profile: cannot write the trace " + trace_path);
   }
   profile.source = source;
   return to_json_string(profile);
@@ -193,7 +202,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("profile_units", &profile_units, py::arg("name"), py::arg("source"), py::arg("units"), py::arg("make_input"),
-        py::arg("sample_shape"), py::arg("options"));
+        py::arg("sample_shape"), py::arg("options"), py::arg("trace_path") = "");
   m.def("simulate", &simulate, py::arg("profile_json"), py::arg("cluster"), py::arg("plan_json"),
         py::arg("world_size"), py::arg("global_batch"), py::arg("sets"));
   m.def("validate_document", [](const std::string& kind, const std::string& text) {

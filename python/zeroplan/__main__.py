@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--concurrent-ranks", type=int, default=1)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--trace", default="")
     p.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
         doc = zeroplan.profile(model, make_batch, loss_fn, batches=batches, batch=ref, policy=policy, dtypes=dtypes,
                                name=a.python.rsplit(":", 1)[1], source=f"python:{path}:{a.python.rsplit(':', 1)[1]}",
                                repeats=a.repeats, warmup=a.warmup, threads=a.threads, device=a.device,
-                               concurrent_ranks=a.concurrent_ranks, progress=a.progress,
+                               concurrent_ranks=a.concurrent_ranks, progress=a.progress, trace=a.trace or None,
                                print_units=True)
         with open(a.output, "w") as f:
             json.dump(doc, f, indent=2)

@@ -108,7 +108,8 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
             batches: Sequence[int] = (1, 2), batch: int | None = None, policy: str | Iterable = "auto",
             name: str | None = None, source: str | None = None, repeats: int = 3, warmup: int = 1,
             threads: int = 0, device: str = "cpu", dtype: str = "fp32", dtypes: Sequence[str] = (),
-            concurrent_ranks: int = 1, progress: bool = False, print_units: bool = False) -> dict:
+            concurrent_ranks: int = 1, progress: bool = False, print_units: bool = False,
+            trace: str | None = None) -> dict:
     """Profiles `model` unit by unit; returns the ModelProfile document (a dict; json.dump it for the CLI).
 
     make_batch(n) returns a batch of n samples (a tensor, a tuple of arguments, a dict of keyword
@@ -117,6 +118,7 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
     dtypes: 16-bit dtypes ("bf16", "fp16") whose unit times are measured too, with the units computing
     under torch.autocast on their fp32 parameters (mixed precision), and recorded in each unit's
     times_at_dtype, which simulate and tune use for plans computing in that dtype.
+    trace: a path for the profiling run as a Chrome trace (the fp32 pass), as `profile --trace` writes.
     """
     for d in dtypes:
         if d not in ("bf16", "fp16"):
@@ -167,11 +169,12 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
     label = name or type(model).__name__
     src = source or f"python:{type(model).__qualname__}"
 
-    def measure(reps: Replays) -> dict:
+    def measure(reps: Replays, trace_path: str = "") -> dict:
         replay = {"root:pre": reps.pre, "root:post": reps.post}
         units_at = [dict(e, replay=replay.get(e["name"]) or reps.block(i - 1)) for i, e in enumerate(entries)]
         try:
-            text = _C.profile_units(label, src, units_at, reps.make_input, list(x0.shape[1:]), options)
+            text = _C.profile_units(label, src, units_at, reps.make_input, list(x0.shape[1:]), options,
+                                    trace_path)
         except _C.BadInput as e:
             raise ZeroplanError("bad_input", str(e)) from None
         d = json.loads(text)
@@ -179,7 +182,7 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
                   context=reps._context)
         return d
 
-    doc = measure(replays)
+    doc = measure(replays, trace or "")
     for d16 in dtypes:
         other = measure(Replays(model, chosen, loss_fn, captured, autocast=_TORCH_DTYPES[d16],
                                 device_type=device.split(":")[0]))

@@ -49,6 +49,19 @@ class CliTest(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn("needs the hook driver", r.stderr)
 
+    def test_trace_of_a_python_profile(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            trace, out = os.path.join(tmp, "trace.json"), os.path.join(tmp, "p.json")
+            r = run("profile", "--python", f"{MODELS}:skipnet", "--batches", "1,2", "--repeats", "2", "--trace", trace,
+                    "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(trace) as f:
+                events = json.load(f)["traceEvents"]
+            names = {e["name"] for e in events if e.get("ph") == "X"}
+            for unit in ("root:pre", "blocks.0", "blocks.2", "root:post"):
+                self.assertIn(f"forward {unit}", names)
+                self.assertIn(f"backward {unit}", names)
+
     def test_bad_inputs_one_line(self):
         cases = [
             ("raises", "raises() failed: RuntimeError: no GPU here"),
