@@ -52,6 +52,10 @@ def main():
             opt.step()
             opt.zero_grad(set_to_none=True)
             rec.loss(loss)
+    # Both ranks leave together and drop DDP's reducer before the process group goes (a Gloo rank torn
+    # down while its peer still sent aborted once with "terminate called without an active exception").
+    dist.barrier()
+    del wrapped, opt
     dist.destroy_process_group()
 
 
