@@ -63,47 +63,40 @@ def first_tensor(value) -> torch.Tensor | None:
     return None
 
 
-def replace_first_tensor(value, new: torch.Tensor):
-    """A copy of `value` (tensor, tuple, list, dict, ModelOutput) with its first tensor replaced."""
-    done = [False]
-
-    def walk(v):
-        if done[0]:
-            return v
-        if isinstance(v, torch.Tensor):
-            done[0] = True
-            return new
-        if isinstance(v, dict):  # ModelOutput is an OrderedDict subclass: keep its class
-            items = {k: walk(x) for k, x in v.items()}
-            try:
-                return type(v)(**items)
-            except TypeError:
-                return items
-        if isinstance(v, tuple):
-            out = [walk(x) for x in v]
-            return type(v)(*out) if hasattr(v, "_fields") else tuple(out)
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        return v
-
-    return walk(value)
-
-
-def detach_all(value):
+def map_tensors(value, fn):
+    """A copy of `value` (tensor, tuple, namedtuple, list, dict, ModelOutput) with fn applied to each
+    tensor in order; other leaves kept."""
     if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, dict):
-        items = {k: detach_all(x) for k, x in value.items()}
+        return fn(value)
+    if isinstance(value, dict):  # ModelOutput is an OrderedDict subclass: keep its class
+        items = {k: map_tensors(x, fn) for k, x in value.items()}
         try:
             return type(value)(**items)
         except TypeError:
             return items
     if isinstance(value, tuple):
-        out = [detach_all(x) for x in value]
+        out = [map_tensors(x, fn) for x in value]
         return type(value)(*out) if hasattr(value, "_fields") else tuple(out)
     if isinstance(value, list):
-        return [detach_all(x) for x in value]
+        return [map_tensors(x, fn) for x in value]
     return value
+
+
+def replace_first_tensor(value, new: torch.Tensor):
+    """A copy of `value` with its first tensor replaced by `new`."""
+    done = [False]
+
+    def swap(t):
+        if done[0]:
+            return t
+        done[0] = True
+        return new
+
+    return map_tensors(value, swap)
+
+
+def detach_all(value):
+    return map_tensors(value, lambda t: t.detach())
 
 
 def primary_position(args: tuple, kwargs: dict) -> tuple[str, Any]:
@@ -257,16 +250,6 @@ def patched_forwards(stubs: dict[nn.Module, Callable]):
                 pass
 
 
-def _with_first_tensor(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            return args[:i] + (x,) + args[i + 1:], kwargs
-    for k, v in kwargs.items():
-        if isinstance(v, torch.Tensor):
-            return args, {**kwargs, k: x}
-    return args, kwargs
-
-
 class Replays:
     """The replay callables of every profile unit, each choosing the captured batch by its input's shape.
     Replays run one at a time (a lock): root:post swaps the blocks' forwards for the duration, and the
@@ -310,7 +293,7 @@ class Replays:
             kind, key = primary_position(a, k)
             raise _Stop(a[key] if kind == "arg" else k[key])
 
-        args, kwargs = _with_first_tensor(c.args, c.kwargs, x)  # the unit's input is the profiler's copy
+        args, kwargs = replace_first_tensor((c.args, c.kwargs), x)  # the unit's input is the profiler's copy
         h = self.blocks[0].module.register_forward_pre_hook(stop, with_kwargs=True)
         try:
             self.model(*args, **kwargs)

@@ -80,8 +80,7 @@ def _by_policy(model: nn.Module, policy: Sequence) -> list[tuple[str, nn.Module]
         matched.add(hit)
         found.append((name, module))
     for p in policy:
-        key = p if isinstance(p, str) else p
-        if key not in matched and not (isinstance(p, str) and p in modules):
+        if p not in matched and not (isinstance(p, str) and p in modules):
             what = p.__name__ if isinstance(p, type) else p
             raise ZeroplanError(
                 "bad_input",

@@ -37,7 +37,6 @@ double gpt_layer_saved_bytes_flash(std::int64_t seq, std::int64_t batch, std::in
   return s * b * h * (16.0 * bytes_per_element + 2) + 4 * a * s * b;
 }
 
-namespace {
 UnitOp gemm_op(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias) {
   return {.kind = "gemm", .name = name, .m = m, .n = n, .k = k, .bias = bias};
 }
@@ -46,7 +45,6 @@ UnitOp memory_op(const char* name, double elems_fwd, double bytes_fwd, int kerne
   return {.kind = "memory", .name = name, .elems_fwd = elems_fwd, .elems_bwd = elems_bwd, .bytes_fwd = bytes_fwd,
           .bytes_bwd = bytes_bwd, .kernels_fwd = kernels_fwd, .kernels_bwd = kernels_bwd};
 }
-}  // namespace
 
 std::vector<UnitOp> gpt_block_ops(std::int64_t seq, std::int64_t batch, std::int64_t hidden, std::int64_t heads,
                                   bool flash_attention) {

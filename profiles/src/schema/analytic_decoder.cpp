@@ -15,14 +15,8 @@
 namespace zeroplan {
 namespace {
 
-UnitOp gemm(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias) {
-  return {.kind = "gemm", .name = name, .m = m, .n = n, .k = k, .bias = bias};
-}
-UnitOp memory(const char* name, double elems_fwd, double bytes_fwd, int kernels_fwd, double elems_bwd,
-              double bytes_bwd, int kernels_bwd) {
-  return {.kind = "memory", .name = name, .elems_fwd = elems_fwd, .elems_bwd = elems_bwd, .bytes_fwd = bytes_fwd,
-          .bytes_bwd = bytes_bwd, .kernels_fwd = kernels_fwd, .kernels_bwd = kernels_bwd};
-}
+constexpr auto gemm = gemm_op;      // the shared builders (analytic.h), short names for the op lists
+constexpr auto memory = memory_op;
 
 // The sizes of one decoder layer.
 struct Layer {

@@ -75,6 +75,11 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& options);
 // figures, no ops).
 std::optional<AnalyticGptOptions> analytic_gpt_options_of(const ModelProfile& profile);
 
+// UnitOp builders shared by the analytic families: a GEMM C[m,n] = A[m,k] B[k,n], and a memory-bound op.
+UnitOp gemm_op(const char* name, std::int64_t m, std::int64_t n, std::int64_t k, bool bias);
+UnitOp memory_op(const char* name, double elems_fwd, double bytes_fwd, int kernels_fwd, double elems_bwd,
+                 double bytes_bwd, int kernels_bwd);
+
 // Bytes per element of "fp32" (4), "fp16" / "bf16" (2); throws SchemaError otherwise.
 int dtype_bytes(const std::string& dtype);
 
