@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine.h"
 #include "zeroplan/config.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/counting_allocator.h"
@@ -246,4 +247,5 @@ PYBIND11_MODULE(_C, m) {
       .def("peak", &CpuMeter::peak)
       .def("reset_peak", &CpuMeter::reset_peak)
       .def("stop", &CpuMeter::stop);
+  bind_engine(m);
 }

@@ -8,6 +8,8 @@ writes, `zeroplan simulate / tune / compare` read, and the reverse.
     pred = zeroplan.simulate(prof, cluster="local", world_size=2, global_batch=8, set={"zero_stage": 3})
     with zeroplan.record("run.json", optimizer=opt) as rec:  # around your own loop
         ...
+    engine = zeroplan.wrap(model, plan)                  # train under a plan in the model's own forward
+    loss = loss_fn(engine(**batch), batch); engine.backward(loss); engine.step()
 """
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ from ._units import Unit, format_units, print_units, units  # noqa: E402
 from ._profile import profile  # noqa: E402
 from ._simulate import simulate  # noqa: E402
 from ._record import record  # noqa: E402
+from ._engine import Engine, wrap  # noqa: E402
 
 __version__ = _C.__version__
 __all__ = ["units", "Unit", "format_units", "print_units", "profile", "simulate", "record", "ZeroplanError",
-           "EXIT_CODES", "load_factory"]
+           "EXIT_CODES", "load_factory", "wrap", "Engine"]
 
 from ._factory import load_factory  # noqa: E402

@@ -66,16 +66,21 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> ActivationOffload::hooks() 
   return std::make_unique<Hook>(*this, units_[static_cast<std::size_t>(capturing_)].slots);
 }
 
-std::optional<saved_tensors::Scope> ActivationOffload::capture(int u, bool checkpointed) {
-  if (!on()) return std::nullopt;
+bool ActivationOffload::begin_capture(int u, bool checkpointed) {
+  if (!on()) return false;
   if (u == 0) policy_ = OffloadPolicy(ratio_);  // a new microbatch's forward
   UnitState& s = units_[static_cast<std::size_t>(u)];
   s = UnitState{};
   // A checkpointed unit saves nothing; a pipeline stage's recompute before the backward keeps what it
   // saves on the device.
-  if (checkpointed || c_.cur_phase == "recompute") return std::nullopt;
+  if (checkpointed || c_.cur_phase == "recompute") return false;
   s.captured = true;
   capturing_ = u;
+  return true;
+}
+
+std::optional<saved_tensors::Scope> ActivationOffload::capture(int u, bool checkpointed) {
+  if (!begin_capture(u, checkpointed)) return std::nullopt;
   return std::optional<saved_tensors::Scope>(std::in_place, *this);
 }
 

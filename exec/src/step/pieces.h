@@ -320,6 +320,9 @@ class ActivationOffload final : public saved_tensors::Handler {
   // Unit u's forward runs while the returned scope lives (nothing when off or checkpointed); then
   // end_forward, for every unit.
   std::optional<saved_tensors::Scope> capture(int u, bool checkpointed);
+  // The same without the scope, for a driver that routes the saved tensors itself (the hook driver: from
+  // Python's saved_tensors_hooks to hooks()): true when unit u's saved tensors are to be captured now.
+  bool begin_capture(int u, bool checkpointed);
   void end_forward(int u, const torch::Tensor& in, const torch::Tensor& out);
   void before_bwd(int u);  // u's tensors back on the device; earlier units prefetched within the budget
   void after_bwd(int u);

@@ -11,12 +11,16 @@ namespace zeroplan::saved_tensors {
 namespace {
 
 thread_local Handler* t_handler = nullptr;
+// The engine this one replaced: in a Python process torch's PythonEngine, whose default hooks are
+// Python's saved_tensors_hooks (torch.utils.checkpoint, save_on_cpu); they keep working outside a Scope.
+torch::autograd::Engine* g_previous = nullptr;
 
-// The base engine with one change: the default saved-variable hooks are the thread's handler's. The
-// engine's threads and queues are the base class's.
+// The base engine with one change: the default saved-variable hooks are the thread's handler's, else
+// those of the engine it replaced. The engine's threads and queues are the base class's.
 struct HookEngine final : torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
-    return t_handler != nullptr ? t_handler->hooks() : nullptr;
+    if (t_handler != nullptr) return t_handler->hooks();
+    return g_previous != nullptr ? g_previous->get_default_saved_variable_hooks() : nullptr;
   }
 };
 
@@ -34,7 +38,10 @@ torch::autograd::Engine& hook_engine() {
 
 void install_once() {
   static std::once_flag once;
-  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&hook_engine); });
+  std::call_once(once, [] {
+    g_previous = &torch::autograd::Engine::get_default_engine();
+    torch::autograd::set_default_engine_stub(&hook_engine);
+  });
 }
 
 struct KeepHook final : torch::autograd::SavedVariableHooks {
