@@ -345,10 +345,8 @@ class Engine:
         for u, name in enumerate(self.unit_names):
             for pname, p in self._own[u].items():
                 by_id[id(p)] = full[f"{name}.{pname}"]
-        for key, p in self.model.named_parameters(remove_duplicate=False):
-            out[key] = by_id[id(p)].float()
-        for key, b in self.model.named_buffers():
-            out[key] = b.detach().clone()
+        for key, t in self.model.state_dict(keep_vars=True).items():
+            out[key] = by_id[id(t)].float() if id(t) in by_id else t.detach().clone()
         return out
 
     def save_checkpoint(self, path: str) -> None:

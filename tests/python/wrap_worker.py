@@ -1,0 +1,93 @@
+"""One rank of the zeroplan.wrap parity runs (test_wrap.py starts it under torchrun, or calls run_case in a
+world of one): each case wraps a model from tests/python/models.py under a plan, trains STEPS steps on this
+rank's share of the global batch in the user's own loop, and writes its losses, peaks and (rank 0) full
+state dict to OUT/<case>-rank<R>.pt."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+import zeroplan  # noqa: E402
+from zeroplan._capture import map_tensors  # noqa: E402
+
+STEPS = 3
+
+
+def build(name: str):
+    model, make_batch, loss_fn = getattr(models, name)()
+    for m in model.modules():  # the reference draws no dropout masks: the runs must agree
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model, make_batch, loss_fn
+
+
+def call(model, batch):
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple) and len(batch) == 3 and isinstance(batch[1], dict):
+        return model(*batch[0], **batch[1])
+    if isinstance(batch, tuple):
+        return model(*batch)
+    return model(batch)
+
+
+def chunk(batch, first: int, count: int):
+    return map_tensors(batch, lambda t: t[first:first + count])
+
+
+def plan_for(case: dict, world: int) -> dict:
+    mb, m = case.get("micro_batch", 2), case.get("microbatches", 1)
+    plan = json.loads(zeroplan._C.default_plan(world, world * mb * m))
+    plan["micro_batch"], plan["microbatches"] = mb, m
+    for k, v in case.get("sets", {}).items():
+        if isinstance(v, dict):
+            plan.setdefault(k, {}).update(v)
+        else:
+            plan[k] = v
+    return plan
+
+
+def run_case(case: dict, rank: int, world: int) -> dict:
+    model, make_batch, loss_fn = build(case["model"])
+    plan = plan_for(case, world)
+    mb, m = plan["micro_batch"], plan["microbatches"]
+    engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3)
+    losses, stats = [], []
+    for step in range(STEPS):
+        batch = make_batch(world * mb * m + step)
+        for k in range(m):
+            part = chunk(batch, (rank * m + k) * mb, mb)
+            loss = loss_fn(call(engine, part), part)
+            engine.backward(loss)
+            losses.append(loss.item())
+        stats.append(engine.step())
+    out = {"losses": losses, "peak": engine.peak_bytes(), "host_peak": engine.host_peak_bytes(),
+           "skipped": [s["skipped"] for s in stats], "views_valid": engine.driver.views_valid()}
+    state = engine.state_dict()
+    if rank == 0:
+        out["state"] = state
+    engine.close()
+    return out
+
+
+def main() -> None:
+    out_dir, cases_path = sys.argv[1], sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    with open(cases_path) as f:
+        cases = json.load(f)
+    for case in cases:
+        try:
+            result = run_case(case, rank, world)
+        except zeroplan.ZeroplanError as e:
+            result = {"error": f"{e.kind}: {e}"}
+        torch.save(result, os.path.join(out_dir, f"{case['id']}-rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()
