@@ -1,8 +1,10 @@
 """zeroplan.wrap: models nobody on this project wrote (Hugging Face Llama-style and GPT-2, torchvision
 ResNet-18) and a hand-written model with a skip across its blocks, trained under plans on 2 Gloo ranks
 (torchrun, wrap_worker.py) in their own forwards, against a single process with the same global batch:
-plain PyTorch (fp32 plans: losses and parameters after 3 steps within rtol 1e-5), or zeroplan.wrap on one
-rank under the same plan (bf16 with an fp32 master, where rounding differs from PyTorch's fp32)."""
+plain PyTorch for the fp32 plans (losses and parameters after 3 steps within rtol 1e-5; the reference
+steps with the same fused Adam kernel and sums the chunks' gradients in the ranks' order, since Adam turns
+the rounding of a gradient that is pure noise into a whole step), and zeroplan.wrap on one rank under the
+same plan for bf16 with an fp32 master (where rounding differs from PyTorch's fp32 by design)."""
 import json
 import os
 import socket
