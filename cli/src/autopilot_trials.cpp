@@ -241,11 +241,14 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
   say(r.g, fmt::format("4/5 running {} ({}) on {} ranks for {} steps", t.label, describe(t.plan), a.nproc, a.steps));
   std::vector<std::string> args{"run", "--nproc", std::to_string(a.nproc),
                                 "--plan", (dir / "plan.json").string(), "--steps", std::to_string(a.steps),
-                                "--warmup", std::to_string(a.warmup),
-                                "--trace", (dir / "measured_trace.json").string(), "-o", (dir / "run_record.json").string()};
+                                "--warmup", std::to_string(a.warmup), "-o", (dir / "run_record.json").string()};
+  // A Python model's run (zeroplan.wrap in its own forward) writes no measured trace.
+  if (a.python.spec.empty()) args.insert(args.end(), {"--trace", (dir / "measured_trace.json").string()});
   if (limit > 0) args.insert(args.end(), {"--device-memory-limit", std::to_string(limit)});
   if (r.ranks_per_node > 0) args.insert(args.end(), {"--ranks-per-node", std::to_string(r.ranks_per_node)});
-  if (!a.torchscript.empty()) {
+  if (!a.python.spec.empty()) {
+    args.insert(args.end(), {"--python", a.python.spec});
+  } else if (!a.torchscript.empty()) {
     for (auto& x : torchscript_argv(a.torchscript, a.input_shape, a.task)) args.push_back(x);
   } else {
     args.insert(args.end(), {"--model", a.model});

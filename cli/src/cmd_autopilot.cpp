@@ -152,14 +152,20 @@ int run_autopilot(Args& a, const Globals& g) {
   if (a.global_batch % a.nproc != 0)
     throw ExitError(kBadInput, fmt::format("--global-batch {} is not a multiple of --nproc {}", a.global_batch, a.nproc));
 
-  zoo::Options overrides = a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
+  // The built-in default GPT's options, unless a model of the user's is given (its own file says its shape).
+  const bool own_model = !a.python.spec.empty() || !a.torchscript.empty();
+  zoo::Options overrides =
+      !own_model && a.preset.empty() && a.model == "gpt" && a.model_opts.empty() ? kDefaultGpt : zoo::Options{};
   for (auto& [k, v] : parse_key_values(a.model_opts, "--opt")) overrides[k] = v;
   const std::string model_name = !a.python.spec.empty() ? a.python.spec : a.torchscript.empty() ? a.model : a.torchscript;
-  // A Python model is profiled at fp32 only so far (its captured inputs are fp32): precision stays fp32.
+  // A Python model runs in its own forward (zeroplan.wrap): pipelines and OffloadModel need the model as a
+  // chain of units, so the tuner does not propose them; it is profiled at fp32 (its captured inputs are
+  // fp32), so precision stays fp32.
   if (!a.python.spec.empty()) {
     std::string kept;
     for (const auto& k : tuner::parse_knobs(a.knobs))
-      if (k != "precision") kept += (kept.empty() ? "" : ",") + k;
+      if (k != "precision" && k.find("pipeline") == std::string::npos && k.find("offload_model") == std::string::npos)
+        kept += (kept.empty() ? "" : ",") + k;
     a.knobs = kept;
   }
   ModelProfile profile = profile_step(a, g, overrides, out);
@@ -207,18 +213,6 @@ int run_autopilot(Args& a, const Globals& g) {
   fs::create_directories(out / "tune");
   tuner::write_reports(tuned, out / "tune");
   if (!tuned.best()) throw ExitError(kBadInput, fmt::format("no plan fits a budget of {} bytes; see {}", budget, (out / "tune/report.md").string()));
-  if (!a.python.spec.empty()) {
-    // Running a Python model under a plan needs the hook driver (the executor inside the model's own
-    // forward), not built yet: stop after the tuning, saying so.
-    say(g, fmt::format("best plan for {}: {} (predicted {:.1f} ms per step, device peak {} of the {} budget); "
-                       "profiled and tuned: running a --python model under a plan needs the hook driver, not built "
-                       "yet, so autopilot stops here; the plans and reports are in {}",
-                       model_name, describe(tuned.best()->plan), 1e3 * tuned.best()->prediction.step_time_s,
-                       gib(static_cast<double>(tuned.best()->prediction.device.total_bytes())), gib(static_cast<double>(budget)),
-                       (out / "tune").string()));
-    return kOk;
-  }
-
   // 4. Run the top plans and the default, budget enforced; then the fidelity grid, unlimited.
   std::vector<Trial> trials;
   for (size_t i = 0; i < tuned.ranking.size() && static_cast<int>(i) < a.verify; ++i)
@@ -275,8 +269,8 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--preset", a->preset, "Preset of the model");
   app.add_option("--opt", a->model_opts, "Model option key=value (default gpt: layers=4,hidden=256,heads=4,seq=128,vocab=8192)");
   app.add_option("--python", a->python.spec,
-                 "Your own PyTorch model, FILE.py:FACTORY (profiled and tuned; running it needs the hook driver, "
-                 "not built yet)");
+                 "Your own PyTorch model, FILE.py:FACTORY (profiled, tuned, and its plans run in the model's own forward "
+                 "by zeroplan.wrap)");
   app.add_option("--units", a->python.policy, "--python: auto, or comma-separated unit classes or module names")
       ->capture_default_str();
   add_torchscript_options(app, a->torchscript, a->input_shape, a->task);

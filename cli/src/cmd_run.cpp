@@ -25,6 +25,7 @@
 #include "cli.h"
 #include "model_args.h"
 #include "plan_args.h"
+#include "python_bridge.h"
 #include "zeroplan/exec/communicator.h"
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/exec/launcher.h"
@@ -171,6 +172,76 @@ int run_parent(const RunArgs& a, const Globals& g) {
   return kOk;
 }
 
+// `run --python FILE.py:FACTORY`: the user's model trained in its own forward under the plan (the hook
+// driver, zeroplan.wrap) on make_batch's samples; each rank is `<venv python> -m zeroplan train`, launched
+// and watched as the built-in models' ranks are. Each rank reports its own losses: the record's are their
+// mean over the ranks, each rank having trained on its share of the global batch.
+int run_python(const RunArgs& a, const Globals& g, const std::string& spec) {
+  const std::string exe = python_exe();
+  const auto colon = spec.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+    throw ExitError(kBadInput, fmt::format("--python {}: expected FILE.py:FACTORY", spec));
+  if (!std::filesystem::is_regular_file(spec.substr(0, colon)))
+    throw ExitError(kBadInput, fmt::format("--python {}: no file {}", spec, spec.substr(0, colon)));
+  if (!a.torchscript.empty() || !a.model_opts.empty() || !a.preset.empty() || !a.trace.empty())
+    throw ExitError(kBadInput, "--python takes its model from FILE.py:FACTORY: --torchscript, --preset, --opt and "
+                               "--trace are for the built-in models");
+  const int nproc = std::max(1, a.nproc);
+  RunArgs b = a;
+  if (!b.plan.world_size) b.plan.world_size = nproc;
+  if (const Plan p = plan_from_args(b.plan); p.pipeline_stages > 1 || p.offload_model.enabled)
+    throw ExitError(kNotPossibleHere, fmt::format("--python {}: {} needs the model as a chain of units; a model trained "
+                                                  "in its own forward runs every other plan", spec,
+                                                  p.pipeline_stages > 1 ? "pipeline_stages" : "offload_model"));
+  exec::RunOptions options = run_options(b, g);  // the plan and every option checked before any rank starts
+  options.model = spec.substr(colon + 1);
+  if (options.plan.world_size != nproc)
+    throw ExitError(kBadInput, fmt::format("plan world_size {} != --nproc {}", options.plan.world_size, nproc));
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("zeroplan-run-python-{}", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string plan_path = (dir / "plan.json").string();
+  write_document(plan_path, options.plan);
+  std::vector<std::string> argv = {exe, "-m", "zeroplan", "train", "--python", spec, "--plan", plan_path,
+                                   "--steps", std::to_string(a.steps), "--warmup", std::to_string(a.warmup),
+                                   "--device", a.device};
+  const int threads = a.threads > 0 ? a.threads
+                      : std::getenv("OMP_NUM_THREADS") != nullptr
+                          ? 0
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / nproc);
+  if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
+  if (!a.checkpoint_dir.empty()) argv.insert(argv.end(), {"--checkpoint-dir", a.checkpoint_dir});
+  if (a.checkpoint_every > 0) argv.insert(argv.end(), {"--checkpoint-every", std::to_string(a.checkpoint_every)});
+  if (!a.resume.empty()) argv.insert(argv.end(), {"--resume", a.resume});
+  if (a.device_memory_limit > 0) argv.insert(argv.end(), {"--device-memory-limit", std::to_string(a.device_memory_limit)});
+  exec::LaunchOptions lo;
+  lo.executable = exe;
+  lo.env = python_env();
+  lo.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  auto result = exec::launch_local(nproc, argv, lo);
+  std::filesystem::remove_all(dir);
+  if (result.exit_code > 128) throw ExitError(result.exit_code, result.message);
+  if (result.exit_code != 0) {
+    // A rank that refused its input (a bad factory, a plan the model cannot run) says so with its exit code.
+    int code = kRunFailed;
+    for (const auto& r : result.ranks)
+      if (r.exit_code == kBadInput || r.exit_code == kNotPossibleHere) code = r.exit_code;
+    throw ExitError(code, result.message);
+  }
+  std::vector<exec::RunResult> ranks;
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream in(exec::rank_file(result.output_dir, r, ".json"));
+    if (!in) throw ExitError(kRunFailed, fmt::format("rank {} finished but wrote no result in {}", r, result.output_dir));
+    ranks.push_back(nlohmann::json::parse(in).get<exec::RunResult>());
+  }
+  for (std::size_t s = 0; s < ranks[0].losses.size(); ++s) {
+    double sum = 0;
+    for (const auto& r : ranks) sum += r.losses.at(s);
+    for (auto& r : ranks) r.losses[s] = sum / static_cast<double>(nproc);
+  }
+  finish(exec::merge_results(options, ranks), a, g);
+  return kOk;
+}
+
 // A rank: under launch_local, torchrun, Slurm, or alone.
 // A rank started by a launcher (`run --nproc`, torchrun's agent) dies with it: a launcher killed by SIGKILL
 // (or any signal it cannot pass on) leaves no orphan training on and writing checkpoints into a folder a
@@ -178,9 +249,12 @@ int run_parent(const RunArgs& a, const Globals& g) {
 // atomically, so nothing written is lost. A parent that is already gone ends the rank at once.
 void die_with_launcher() {
   if (std::getenv("RANK") == nullptr) return;  // not launched as a rank
-  const pid_t parent = getppid();
+  // The launcher's pid (zeroplan's launcher says it; under torchrun the parent now): a launcher killed
+  // while this rank was still starting left it with another parent already.
+  const char* launcher = std::getenv("ZEROPLAN_LAUNCHER_PID");
+  const pid_t parent = launcher != nullptr ? static_cast<pid_t>(std::atol(launcher)) : getppid();
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return;
-  if (getppid() != parent) std::_Exit(128 + SIGKILL);
+  if (getppid() != parent || getppid() == 1) std::_Exit(128 + SIGKILL);
 }
 
 int run_rank(RunArgs a, const Globals& g) {
@@ -286,19 +360,14 @@ Action add_run(CLI::App& app, const Globals& globals) {
                  "1-3 on any number of ranks)");
   app.add_option("-o,--output", a->output, "Write the RunRecord here")->check(output_path());
   auto python = std::make_shared<std::string>();
-  app.add_option("--python", *python, "Your own PyTorch model, FILE.py:FACTORY: not run by zeroplan yet (the hook "
-                 "driver); profile, simulate and tune it, and record your own loop with zeroplan.record");
+  app.add_option("--python", *python, "Your own PyTorch model, FILE.py:FACTORY (model, make_batch, loss_fn): trained "
+                 "in its own forward under the plan (zeroplan.wrap) on make_batch's samples");
   return [a, &app, &globals, python] {
     a->argv = globals.argv;
     (void)app;
-    if (!python->empty())
-      throw ExitError(kNotPossibleHere,
-                      fmt::format("--python {}: running a Python model under a plan needs the hook driver (the executor "
-                                  "inside the model's own forward), not built yet; `zeroplan profile --python` and "
-                                  "`tune` plan it, and zeroplan.record measures your own loop for `compare`",
-                                  *python));
     if (a->nproc > 0 && !a->plan.world_size) a->plan.world_size = a->nproc;
     try {
+      if (!python->empty()) return run_python(*a, globals, *python);
       return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);
     } catch (const exec::OutOfDeviceMemory& e) {
       throw ExitError(kRunFailed, e.what());

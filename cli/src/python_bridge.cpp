@@ -54,10 +54,21 @@ int spawn(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-ModelProfile profile_python(const PythonModelArgs& model, const ProfileOptions& o) {
+std::string python_exe() {
   if (!fs::exists(ZEROPLAN_PYTHON_EXE))
     throw ExitError(kNotPossibleHere, fmt::format("--python needs the Python of this build ({}), which is missing; "
                                                   "run scripts/setup.sh", ZEROPLAN_PYTHON_EXE));
+  return ZEROPLAN_PYTHON_EXE;
+}
+
+std::vector<std::pair<std::string, std::string>> python_env() {
+  const std::string pythonpath = std::string(ZEROPLAN_SOURCE_DIR) + "/python";
+  const char* old = std::getenv("PYTHONPATH");
+  return {{"PYTHONPATH", old && *old ? pythonpath + ":" + old : pythonpath}, {"ZEROPLAN_BUILD_DIR", build_dir().string()}};
+}
+
+ModelProfile profile_python(const PythonModelArgs& model, const ProfileOptions& o) {
+  python_exe();
   const fs::path tmp = fs::temp_directory_path() / fmt::format("zeroplan-python-{}", getpid());
   fs::create_directories(tmp);
   const fs::path out = tmp / "profile.json", err = tmp / "error.txt";

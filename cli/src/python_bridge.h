@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/profiler.h"
@@ -21,5 +23,10 @@ struct PythonModelArgs {
 // Profiles the Python model with `options` (batch, batches, repeats, warmup, threads, device, dtype,
 // concurrent_ranks). Throws ExitError with the child's line and exit code.
 ModelProfile profile_python(const PythonModelArgs& model, const ProfileOptions& options);
+
+// The venv's Python (ExitError when missing) and the variables a rank of `run --python` needs beside the
+// launcher's: the package and this build's extension on its path.
+std::string python_exe();
+std::vector<std::pair<std::string, std::string>> python_env();
 
 }  // namespace zeroplan::cli

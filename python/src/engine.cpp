@@ -70,8 +70,9 @@ std::vector<std::pair<std::string, torch::Tensor>> named_list(const py::handle& 
 class Driver {
  public:
   Driver(Session& session, const py::list& units, const std::string& plan_json, const std::string& device,
-         int ranks_per_node, bool keep_spans)
+         int ranks_per_node, bool keep_spans, std::int64_t memory_limit)
       : session_(session), device_(exec::make_device(device)), recorder_(session.rank(), keep_spans) {
+    if (memory_limit > 0) device_->set_limit(memory_limit);
     std::vector<exec::HookUnitSpec> specs;
     for (const auto& item : units) {
       auto d = item.cast<py::dict>();
@@ -151,9 +152,10 @@ void bind_engine(py::module_& m) {
   py::class_<Packed>(m, "Packed").def("unpack", &Packed::unpack, release());
 
   py::class_<Driver>(m, "Driver")
-      .def(py::init<Session&, const py::list&, const std::string&, const std::string&, int, bool>(), py::arg("session"),
-           py::arg("units"), py::arg("plan_json"), py::arg("device") = "cpu", py::arg("ranks_per_node") = 0,
-           py::arg("keep_spans") = false, py::keep_alive<1, 2>())
+      .def(py::init<Session&, const py::list&, const std::string&, const std::string&, int, bool, std::int64_t>(),
+           py::arg("session"), py::arg("units"), py::arg("plan_json"), py::arg("device") = "cpu",
+           py::arg("ranks_per_node") = 0, py::arg("keep_spans") = false, py::arg("memory_limit") = 0,
+           py::keep_alive<1, 2>())
       .def_property_readonly("unit_count", [](Driver& d) { return d.d().unit_count(); })
       .def_property_readonly("microbatches", [](Driver& d) { return d.d().microbatches(); })
       .def("param_names", [](Driver& d, int u) { return d.d().param_names(u); })

@@ -104,7 +104,7 @@ class Engine:
     def __init__(self, model: nn.Module, plan, *, optimizer: str | None = None, lr: float | None = None,
                  weight_decay: float | None = None, policy: str | Iterable = "auto", device: str = "cpu",
                  state_dict: dict | None = None, ranks_per_node: int = 0, timeout_s: float = 0.0,
-                 trace: bool = False):
+                 trace: bool = False, memory_limit: int = 0):
         if not isinstance(model, nn.Module):
             raise ZeroplanError("bad_input", f"wrap: expected an nn.Module, got {type(model).__name__}")
         plan_json = _plan_json(plan, optimizer, lr, weight_decay)
@@ -126,7 +126,9 @@ class Engine:
         specs = self._specs(model)
         self.session = session(device, timeout_s)
         try:
-            self.driver = _C.Driver(self.session, specs, plan_json, device, ranks_per_node, trace)
+            self.driver = _C.Driver(self.session, specs, plan_json, device, ranks_per_node, trace, memory_limit)
+        except _C.OutOfDeviceMemory as e:
+            raise ZeroplanError("run_failed", f"wrap: {e}") from None
         except _C.ExecError as e:
             raise ZeroplanError("not_possible", f"wrap: {e}") from None
         except _C.CommError as e:

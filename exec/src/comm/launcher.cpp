@@ -170,7 +170,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   // Environment: ours minus what we set, plus the rank's.
   static const char* kOwned[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_",
-                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS", "ZEROPLAN_JOB_ID",
+                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_LAUNCHER_PID", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS", "ZEROPLAN_JOB_ID",
                                  "SLURM_PROCID"};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -214,6 +214,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
     env.push_back("TORCHELASTIC_RESTART_COUNT=0");
     env.push_back("TORCHELASTIC_ERROR_FILE=" + r.error_file);
     env.push_back("ZEROPLAN_LAUNCHER=zeroplan");
+    env.push_back(fmt::format("ZEROPLAN_LAUNCHER_PID={}", ::getpid()));  // a rank that starts orphaned knows it
     env.push_back("ZEROPLAN_OUTPUT_DIR=" + result.output_dir);
     env.push_back(fmt::format("ZEROPLAN_TIMEOUT_MS={}", options.timeout.count()));
     env.push_back("ZEROPLAN_JOB_ID=" + job_id);
