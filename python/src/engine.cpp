@@ -194,6 +194,7 @@ void bind_engine(py::module_& m) {
       .def("load_checkpoint", [](Driver& d, const std::string& dir) { return d.d().load_checkpoint(dir); }, release())
       .def("views_valid", [](Driver& d) { return d.d().views_valid(); })
       .def("peak_bytes", [](Driver& d) { return d.device().peak_bytes(); })
+      .def("live_bytes", [](Driver& d) { return d.device().live_bytes(); })
       .def("host_peak_bytes", [](Driver& d) { return d.device().host_pool().peak_bytes(); })
       .def("reset_peak", [](Driver& d) {
         d.device().reset_peak();

@@ -40,6 +40,14 @@ CASES = [
 ]
 
 
+# Peaks the simulator under-predicts for the hook driver by more than 5% (measured 2026-11-26 on the 2-core
+# machine; issue #31's note): stage 3 with every unit gathered through the backward (ResNet-18, -18%), with
+# torch.utils.checkpoint recomputing the blocks (-6.8%), a skip held across the blocks (-6.9%), and bf16
+# predicted from the fp32 profile (-15%). Everything else is held to 5%.
+KNOWN_GAPS = {("resnet-s3-offload", "device"): 0.20, ("llama-s3-ckpt", "device"): 0.08,
+              ("skipnet-s3", "device"): 0.08, ("llama-bf16-s3", "device"): 0.17}
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,6 +153,34 @@ class WrapParityTest(unittest.TestCase):
             if t.is_floating_point():
                 torch.testing.assert_close(r0["state"][name], t, rtol=2e-2, atol=2e-2 * t.abs().max().item(), msg=name)
         self.assertEqual(r0["state"]["model.norm.weight"].dtype, torch.float32)
+
+    def test_memory_fidelity(self):
+        """Each rank's measured peak (device and host) against the simulator's, from the model's own profile
+        (zeroplan.profile at the runs' micro batch, one thread, as the ranks ran)."""
+        torch.set_num_threads(1)
+        profiles, rows, bad = {}, [], []
+        for case in CASES:
+            name = case["model"]
+            if name not in profiles:
+                model, make_batch, loss_fn = wrap_worker.build(name)
+                mb = case.get("micro_batch", 2)
+                profiles[name] = zeroplan.profile(model, make_batch, loss_fn, batches=[mb, 2 * mb], batch=mb,
+                                                  repeats=1, warmup=0, threads=1)
+            plan = wrap_worker.plan_for(case, 2)
+            pred = zeroplan.simulate(profiles[name], cluster="a100-sxm-80gb", plan=plan)
+            for rank in (0, 1):
+                r = self.result(case, rank)
+                for pool, measured, predicted in (("device", r["peak"], pred["device"]["peak_bytes"]),
+                                                  ("host", r["host_peak"], pred["host"]["peak_bytes"])):
+                    if pool == "host" and measured == 0 and predicted == 0:
+                        continue
+                    err = (predicted - measured) / measured
+                    rows.append(f"{case['id']:<20} rank {rank} {pool:<6} predicted {predicted:>11,} measured "
+                                f"{measured:>11,} {100 * err:+6.2f}%")
+                    if abs(err) > KNOWN_GAPS.get((case["id"], pool), 0.05):
+                        bad.append(rows[-1])
+        print("\n" + "\n".join(rows), file=sys.stderr)
+        self.assertEqual(bad, [], "peaks off by more than 5%")
 
     def test_activation_ratio_offloads(self):
         case = next(c for c in CASES if c["id"] == "llama-s2-ratio")

@@ -90,6 +90,7 @@ ojson write_unit(const UnitProfile& u) {
   }
   if (!u.ops.empty()) j["ops"] = write_array(u.ops, write_op);
   if (!u.saved_tensors.empty()) j["saved_tensors"] = u.saved_tensors;
+  if (!u.recomputable) j["recomputable"] = false;
   return j;
 }
 
@@ -224,6 +225,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("times_at_dtype", u.times_at_dtype);
   r.opt("ops", u.ops);
   r.opt("saved_tensors", u.saved_tensors);
+  r.opt("recomputable", u.recomputable);
   r.finish();
 }
 

@@ -68,7 +68,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
     u.saved_tensors = up.saved_tensors;
     u.saved_tensor_scale = batch / ref * act_scale;
     u.tensor_list = tensor_lists;
-    u.checkpoint = plan.checkpointing.applies_to(i);
+    u.checkpoint = up.recomputable && plan.checkpointing.applies_to(i);
     first_expanded.push_back(static_cast<int>(units.size()));
     for (int r = 0; r < up.count; ++r) {
       u.rep = up.count > 1 ? r : -1;

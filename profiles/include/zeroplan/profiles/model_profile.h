@@ -86,6 +86,11 @@ struct UnitProfile {
   Figure kernel_time_fwd_s;
   Figure kernel_time_bwd_s;
   std::vector<BorrowedParams> borrowed;  // optional, default none
+  // Whether a plan's checkpointing can recompute this unit: false for what is not a module of its own (a
+  // Python model's root:pre, root:post and glue segments, which zeroplan.wrap cannot rerun alone); a plan's
+  // checkpointing "all" or index list passes over such a unit. Optional, default true (absent from the
+  // JSON then).
+  bool recomputable = true;
   std::map<std::string, DtypeTimes> times_at_dtype;  // "bf16" -> times at bf16; optional, default none
   std::vector<UnitOp> ops;               // optional, default none: the unit's kernels (see UnitOp)
   // Bytes of each tensor autograd saves in the forward that the unit alone keeps (not its input, output,
