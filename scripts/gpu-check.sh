@@ -362,7 +362,8 @@ PY
 if ((dry_run)); then
   say "step summary                      (reads every prediction and comparison into $out/summary.md)"
   # A configure into a scratch folder, when it is cheap here (a Python with torch and CMake present).
-  if have cmake && "$python" -c "import torch" >/dev/null 2>&1; then
+  # (GPU_CHECK_NO_CONFIGURE=1 leaves it out: the dry-run test configures once, not once per case.)
+  if [ -z "${GPU_CHECK_NO_CONFIGURE:-}" ] && have cmake && "$python" -c "import torch" >/dev/null 2>&1; then
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
     if cmake -S "$root" -B "$scratch" -G Ninja "-DZEROPLAN_TORCH_FROM=$python" -DZEROPLAN_BUILD_TESTS=OFF \

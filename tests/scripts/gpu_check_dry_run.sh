@@ -45,7 +45,7 @@ printf 'Package: fake-boost\nVersion: 1\nArchitecture: all\nMaintainer: t <t@t>\
 touch "$tmp/pkg/usr/include/boost/graph/adjacency_list.hpp"
 for i in $(seq 1 3000); do touch "$tmp/pkg/usr/include/boost/graph/zz_filler_header_number_$i.hpp"; done
 dpkg-deb --build --root-owner-group "$tmp/pkg" "$tmp/debs/fake-boost.deb" >/dev/null
-GPU_CHECK_SYSTEM_INCLUDE="$tmp/empty" "$kit" --dry-run --debs "$tmp/debs" --out "$tmp/out" --build-dir "$tmp/build" \
+GPU_CHECK_NO_CONFIGURE=1 GPU_CHECK_SYSTEM_INCLUDE="$tmp/empty" "$kit" --dry-run --debs "$tmp/debs" --out "$tmp/out" --build-dir "$tmp/build" \
   >"$tmp/stdout" 2>"$tmp/stderr" || fail "dry run with --debs exited $?"
 grep -q '^\[gpu-check\] ok       Boost.Graph headers' "$tmp/stdout" || fail "the header in a --debs package was not found"
 grep -q '^\[gpu-check\] missing  fmt headers' "$tmp/stdout" || fail "a header in no package was found"
@@ -53,12 +53,12 @@ grep -q 'step unpack-debs' "$tmp/stdout" || fail "no unpack step with --debs"
 
 # Bad arguments: one line, exit 1.
 set +e
-"$kit" --dry-run --bogus >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
+GPU_CHECK_NO_CONFIGURE=1 "$kit" --dry-run --bogus >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
 set -e
 [ "$rc" = 1 ] || fail "--bogus exited $rc, not 1"
 grep -q 'unknown argument "--bogus"' "$tmp/stderr" || fail "--bogus: $(cat "$tmp/stderr")"
 set +e
-"$kit" --dry-run --jobs 0 >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
+GPU_CHECK_NO_CONFIGURE=1 "$kit" --dry-run --jobs 0 >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
 set -e
 [ "$rc" = 1 ] || fail "--jobs 0 exited $rc, not 1"
 echo "ok"
