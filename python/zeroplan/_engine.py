@@ -394,6 +394,7 @@ class Engine:
         for m, f in self._forwards.items():
             m.forward = f
         self._forwards.clear()
+        self.driver = None  # the pieces and their device go now, not when the engine is collected
 
 
 def wrap(model: nn.Module, plan, **kwargs) -> Engine:

@@ -8,7 +8,10 @@ import json
 import os
 import sys
 
+import faulthandler
 import torch
+
+faulthandler.enable()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
@@ -52,13 +55,23 @@ def plan_for(case: dict, world: int) -> dict:
     return plan
 
 
-def run_case(case: dict, rank: int, world: int) -> dict:
+def run_case(case: dict, rank: int, world: int, ckpt_dir: str = "") -> dict:
+    """resume_at k: after k steps a checkpoint, then a fresh model (other weights) wrapped and resumed from it."""
     model, make_batch, loss_fn = build(case["model"])
     plan = plan_for(case, world)
     mb, m = plan["micro_batch"], plan["microbatches"]
     engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3)
     losses, stats = [], []
     for step in range(STEPS):
+        if step == case.get("resume_at", -1):
+            engine.save_checkpoint(ckpt_dir)
+            engine.close()
+            torch.manual_seed(123)
+            model, _, _ = build(case["model"])
+            for p in model.parameters():  # not the weights it had: the checkpoint must bring them back
+                torch.nn.init.normal_(p)
+            engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3)
+            assert engine.load_checkpoint(ckpt_dir) == step, "resumed at another step"
         batch = make_batch(world * mb * m + step)
         for k in range(m):
             part = chunk(batch, (rank * m + k) * mb, mb)
@@ -83,7 +96,7 @@ def main() -> None:
         cases = json.load(f)
     for case in cases:
         try:
-            result = run_case(case, rank, world)
+            result = run_case(case, rank, world, os.path.join(out_dir, f"ckpt-{case['id']}"))
         except zeroplan.ZeroplanError as e:
             result = {"error": f"{e.kind}: {e}"}
         torch.save(result, os.path.join(out_dir, f"{case['id']}-rank{rank}.pt"))

@@ -303,7 +303,11 @@ std::vector<std::pair<std::string, torch::Tensor>> HookDriver::full_parameters()
   return hook_guarded(impl_.get(), [&] { return impl_->params_->full_copy(); });
 }
 void HookDriver::save_checkpoint(const std::string& dir, std::int64_t step) {
-  hook_guarded(impl_.get(), [&] { impl_->checkpoint_->save(dir, step); });
+  hook_guarded(impl_.get(), [&] {
+    impl_->checkpoint_->save(dir, step);
+    // Every rank returns once the manifest exists: a rank may load it straight away (a resumed engine).
+    impl_->c().comm.barrier();
+  });
 }
 std::int64_t HookDriver::load_checkpoint(const std::string& dir) {
   return hook_guarded(impl_.get(), [&] { return impl_->checkpoint_->load(dir); });

@@ -158,6 +158,16 @@ std::vector<std::unique_ptr<CountingAllocator>>& retired() {
   static auto* list = new std::vector<std::unique_ptr<CountingAllocator>>();  // never destroyed
   return *list;
 }
+// Every scope's allocator and the one it replaced, and whether it ended (under g_retired_mutex).
+struct ScopeRecord {
+  const at::Allocator* allocator;
+  at::Allocator* previous;
+  bool ended;
+};
+std::vector<ScopeRecord>& scope_records() {
+  static auto* list = new std::vector<ScopeRecord>();  // never destroyed
+  return *list;
+}
 }  // namespace
 
 ScopedCpuAllocator::ScopedCpuAllocator(std::int64_t limit_bytes)
@@ -167,14 +177,29 @@ ScopedCpuAllocator::ScopedCpuAllocator(std::int64_t limit_bytes)
   c10::SetCPUAllocator(allocator_.get(), kPriority);
   TORCH_INTERNAL_ASSERT(c10::GetCPUAllocator() == allocator_.get(),
                         "a CPU allocator of priority above ", int(kPriority), " is installed");
+  std::lock_guard<std::mutex> lock(g_retired_mutex);
+  scope_records().push_back({allocator_.get(), previous_, false});
 }
 
+// Scopes normally end in reverse order. One that ends while a later one is still installed (two
+// zeroplan.wrap engines, the first collected after the second was made) is marked ended; the later one,
+// when it ends, puts back the newest allocator whose scope is still open, so no ended scope stays installed
+// and none is reinstalled.
 ScopedCpuAllocator::~ScopedCpuAllocator() {
-  TORCH_INTERNAL_ASSERT(c10::GetCPUAllocator() == allocator_.get(),
-                        "ScopedCpuAllocator scopes must end in reverse order");
-  c10::SetCPUAllocator(previous_, kPriority);
-  allocator_->set_limit(-1);
   std::lock_guard<std::mutex> lock(g_retired_mutex);
+  auto& records = scope_records();
+  auto find = [&](const at::Allocator* a) -> ScopeRecord* {
+    for (auto& r : records)
+      if (r.allocator == a) return &r;
+    return nullptr;
+  };
+  if (ScopeRecord* mine = find(allocator_.get()); mine != nullptr) mine->ended = true;
+  if (c10::GetCPUAllocator() == allocator_.get()) {
+    at::Allocator* restore = previous_;
+    for (ScopeRecord* r = find(restore); r != nullptr && r->ended; r = find(restore)) restore = r->previous;
+    c10::SetCPUAllocator(restore, kPriority);
+  }
+  allocator_->set_limit(-1);
   retired().push_back(std::move(allocator_));
 }
 
