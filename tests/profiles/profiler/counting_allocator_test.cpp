@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 
 namespace zeroplan {
@@ -50,6 +51,22 @@ TEST(CountingAllocator, Nests) {
     EXPECT_EQ(outer.allocator().live_bytes(), 400);
   }
   EXPECT_EQ(outer.allocator().live_bytes(), 0);
+}
+
+// Two zeroplan.wrap engines: the first collected after the second was made. The first scope ends while
+// the second is installed (no abort); when the second ends, the allocator from before both is back.
+TEST(CountingAllocator, ScopesEndingOutOfOrderLeaveNoEndedOneInstalled) {
+  at::Allocator* before = c10::GetCPUAllocator();
+  auto first = std::make_unique<ScopedCpuAllocator>();
+  auto second = std::make_unique<ScopedCpuAllocator>();
+  at::Allocator* second_alloc = &second->allocator();
+  first.reset();
+  EXPECT_EQ(c10::GetCPUAllocator(), second_alloc);
+  torch::Tensor t = torch::empty({100}, torch::kFloat32);
+  EXPECT_EQ(second->allocator().live_bytes(), 400);
+  t = torch::Tensor();
+  second.reset();
+  EXPECT_EQ(c10::GetCPUAllocator(), before);
 }
 
 TEST(CountingAllocator, LimitThrowsTypedErrorWithNumbers) {
