@@ -39,6 +39,7 @@ class CliTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "ap")
             r = run("autopilot", "--python", f"{MODELS}:llama", "--global-batch", "4", "--steps", "3", "--warmup", "1",
+                    "--verify", "1",
                     "-o", out)
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(os.path.join(out, "model_profile.json")) as f:
