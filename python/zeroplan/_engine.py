@@ -18,7 +18,6 @@ by root:pre and borrowed by root:post.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 from typing import Any, Iterable
@@ -30,6 +29,7 @@ from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from . import _C
 from ._capture import first_tensor, map_tensors
 from ._errors import ZeroplanError
+from ._profile import _training_mode
 from ._units import Unit, units as choose_units
 
 _SESSION: Any = None
@@ -77,7 +77,6 @@ def _root_split(model: nn.Module, blocks: list[Unit]):
     """root:pre and root:post by registration order around the blocks: (kind, name, tensor) lists."""
     in_blocks = {id(t) for u in blocks for t in list(u.module.parameters()) + list(u.module.buffers())}
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    first = min(order[u.name] for u in blocks)
     last_block = max(blocks, key=lambda u: order[u.name])
     # Everything registered inside the last block's subtree counts as before its end.
     last_end = max(i for name, i in order.items() if name == last_block.name or name.startswith(last_block.name + "."))
@@ -87,14 +86,11 @@ def _root_split(model: nn.Module, blocks: list[Unit]):
             if id(t) in in_blocks:
                 continue
             owner = name.rsplit(".", 1)[0] if "." in name else ""
-            at = order.get(owner, 0)
-            # Held directly by the root or a container of the blocks: with the first part.
-            if at < first or owner == "" or any(u.name.startswith(owner + ".") for u in blocks):
-                pre.append((kind, name, t))
-            elif at > last_end:
-                post.append((kind, name, t))
-            else:
-                pre.append((kind, name, t))
+            # Registered after the last block, and not held directly by the root or a container of the
+            # blocks: root:post; everything else root:pre.
+            container = owner == "" or any(u.name.startswith(owner + ".") for u in blocks)
+            after = order.get(owner, 0) > last_end and not container
+            (post if after else pre).append((kind, name, t))
     return pre, post
 
 
@@ -115,10 +111,7 @@ class Engine:
             model.load_state_dict(state_dict)
         if device != "cpu":
             model.to(device)
-        model.train()
-        config = getattr(model, "config", None)
-        if config is not None and getattr(config, "use_cache", False):
-            config.use_cache = False
+        _training_mode(model)
         chosen = choose_units(model, policy)
         self.blocks = [u for u in chosen if not u.is_root]
         if not self.blocks:

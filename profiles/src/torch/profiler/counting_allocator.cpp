@@ -199,6 +199,7 @@ ScopedCpuAllocator::~ScopedCpuAllocator() {
     for (ScopeRecord* r = find(restore); r != nullptr && r->ended; r = find(restore)) restore = r->previous;
     c10::SetCPUAllocator(restore, kPriority);
   }
+  while (!records.empty() && records.back().ended) records.pop_back();  // nested use keeps the list short
   allocator_->set_limit(-1);
   retired().push_back(std::move(allocator_));
 }
