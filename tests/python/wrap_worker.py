@@ -16,7 +16,7 @@ faulthandler.enable()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 import zeroplan  # noqa: E402
-from zeroplan._capture import map_tensors  # noqa: E402
+from zeroplan._train import call, chunk  # noqa: E402,F401 - the rank's loop, as `run --python` splits a batch
 
 STEPS = 3
 
@@ -27,20 +27,6 @@ def build(name: str):
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
     return model, make_batch, loss_fn
-
-
-def call(model, batch):
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, tuple) and len(batch) == 3 and isinstance(batch[1], dict):
-        return model(*batch[0], **batch[1])
-    if isinstance(batch, tuple):
-        return model(*batch)
-    return model(batch)
-
-
-def chunk(batch, first: int, count: int):
-    return map_tensors(batch, lambda t: t[first:first + count])
 
 
 def plan_for(case: dict, world: int) -> dict:

@@ -4,8 +4,30 @@
 #include "pieces.h"
 #include "strformat.h"
 #include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/executor.h"
+#include "zeroplan/profiles/errors.h"
 
 namespace zeroplan::exec::pieces {
+
+void check_runnable(const Plan& plan, int world_size) {
+  if (auto u = unsupported_features(plan); !u.empty()) {
+    std::string list;
+    for (const auto& s : u) list += (list.empty() ? "" : ", ") + s;
+    throw ExecError("the executor does not run: " + list);
+  }
+  try {
+    validate(plan);
+  } catch (const SchemaError& e) {
+    throw ExecError(e.what());
+  }
+  if (plan.world_size != world_size) {
+    throw ExecError(detail::format("plan world_size {} != {} ranks running it", plan.world_size, world_size));
+  }
+  if (plan.adascale && plan.localsgd()) {
+    throw ExecError(detail::format("plan: adascale with localsgd_frequency {}: AdaScale's gain needs every step's "
+                                   "gradients from every rank", plan.localsgd_frequency));
+  }
+}
 
 Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks, const StageUnits& stage)
     : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()),

@@ -46,25 +46,8 @@ class Executor::Impl {
  public:
   Impl(zoo::Model& model, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec, const ExecOptions& opt)
       : dev_(dev) {
-    if (auto u = unsupported_features(plan); !u.empty()) {
-      std::string list;
-      for (const auto& s : u) list += (list.empty() ? "" : ", ") + s;
-      throw ExecError("the executor does not run: " + list);
-    }
-    try {
-      validate(plan);
-    } catch (const SchemaError& e) {
-      throw ExecError(e.what());
-    }
-    if (plan.world_size != comm.world_size()) {
-      throw ExecError(detail::format("plan world_size {} != {} ranks running it", plan.world_size, comm.world_size()));
-    }
+    pieces::check_runnable(plan, comm.world_size());
     if (model.units.empty()) throw ExecError("model " + model.name + " has no units");
-    if (plan.adascale && plan.localsgd()) {
-      throw ExecError(detail::format("plan: adascale with localsgd_frequency {}: AdaScale's gain needs every step's "
-                                     "gradients from every rank",
-                                     plan.localsgd_frequency));
-    }
     if (plan.pipeline_stages > 1 && plan.adascale) {
       throw ExecError(detail::format("plan: adascale with pipeline_stages {}: AdaScale's gain needs the whole "
                                      "gradient on every rank", plan.pipeline_stages));

@@ -11,7 +11,6 @@
 
 #include "pieces.h"
 #include "strformat.h"
-#include "zeroplan/profiles/errors.h"
 
 namespace zeroplan::exec {
 
@@ -70,16 +69,6 @@ class HookDriver::Impl {
   Impl(std::vector<HookUnitSpec> specs, const Plan& plan, Communicator& comm, Device& dev, Recorder& rec,
        const ExecOptions& opt)
       : dev_(dev) {
-    if (auto u = unsupported_features(plan); !u.empty()) {
-      std::string list;
-      for (const auto& s : u) list += (list.empty() ? "" : ", ") + s;
-      throw ExecError("the executor does not run: " + list);
-    }
-    try {
-      validate(plan);
-    } catch (const SchemaError& e) {
-      throw ExecError(e.what());
-    }
     if (plan.pipeline_stages > 1) {
       throw ExecError(detail::format("plan: pipeline_stages {} needs the model as a chain of units, which a model "
                                      "trained in its own forward is not: run it with pipeline_stages 1",
@@ -89,13 +78,7 @@ class HookDriver::Impl {
       throw ExecError("plan: offload_model needs the model as a chain of units (its slices visit the device one at a "
                       "time), which a model trained in its own forward is not");
     }
-    if (plan.world_size != comm.world_size()) {
-      throw ExecError(detail::format("plan world_size {} != {} ranks running it", plan.world_size, comm.world_size()));
-    }
-    if (plan.adascale && plan.localsgd()) {
-      throw ExecError(detail::format("plan: adascale with localsgd_frequency {}: AdaScale's gain needs every step's "
-                                     "gradients from every rank", plan.localsgd_frequency));
-    }
+    pieces::check_runnable(plan, comm.world_size());
     if (specs.empty()) throw ExecError("a model with no units");
     model_.name = "python";
     for (const auto& s : specs) {

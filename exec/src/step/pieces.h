@@ -107,6 +107,10 @@ struct Dtypes {
 };
 Dtypes dtypes_of(const Plan& plan);  // precision.cpp; throws ExecError for combinations it cannot run
 
+// What every driver refuses before it builds anything (context.cpp): a knob the registry marks as not run,
+// an invalid plan, a world size other than the ranks running it, AdaScale with LocalSGD. ExecError.
+void check_runnable(const Plan& plan, int world_size);
+
 // Unit forwards (and recomputes) in the compute dtype: autocast while alive when Dtypes::autocast.
 class ComputeScope {
  public:
