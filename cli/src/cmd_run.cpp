@@ -145,6 +145,17 @@ void finish(const RunRecord& record, const RunArgs& a, const Globals& g) {
   if (g.json) fmt::print("{}", to_json_string(record));
 }
 
+// The ranks' results, from the files launch_local's ranks wrote.
+std::vector<exec::RunResult> gather_results(const exec::LaunchResult& result, int nproc) {
+  std::vector<exec::RunResult> ranks;
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream in(exec::rank_file(result.output_dir, r, ".json"));
+    if (!in) throw ExitError(kRunFailed, fmt::format("rank {} finished but wrote no result in {}", r, result.output_dir));
+    ranks.push_back(nlohmann::json::parse(in).get<exec::RunResult>());
+  }
+  return ranks;
+}
+
 // The parent of `--nproc N`: launch, watch, gather.
 int run_parent(const RunArgs& a, const Globals& g) {
   exec::RunOptions options = run_options(a, g);  // validates everything before any rank starts
@@ -162,13 +173,7 @@ int run_parent(const RunArgs& a, const Globals& g) {
   auto result = exec::launch_local(a.nproc, exec::without_option(a.argv, "--nproc"), lo);
   if (result.exit_code > 128) throw ExitError(result.exit_code, result.message);  // stopped by a signal: 128 + it
   if (result.exit_code != 0) throw ExitError(kRunFailed, result.message);
-  std::vector<exec::RunResult> ranks;
-  for (int r = 0; r < a.nproc; ++r) {
-    std::ifstream in(exec::rank_file(result.output_dir, r, ".json"));
-    if (!in) throw ExitError(kRunFailed, fmt::format("rank {} finished but wrote no result in {}", r, result.output_dir));
-    ranks.push_back(nlohmann::json::parse(in).get<exec::RunResult>());
-  }
-  finish(exec::merge_results(options, ranks), a, g);
+  finish(exec::merge_results(options, gather_results(result, a.nproc)), a, g);
   return kOk;
 }
 
@@ -227,12 +232,7 @@ int run_python(const RunArgs& a, const Globals& g, const std::string& spec) {
       if (r.exit_code == kBadInput || r.exit_code == kNotPossibleHere) code = r.exit_code;
     throw ExitError(code, result.message);
   }
-  std::vector<exec::RunResult> ranks;
-  for (int r = 0; r < nproc; ++r) {
-    std::ifstream in(exec::rank_file(result.output_dir, r, ".json"));
-    if (!in) throw ExitError(kRunFailed, fmt::format("rank {} finished but wrote no result in {}", r, result.output_dir));
-    ranks.push_back(nlohmann::json::parse(in).get<exec::RunResult>());
-  }
+  std::vector<exec::RunResult> ranks = gather_results(result, nproc);
   for (std::size_t s = 0; s < ranks[0].losses.size(); ++s) {
     double sum = 0;
     for (const auto& r : ranks) sum += r.losses.at(s);

@@ -34,13 +34,11 @@ int spawn(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const std::string pythonpath = std::string(ZEROPLAN_SOURCE_DIR) + "/python";
+  const auto env = python_env();  // before the fork: the child only sets them
   const pid_t pid = fork();
   if (pid < 0) throw ExitError(kRunFailed, fmt::format("cannot start {}: {}", argv[0], std::strerror(errno)));
   if (pid == 0) {
-    const char* old = std::getenv("PYTHONPATH");
-    setenv("PYTHONPATH", (old && *old ? pythonpath + ":" + old : pythonpath).c_str(), 1);
-    setenv("ZEROPLAN_BUILD_DIR", build_dir().c_str(), 1);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     execv(args[0], args.data());
     std::fprintf(stderr, "zeroplan: cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);

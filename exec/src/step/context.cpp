@@ -29,6 +29,21 @@ void check_runnable(const Plan& plan, int world_size) {
   }
 }
 
+void rethrow_unit_error(const Ctx* c, const Device& dev) {
+  try {
+    throw;
+  } catch (const ExecError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string unit = c ? c->cur_unit : "all", phase = c ? c->cur_phase : "setup";
+    DeviceRefusal r;
+    if (dev.is_out_of_memory(e, &r)) throw OutOfDeviceMemory(unit, phase, r.need_bytes, r.limit_bytes);
+    if (dynamic_cast<const c10::Error*>(&e) == nullptr) throw;
+    const int mb = c ? c->plan.micro_batch : 0;
+    throw UnitFailure(detail::format("unit {}, phase {} (micro batch {}): torch: {}", unit, phase, mb, zoo::torch_cause(e)));
+  }
+}
+
 Ctx::Ctx(zoo::Model& m, const Plan& p, Communicator& cm, Device& d, Recorder& r, int node_ranks, const StageUnits& stage)
     : model(m), plan(p), comm(cm), dev(d), rec(r), tracker(r), rank(cm.rank()), world(cm.world_size()),
       first_unit(stage.first), input_grad(stage.input_grad), dt(dtypes_of(p)) {

@@ -120,15 +120,8 @@ class Executor::Impl {
   void guarded(F&& f) {
     try {
       f();
-    } catch (const ExecError&) {
-      throw;
-    } catch (const std::exception& e) {
-      const std::string unit = c_ ? c_->cur_unit : "all", phase = c_ ? c_->cur_phase : "setup";
-      DeviceRefusal r;
-      if (dev_.is_out_of_memory(e, &r)) throw OutOfDeviceMemory(unit, phase, r.need_bytes, r.limit_bytes);
-      if (dynamic_cast<const c10::Error*>(&e) == nullptr) throw;
-      const int mb = c_ ? c_->plan.micro_batch : 0;
-      throw UnitFailure(detail::format("unit {}, phase {} (micro batch {}): torch: {}", unit, phase, mb, zoo::torch_cause(e)));
+    } catch (...) {
+      pieces::rethrow_unit_error(c_.get(), dev_);
     }
   }
 

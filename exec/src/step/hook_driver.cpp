@@ -219,28 +219,24 @@ class HookDriver::Impl {
 };
 
 namespace {
-// A torch error in a piece becomes one line naming the unit and phase (never a backtrace).
+// A torch error in a piece becomes one line naming the unit and phase (pieces::rethrow_unit_error).
 template <typename F>
 auto hook_guarded(HookDriver::Impl* impl, F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const ExecError&) {
-    throw;
-  } catch (const c10::Error& e) {
-    const std::string unit = impl != nullptr && impl->c_ ? impl->c_->cur_unit : "all";
-    const std::string phase = impl != nullptr && impl->c_ ? impl->c_->cur_phase : "setup";
-    if (impl != nullptr) {
-      DeviceRefusal r;
-      if (impl->dev_.is_out_of_memory(e, &r)) throw OutOfDeviceMemory(unit, phase, r.need_bytes, r.limit_bytes);
-    }
-    throw UnitFailure(detail::format("unit {}, phase {}: torch: {}", unit, phase, zoo::torch_cause(e)));
+  } catch (...) {
+    pieces::rethrow_unit_error(impl->c_.get(), impl->dev_);
   }
 }
 }  // namespace
 
 HookDriver::HookDriver(std::vector<HookUnitSpec> units, const Plan& plan, Communicator& comm, Device& device,
                        Recorder& recorder, const ExecOptions& options) {
-  hook_guarded(nullptr, [&] { impl_ = std::make_unique<Impl>(std::move(units), plan, comm, device, recorder, options); });
+  try {
+    impl_ = std::make_unique<Impl>(std::move(units), plan, comm, device, recorder, options);
+  } catch (...) {
+    pieces::rethrow_unit_error(nullptr, device);
+  }
 }
 HookDriver::~HookDriver() = default;
 

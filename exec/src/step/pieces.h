@@ -110,6 +110,11 @@ Dtypes dtypes_of(const Plan& plan);  // precision.cpp; throws ExecError for comb
 // What every driver refuses before it builds anything (context.cpp): a knob the registry marks as not run,
 // an invalid plan, a world size other than the ranks running it, AdaScale with LocalSGD. ExecError.
 void check_runnable(const Plan& plan, int world_size);
+// Call from a catch block (context.cpp): an ExecError goes on as it is; a refused device allocation becomes
+// OutOfDeviceMemory and any other torch error UnitFailure, both naming the unit and phase `c` is at (torch's
+// own cause in one line, never its backtrace); anything else is rethrown unchanged. `c` may be null (setup).
+class Ctx;
+[[noreturn]] void rethrow_unit_error(const Ctx* c, const Device& dev);
 
 // Unit forwards (and recomputes) in the compute dtype: autocast while alive when Dtypes::autocast.
 class ComputeScope {
