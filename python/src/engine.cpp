@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "engine.h"
@@ -189,6 +190,11 @@ void bind_engine(py::module_& m) {
         d.d().end_capture(u, in, out);
       }, release())
       .def("full_parameters", [](Driver& d) { return d.d().full_parameters(); }, release())
+      .def("local_shards", [](Driver& d) {
+        std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::int64_t, torch::Tensor>> out;
+        for (auto& e : d.d().local_shards()) out.emplace_back(e.name, e.shape, e.offset, e.values);
+        return out;
+      }, release())
       .def("save_checkpoint", [](Driver& d, const std::string& dir, std::int64_t step) { d.d().save_checkpoint(dir, step); },
            release())
       .def("load_checkpoint", [](Driver& d, const std::string& dir) { return d.d().load_checkpoint(dir); }, release())

@@ -35,10 +35,10 @@ from ._units import Unit, format_units, print_units, units  # noqa: E402
 from ._profile import profile  # noqa: E402
 from ._simulate import simulate  # noqa: E402
 from ._record import record  # noqa: E402
-from ._engine import Engine, wrap  # noqa: E402
+from ._engine import Engine, LocalShard, wrap  # noqa: E402
 
 __version__ = _C.__version__
 __all__ = ["units", "Unit", "format_units", "print_units", "profile", "simulate", "record", "ZeroplanError",
-           "EXIT_CODES", "load_factory", "wrap", "Engine"]
+           "EXIT_CODES", "load_factory", "wrap", "Engine", "LocalShard"]
 
 from ._factory import load_factory  # noqa: E402

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 from torch import nn
@@ -92,6 +92,23 @@ def _root_split(model: nn.Module, blocks: list[Unit]):
             after = order.get(owner, 0) > last_end and not container
             (post if after else pre).append((kind, name, t))
     return pre, post
+
+
+class LocalShard(NamedTuple):
+    """This rank's share of a parameter (Engine.state_dict(sharded=True)): the elements
+    [offset, offset + local.numel()) of the parameter flattened, whose shape is `shape`."""
+    local: torch.Tensor
+    offset: int
+    shape: torch.Size
+
+    @staticmethod
+    def join(shards: Iterable["LocalShard"]) -> torch.Tensor:
+        """The whole parameter from every rank's LocalShard of it."""
+        shards = list(shards)
+        flat = torch.empty(shards[0].shape.numel(), dtype=shards[0].local.dtype)
+        for s in shards:
+            flat[s.offset:s.offset + s.local.numel()] = s.local
+        return flat.view(shards[0].shape)
 
 
 class Engine:
@@ -346,17 +363,22 @@ class Engine:
         return self._step
 
     # --- states --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full parameters and buffers in the model's own names (collective at stage 3: every rank calls)."""
-        full = dict(self.driver.full_parameters())
-        out: dict[str, torch.Tensor] = {}
-        by_id: dict[int, torch.Tensor] = {}
+    def state_dict(self, sharded: bool = False) -> dict[str, Any]:
+        """Parameters and buffers in the model's own names, on the CPU, parameters in fp32 (the master).
+        Full (default): every parameter whole (collective at stage 3: every rank calls). sharded=True: no
+        communication; each parameter a LocalShard, the elements of this rank's shard (FSDP's sharded state
+        dict, flat-sharded as zeroplan shards a unit); the ranks' shards by offset make the whole."""
+        by_id: dict[int, Any] = {}
+        if sharded:
+            local = {name: LocalShard(values, offset, torch.Size(shape))
+                     for name, shape, offset, values in self.driver.local_shards()}
+        else:
+            local = {name: t.float() for name, t in self.driver.full_parameters()}
         for u, name in enumerate(self.unit_names):
             for pname, p in self._own[u].items():
-                by_id[id(p)] = full[f"{name}.{pname}"]
-        for key, t in self.model.state_dict(keep_vars=True).items():
-            out[key] = by_id[id(t)].float() if id(t) in by_id else t.detach().clone()
-        return out
+                by_id[id(p)] = local[f"{name}.{pname}"]
+        return {key: by_id[id(t)] if id(t) in by_id else t.detach().clone()
+                for key, t in self.model.state_dict(keep_vars=True).items()}
 
     def save_checkpoint(self, path: str) -> None:
         """This rank's shards of parameters, master and optimizer state into path/step-<N>/ (collective)."""

@@ -1,6 +1,7 @@
 """zeroplan.profile: any nn.Module profiled unit by unit by the C++ profiler, through capture and replay."""
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from . import _C
-from ._capture import Replays, capture, first_tensor, loss_of, root_split, split_batch
+from ._capture import Replays, capture, first_tensor, loss_of, map_tensors, root_split, split_batch
 from ._errors import ZeroplanError, first_line
 from ._units import Unit, format_units, units as choose_units
 
@@ -115,6 +116,8 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
     make_batch(n) returns a batch of n samples (a tensor, a tuple of arguments, a dict of keyword
     arguments, or (tuple, dict)); loss_fn(output, batch) returns the scalar loss. The figures' `value`s
     are at `batch` (default: the smallest of `batches`), fitted over `batches`.
+    dtype: "bf16" or "fp16" profiles a copy of the model in that dtype, its floating inputs cast (what
+    zeroplan.wrap runs under a plan with 16-bit parameters): memory and times measured, not scaled.
     dtypes: 16-bit dtypes ("bf16", "fp16") whose unit times are measured too, with the units computing
     under torch.autocast on their fp32 parameters (mixed precision), and recorded in each unit's
     times_at_dtype, which simulate and tune use for plans computing in that dtype.
@@ -123,11 +126,24 @@ def profile(model: nn.Module, make_batch: Callable[[int], object], loss_fn: Call
     for d in dtypes:
         if d not in ("bf16", "fp16"):
             raise ZeroplanError("bad_input", f"profile: dtypes has {d!r}; expected bf16 or fp16")
-    if dtype != "fp32":
-        raise ZeroplanError("bad_input", f"profile: a Python model is profiled at fp32 with dtypes=[{dtype!r}] "
-                            "for its 16-bit times (its captured inputs are fp32)")
     if not isinstance(model, nn.Module):
         raise ZeroplanError("bad_input", f"profile: expected an nn.Module, got {type(model).__name__}")
+    if dtype != "fp32":
+        if dtype not in _TORCH_DTYPES:
+            raise ZeroplanError("bad_input", f"profile: dtype {dtype!r} is not one of fp32, bf16, fp16")
+        if dtypes:
+            raise ZeroplanError("bad_input", f"profile: dtypes={list(dtypes)} are times under autocast of the fp32 "
+                                f"model; dtype={dtype!r} profiles the model itself in {dtype}: give one of them")
+        # The model in 16 bits, as zeroplan.wrap runs a plan whose parameters are 16-bit (param_dtype):
+        # a copy (the caller's model keeps its fp32 weights), its floating inputs cast as wrap casts them,
+        # so every saved tensor, output and temporary is measured at the dtype the run has (the model's own
+        # fp32 upcasts, the loss's, included) instead of scaled from fp32.
+        t16 = _TORCH_DTYPES[dtype]
+        model = copy.deepcopy(model).to(t16)
+        fp_make_batch = make_batch
+
+        def make_batch(n, __make=fp_make_batch, __t=t16):  # noqa: ANN001
+            return map_tensors(__make(n), lambda t: t.to(__t) if t.is_floating_point() else t)
     batches = sorted({int(b) for b in batches})
     if not batches or batches[0] < 1:
         raise ZeroplanError("bad_input", f"profile: batches {list(batches)} must be positive")

@@ -36,6 +36,11 @@ CASES = [
     {"id": "resnet-s0", "model": "resnet", "sets": {"zero_stage": 0}},
     {"id": "resnet-s3-offload", "model": "resnet", "sets": {"zero_stage": 3, "offload": OFFLOAD_ALL}},
     {"id": "skipnet-s3", "model": "skipnet", "sets": {"zero_stage": 3, "reshard_after_forward": True}},
+    # LocalSGD with SlowMo, one rank per node: a DDP warm-up step, then each rank steps its own replica,
+    # averaged (and SlowMo's outer step) after every second step. Against two replicas in plain PyTorch.
+    {"id": "gpt2-localsgd-slowmo", "model": "gpt2", "ranks_per_node": 1, "replicas": True,
+     "sets": {"zero_stage": 0, "localsgd_frequency": 2, "localsgd_warmup_steps": 1, "slowmo_momentum": 0.5,
+              "slowmo_frequency": 2, "slowmo_lr": 1.0}},
     {"id": "gpt2-fp16-s2-scaled", "model": "gpt2", "sets": {
         "zero_stage": 2, "precision": {"param_dtype": "fp16", "compute_dtype": "fp16", "reduce_dtype": "fp32",
                                        "master_fp32": True, "loss_scale": "dynamic"}}},
@@ -45,12 +50,10 @@ CASES = [
 ]
 
 
-# Peaks the simulator under-predicts for the hook driver by more than 5% (measured 2026-11-26 on the 2-core
-# machine; issue #31's note): stage 3 with every unit gathered through the backward (ResNet-18, -18%), with
-# torch.utils.checkpoint recomputing the blocks (-6.8%) and a skip held across the blocks (-6.9%).
-# Everything else in fp32 is held to 5%.
-KNOWN_GAPS = {("resnet-s3-offload", "device"): 0.20, ("llama-s3-ckpt", "device"): 0.08,
-              ("skipnet-s3", "device"): 0.08}
+# The cluster the runs ran on (2 Gloo ranks on this machine's CPU): the test.probe fixture's profile, or
+# this machine probed now when run by hand. Its collectives decide what is in flight when (the memory of a
+# reduce-scatter on Gloo, an all-reduce of a full-size copy, is not NCCL's).
+CLUSTER = os.environ.get("ZEROPLAN_TEST_CLUSTER") or "local"
 
 
 def free_port():
@@ -97,6 +100,57 @@ def reference(case, world=2):
     return losses, model.state_dict()
 
 
+def replicas_reference(case, world=2):
+    """LocalSGD + SlowMo in plain PyTorch: one model and fused Adam per rank, each on its own chunk (the DDP
+    warm-up steps on the gradients averaged); after step s with (s + 1) % frequency == 0 the parameters
+    averaged (each divided by the ranks, then summed), then SlowMo's outer step on the average
+    (u = beta u + (x_old - x) / lr; x_old -= lr alpha u; x = x_old)."""
+    import copy
+    torch.set_num_threads(1)
+    sets, lr = case["sets"], 1e-3
+    base, make_batch, loss_fn = wrap_worker.build(case["model"])
+    base.train()
+    models = [copy.deepcopy(base) for _ in range(world)]
+    opts = [torch.optim.Adam(m.parameters(), lr=lr, fused=True) for m in models]
+    x_old = [p.detach().clone() for p in base.parameters()]
+    u = [torch.zeros_like(p) for p in x_old]
+    mb = case.get("micro_batch", 2)
+    losses = {r: [] for r in range(world)}
+    for step in range(wrap_worker.STEPS):
+        batch = make_batch(world * mb + step)
+        warm = step < sets["localsgd_warmup_steps"]
+        grads = []
+        for r, m in enumerate(models):
+            part = wrap_worker.chunk(batch, r * mb, mb)
+            loss = loss_fn(wrap_worker.call(m, part), part)
+            (loss / (world if warm else 1)).backward()
+            losses[r].append(loss.item())
+            grads.append([p.grad for p in m.parameters()])
+        if warm:
+            for i in range(len(x_old)):
+                total = grads[0][i] + grads[1][i]
+                for m in models:
+                    list(m.parameters())[i].grad = total.clone()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            if (step + 1) % sets["localsgd_frequency"] == 0:
+                for ps in zip(*(m.parameters() for m in models)):
+                    avg = ps[0] / world + ps[1] / world
+                    for p in ps:
+                        p.copy_(avg)
+            if (step + 1) % sets["slowmo_frequency"] == 0:
+                beta, alpha = sets["slowmo_momentum"], sets["slowmo_lr"]
+                for i, ps in enumerate(zip(*(m.parameters() for m in models))):
+                    # in fairscale's order of operations (rounding moves an element whose gradient is noise)
+                    u[i].mul_(beta).sub_(ps[0], alpha=1.0 / lr).add_(x_old[i], alpha=1.0 / lr)
+                    x_old[i].add_(u[i], alpha=-lr * alpha)
+                    for p in ps:
+                        p.copy_(x_old[i])
+    return losses, [dict(m.named_parameters()) for m in models]
+
+
 class WrapParityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -126,7 +180,7 @@ class WrapParityTest(unittest.TestCase):
 
     def test_fp32_plans_match_pytorch(self):
         for case in CASES:
-            if "precision" in case["sets"]:
+            if "precision" in case["sets"] or case.get("replicas"):
                 continue
             with self.subTest(case["id"]):
                 r0, r1 = self.result(case, 0), self.result(case, 1)
@@ -143,6 +197,22 @@ class WrapParityTest(unittest.TestCase):
                     # Adam moves an element whose gradient is rounding noise (GPT-2's key bias, whose exact
                     # gradient is zero) by +-lr on the noise's sign: 1% of one step (lr 1e-3) absolute.
                     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7, msg=name)
+
+    def test_localsgd_slowmo_matches_replicas(self):
+        for case in (c for c in CASES if c.get("replicas")):
+            with self.subTest(case["id"]):
+                losses, params = replicas_reference(case)
+                for rank in (0, 1):
+                    r = self.result(case, rank)
+                    torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(losses[rank]), rtol=1e-5, atol=0)
+                    for name, ref in params[rank].items():  # each rank's own replica (stage 0: all of it)
+                        got = zeroplan.LocalShard(*r["sharded"][name])
+                        torch.testing.assert_close(got.local.view(got.shape), ref.detach(), rtol=1e-5, atol=1e-7,
+                                                   msg=f"rank {rank} {name}")
+                # the last step was local: the ranks' replicas differ (LocalSGD, not DDP)
+                name = "transformer.wte.weight"
+                r0, r1 = (zeroplan.LocalShard(*self.result(case, r)["sharded"][name]).local for r in (0, 1))
+                self.assertFalse(torch.equal(r0, r1))
 
     def test_16bit_with_master_matches_one_rank(self):
         for case in (c for c in CASES if "precision" in c["sets"]):
@@ -169,16 +239,18 @@ class WrapParityTest(unittest.TestCase):
         torch.set_num_threads(1)
         profiles, rows, bad = {}, [], []
         for case in CASES:
-            name = case["model"]
             if "resume_at" in case:  # its peak holds the checkpoint's save and load besides the steps
                 continue
-            if name not in profiles:
-                model, make_batch, loss_fn = wrap_worker.build(name)
+            # A plan with 16-bit parameters from the model profiled in that dtype (as wrap runs it).
+            dtype = case["sets"].get("precision", {}).get("param_dtype", "fp32")
+            key = (case["model"], dtype)
+            if key not in profiles:
+                model, make_batch, loss_fn = wrap_worker.build(case["model"])
                 mb = case.get("micro_batch", 2)
-                profiles[name] = zeroplan.profile(model, make_batch, loss_fn, batches=[mb, 2 * mb], batch=mb,
-                                                  repeats=1, warmup=0, threads=1)
+                profiles[key] = zeroplan.profile(model, make_batch, loss_fn, batches=[mb, 2 * mb], batch=mb,
+                                                 repeats=1, warmup=0, threads=1, dtype=dtype)
             plan = wrap_worker.plan_for(case, 2)
-            pred = zeroplan.simulate(profiles[name], cluster="a100-sxm-80gb", plan=plan)
+            pred = zeroplan.simulate(profiles[key], cluster=CLUSTER, plan=plan)
             for rank in (0, 1):
                 r = self.result(case, rank)
                 for pool, measured, predicted in (("device", r["peak"], pred["device"]["peak_bytes"]),
@@ -188,12 +260,32 @@ class WrapParityTest(unittest.TestCase):
                     err = (predicted - measured) / measured
                     rows.append(f"{case['id']:<20} rank {rank} {pool:<6} predicted {predicted:>11,} measured "
                                 f"{measured:>11,} {100 * err:+6.2f}%")
-                    # A 16-bit plan is predicted from the fp32 profile (a Python model is captured at fp32):
-                    # its activations scaled by the dtype. Printed, not judged (bf16 -15%, fp16 -23% here).
-                    if "precision" not in case["sets"] and abs(err) > KNOWN_GAPS.get((case["id"], pool), 0.05):
+                    if abs(err) > 0.05:
                         bad.append(rows[-1])
         print("\n" + "\n".join(rows), file=sys.stderr)
         self.assertEqual(bad, [], "peaks off by more than 5%")
+
+    def test_sharded_state_dict_joins_to_the_full_one(self):
+        """state_dict(sharded=True): each rank's elements of every parameter, no communication; the two
+        ranks' shards by offset are the full state dict (fp32: the master where the plan keeps one)."""
+        for case in CASES:
+            with self.subTest(case["id"]):
+                r0, r1 = self.result(case, 0), self.result(case, 1)
+                self.assertEqual(set(r0["sharded"]), set(r1["sharded"]))
+                stage = case["sets"]["zero_stage"]
+                for name, full in r0["state"].items():
+                    if name not in r0["sharded"]:
+                        continue  # a buffer
+                    parts = [zeroplan.LocalShard(*r["sharded"][name]) for r in (r0, r1)]
+                    n0, n1 = (p.local.numel() for p in parts)
+                    if stage == 0:  # not sharded: each rank holds the whole (LocalSGD: its own replica)
+                        self.assertEqual((n0, n1), (full.numel(), full.numel()), name)
+                        self.assertTrue(torch.equal(parts[0].local.view(full.shape), full), name)
+                        continue
+                    else:
+                        self.assertEqual(n0 + n1, full.numel(), name)
+                    self.assertTrue(torch.equal(zeroplan.LocalShard.join(parts), full), name)
+                    self.assertEqual(parts[0].local.dtype, torch.float32)
 
     def test_activation_ratio_offloads(self):
         case = next(c for c in CASES if c["id"] == "llama-s2-ratio")

@@ -46,7 +46,7 @@ def run_case(case: dict, rank: int, world: int, ckpt_dir: str = "") -> dict:
     model, make_batch, loss_fn = build(case["model"])
     plan = plan_for(case, world)
     mb, m = plan["micro_batch"], plan["microbatches"]
-    engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3)
+    engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3, ranks_per_node=case.get("ranks_per_node", 0))
     losses, stats = [], []
     for step in range(STEPS):
         if step == case.get("resume_at", -1):
@@ -70,6 +70,8 @@ def run_case(case: dict, rank: int, world: int, ckpt_dir: str = "") -> dict:
     state = engine.state_dict()
     if rank == 0:
         out["state"] = state
+    out["sharded"] = {k: tuple(v) for k, v in engine.state_dict(sharded=True).items()
+                      if isinstance(v, zeroplan.LocalShard)}
     engine.close()
     return out
 

@@ -54,13 +54,13 @@ class C10dCommunicator;
 
 class C10dWork final : public Work {
  public:
-  // `handed`: tensors made for the collective and held by nobody but c10d once it is issued (views of
-  // the caller's buffers): wait() waits until c10d has let go of them too.
+  // `handed`: tensors made for the collective and held by nobody but c10d and this work once it is issued
+  // (views of the caller's buffers, Gloo's reduce-scatter copy). wait() waits until c10d has let go of
+  // them; this work keeps them until it is destroyed, so their memory goes where its owner drops it (the
+  // simulator's wait), not when the collective completes on a watcher thread.
   C10dWork(const C10dCommunicator* comm, std::string what, std::vector<c10::intrusive_ptr<c10d::Work>> works,
            std::function<void()> after, const std::vector<at::Tensor>& handed = {})
-      : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)) {
-    for (const auto& t : handed) handed_.emplace_back(t.getIntrusivePtr());
-  }
+      : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)), handed_(handed) {}
   void wait() override;
 
  private:
@@ -68,7 +68,7 @@ class C10dWork final : public Work {
   std::string what_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // one collective, or the parts of one
   std::function<void()> after_;
-  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> handed_;
+  std::vector<at::Tensor> handed_;
   bool done_ = false;
 };
 
@@ -312,7 +312,7 @@ void C10dWork::wait() {
   if (comm_->backend() != "gloo") return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   for (const auto& h : handed_) {
-    while (!h.expired() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    while (h.use_count() > 1 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   }
 }
 

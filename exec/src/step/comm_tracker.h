@@ -68,6 +68,10 @@ class CommTracker {
       done_cv_.wait(lock, [&] { return e->done; });
     }
     rec_.add_phase("comm_wait", rec_.now_s() - t0);
+    // What the work still holds (Gloo's reduce-scatter's full-size copy) is let go here, by the waiter,
+    // where the simulator frees it: not when the collective completed on this thread, a moment the peer
+    // decides (it moved a stage-3 peak by a unit's gradients from run to run).
+    e->work.reset();
     if (!e->recorded) {
       e->recorded = true;
       rec_.span(lane_, e->name, e->t_start, e->t_end, e->phase, e->unit, e->microbatch);
@@ -92,9 +96,6 @@ class CommTracker {
       } catch (...) {
         e->error = std::current_exception();
       }
-      // Whatever the work still holds is let go here, before the waiter resumes, so a buffer the main
-      // thread drops after wait() is freed then, not whenever this thread next runs.
-      e->work.reset();
       const double t_end = rec_.now_s();
       {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -128,7 +128,6 @@ void GradSync::after_bwd(int u, int micro, bool last_micro) {
         bucket_buffer_ = torch::Tensor();
       }
     }
-    drain(1);
     return;
   }
   if (!last_micro || all_reduce_comm_ == nullptr) return;
@@ -161,6 +160,9 @@ void GradSync::finish_cast_bucket() {
 }
 
 void GradSync::launch_reduce_scatter(int bucket, torch::Tensor input, int micro) {
+  // The previous reduce-scatter lands first: one in flight at a time (they queue on one communicator
+  // anyway), and its buffers go before this one's are made, not after.
+  drain(0);
   const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket)];
   const int last = b.units.back();
   c_.cur_phase = "reduce_scatter";

@@ -106,6 +106,64 @@ class HookDriver::Impl {
   Ctx& c() { return *c_; }
   const Ctx& c() const { return *c_; }
 
+  // 16-bit parameters beside an fp32 master: the master's shards all-gathered unit by unit (what the
+  // optimizer steps, as FSDP's state dict gives its fp32 parameters); else the parameters themselves.
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() {
+    const torch::Tensor& master = optimizer_->master();
+    if (!c_->dt.master) return params_->full_copy();
+    torch::NoGradGuard no_grad;
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (int u = 0; u < c_->unit_count(); ++u) {
+      const pieces::UnitRT& U = c_->unit(u);
+      c_->at(U.name, "gather_parameters");
+      torch::Tensor full = c_->dempty(U.layout.padded_numel(), torch::kFloat32);
+      if (U.numel() > 0) {
+        torch::Tensor mine = master.narrow(0, U.shard_base, U.shard());
+        if (U.layout.world == 1) {
+          full.copy_(mine);
+        } else {
+          full.narrow(0, U.layout.shard_begin(c_->rank), U.shard()).copy_(mine);
+          torch::Tensor chunk = full.narrow(0, U.layout.shard_begin(c_->rank), U.shard());
+          c_->comm.all_gather(full, chunk)->wait();
+        }
+      }
+      for (const auto& s : U.flat.slots()) {
+        out.emplace_back(U.name + "." + s.name, full.narrow(0, s.offset, s.numel).view(s.shape).to(torch::kCPU, torch::kFloat32, false, true));
+      }
+    }
+    return out;
+  }
+
+  std::vector<LocalShard> local_shards() {
+    torch::NoGradGuard no_grad;
+    std::vector<LocalShard> out;
+    const torch::Tensor& master = optimizer_->master();
+    for (int u = 0; u < c_->unit_count(); ++u) {
+      const pieces::UnitRT& U = c_->unit(u);
+      const int r = U.layout.world == 1 ? 0 : c_->rank;
+      const std::int64_t lo = U.layout.shard_begin(r), hi = lo + U.shard();
+      torch::Tensor mine;  // this rank's shard of the unit's flat buffer
+      if (U.numel() > 0) {
+        if (c_->dt.master) {
+          mine = master.narrow(0, U.shard_base, U.shard());
+        } else if (U.layout.world == 1) {
+          mine = U.full.narrow(0, 0, U.shard());
+        } else {
+          mine = params_->chunk(u);
+        }
+      }
+      for (const auto& s : U.flat.slots()) {
+        const std::int64_t a = std::clamp(s.offset, lo, hi), b = std::clamp(s.offset + s.numel, lo, hi);
+        LocalShard e{U.name + "." + s.name, s.shape, a - s.offset, {}};
+        e.values = b > a ? mine.narrow(0, a - lo, b - a).to(torch::kCPU, torch::kFloat32, false, true)
+                         : torch::empty({0}, torch::kFloat32);
+        if (b <= a) e.offset = 0;
+        out.push_back(std::move(e));
+      }
+    }
+    return out;
+  }
+
   void begin_forward(int micro, std::int64_t step) {
     micro_ = micro;
     if (micro == 0 && torch::GradMode::is_enabled() && !step_open_) {
@@ -279,7 +337,10 @@ void HookDriver::end_capture(int u, const torch::Tensor& in, const torch::Tensor
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> HookDriver::full_parameters() {
-  return hook_guarded(impl_.get(), [&] { return impl_->params_->full_copy(); });
+  return hook_guarded(impl_.get(), [&] { return impl_->full_parameters(); });
+}
+std::vector<HookDriver::LocalShard> HookDriver::local_shards() {
+  return hook_guarded(impl_.get(), [&] { return impl_->local_shards(); });
 }
 void HookDriver::save_checkpoint(const std::string& dir, std::int64_t step) {
   hook_guarded(impl_.get(), [&] {

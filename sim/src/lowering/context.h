@@ -236,7 +236,7 @@ struct GradSync {
   };
   void plan_buckets();
   TaskId reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input);
-  void drain(std::size_t keep, int mb);
+  TaskId drain(std::size_t keep, int mb);  // returns the last wait task (kNone: none)
   void flush(int mb);
   Ctx& c_;
   std::int64_t bucket_elems_ = 0;

@@ -29,8 +29,12 @@ TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ran
   o.dtype = c.plan.precision.fp32_reduce_scatter ? "fp32" : c.plan.precision.reduce_dtype;
   const TaskId t = c.g.add_task(res, collective_time(c.cluster, op, static_cast<double>(bytes), ranks, o),
                                 c.label(name, u, mb), {after}, c.n_cat_comm);
-  // A cast copy when the collective's dtype differs from the gradients'.
-  if (bytes != elems * c.b.grad) c.g.alloc(t, c.dev, bytes, MemCategory::buffers, c.label(c.n_bucket, u, mb));
+  // A cast copy when the collective's dtype differs from the gradients': a reduce-scatter's is held with
+  // its input until the wait (the executor's GradSync keeps the wire of a pending reduce-scatter).
+  if (bytes != elems * c.b.grad) {
+    const AllocId a = c.g.alloc(t, c.dev, bytes, MemCategory::buffers, c.label(c.n_bucket, u, mb));
+    if (op == CollOp::reduce_scatter && held != nullptr) held->push_back(a);
+  }
   if (op == CollOp::reduce_scatter) {
     const std::int64_t temp = reduce_scatter_temp_bytes(c.cluster, bytes);
     if (temp > 0) {
@@ -97,25 +101,32 @@ void GradSync::plan_buckets() {
 }
 
 TaskId GradSync::reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input) {
+  // The previous reduce-scatter lands first (the executor's GradSync: one in flight, its buffers freed
+  // before this one's are made).
+  const TaskId waited = drain(0, mb);
   InFlight f;
   f.allocs.push_back(input);
   f.rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, padded, c_.n, c_.n_reduce_scatter, u, mb, bwd, &f.allocs);
-  f.allocs.push_back(c_.g.alloc(f.rs, c_.dev, shard * c_.b.grad, MemCategory::buffers, c_.label(c_.n_rs_output, u, mb), kNone));
+  if (waited != kNone) c_.g.add_dep(f.rs, waited);
+  // The output shard is in the collective's dtype (fp32 under reduce_dtype fp32 or fp32_reduce_scatter).
+  const std::int64_t wire = c_.plan.precision.fp32_reduce_scatter ? 4 : c_.b.reduce;
+  f.allocs.push_back(c_.g.alloc(f.rs, c_.dev, shard * wire, MemCategory::buffers, c_.label(c_.n_rs_output, u, mb), kNone));
   for (const AllocId a : f.allocs) c_.g.set_free_at(a, kNone);  // until drained
   reduces_.push_back(f.rs);
   in_flight_.push_back(std::move(f));
-  drain(1, mb);
   return reduces_.back();
 }
 
-void GradSync::drain(std::size_t keep, int mb) {
+TaskId GradSync::drain(std::size_t keep, int mb) {
+  TaskId wait = kNone;
   while (in_flight_.size() > keep) {
     const InFlight f = std::move(in_flight_.front());
     in_flight_.erase(in_flight_.begin());
-    const TaskId wait = c_.compute_task(0, c_.n_rs_wait, -1, mb);
+    wait = c_.compute_task(0, c_.n_rs_wait, -1, mb);
     c_.g.add_dep(wait, f.rs);
     for (const AllocId a : f.allocs) c_.g.set_free_at(a, wait);
   }
+  return wait;
 }
 
 TaskId GradSync::after_bwd(int u, int mb, TaskId bwd) {

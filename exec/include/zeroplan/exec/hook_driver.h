@@ -88,6 +88,17 @@ class HookDriver {
 
   // Every parameter, full, "unit.name" (collective at stage 3); checkpoints as `zeroplan run` writes them.
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters();
+  // This rank's share of every parameter, "unit.name" (no communication): the elements of the parameter's
+  // flattened form in [offset, offset + values.numel()) that fall in this rank's shard of its unit's flat
+  // buffer (the whole parameter where the unit is not sharded, stage 0), in fp32 from the master where
+  // the plan keeps one. Every parameter is listed on every rank, with no elements where none are its.
+  struct LocalShard {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    std::int64_t offset = 0;
+    torch::Tensor values;  // 1-D, a copy on the CPU
+  };
+  std::vector<LocalShard> local_shards();
   void save_checkpoint(const std::string& dir, std::int64_t step);
   std::int64_t load_checkpoint(const std::string& dir);
   bool views_valid() const;
