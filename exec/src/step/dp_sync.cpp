@@ -34,7 +34,8 @@ GradSync::GradSync(Ctx& c) : c_(c), reduce_scatter_(c.plan.zero_stage >= 2), sta
     }
   }
   if (reduce_scatter_) {
-    grad_shard_all_ = c.plan.offload.grads ? c.hzeros(c.shard_total, c.dt.grad) : c.dzeros(c.shard_total, c.dt.grad);
+    transient_shard_ = !c.plan.offload.grads;
+    if (c.plan.offload.grads) grad_shard_all_ = c.hzeros(c.shard_total, c.dt.grad);
     const std::int64_t cap = stage_ == 2 ? std::max<std::int64_t>(1, c.plan.buckets.reduce_buffer_elems) : 1;
     rs_bucket_of_.assign(c.units.size(), -1);
     rs_slot_of_.assign(c.units.size(), -1);
@@ -87,7 +88,11 @@ void GradSync::zero() {
   c_.at("all", "zero_grad");
   const double t0 = c_.rec.now_s();
   if (grad_all_.defined()) grad_all_.zero_();
-  if (grad_shard_all_.defined()) grad_shard_all_.zero_();
+  if (transient_shard_) {
+    grad_shard_all_ = torch::Tensor();
+  } else if (grad_shard_all_.defined()) {
+    grad_shard_all_.zero_();
+  }
   c_.dev.wait_compute();
   c_.rec.span(Lane::compute, "zero_grad", t0, c_.rec.now_s(), "zero_grad");
 }
@@ -103,7 +108,16 @@ torch::Tensor GradSync::region(int owner) {
 torch::Tensor GradSync::chunk(int u) {
   const UnitRT& U = c_.unit(u);
   if (stage_ == 1) return grad_all_.narrow(0, U.base + U.layout.shard_begin(c_.rank), U.shard());
-  return grad_shard_all_.narrow(0, U.shard_base, U.shard());
+  return shard().narrow(0, U.shard_base, U.shard());
+}
+
+torch::Tensor& GradSync::shard() {
+  if (transient_shard_ && !grad_shard_all_.defined()) grad_shard_all_ = c_.dzeros(c_.shard_total, c_.dt.grad);
+  return grad_shard_all_;
+}
+
+void GradSync::release() {
+  if (transient_shard_) grad_shard_all_ = torch::Tensor();
 }
 
 void GradSync::after_bwd(int u, int micro, bool last_micro) {
@@ -197,7 +211,7 @@ void GradSync::drain(std::size_t keep) {
     }
     for (std::size_t k = 0; k < b.units.size(); ++k) {
       const UnitRT& U = c_.unit(b.units[k]);
-      grad_shard_all_.narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, b.offsets[k], U.shard()));
+      shard().narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, b.offsets[k], U.shard()));
     }
     if (c_.plan.offload.grads) c_.rec.span(Lane::d2h, "d2h grads " + L.name, t0, c_.rec.now_s(), "d2h", b.units.back());
   }
@@ -206,7 +220,7 @@ void GradSync::drain(std::size_t keep) {
 torch::Tensor GradSync::sqr_norm_share() {
   torch::NoGradGuard no_grad;
   // A dot product: no temporary the size of the gradients (fairscale squares in the gradients' dtype too).
-  if (reduce_scatter_) return torch::dot(grad_shard_all_, grad_shard_all_).to(torch::kFloat64);
+  if (reduce_scatter_) return torch::dot(shard(), shard()).to(torch::kFloat64);
   return torch::dot(grad_all_, grad_all_).to(torch::kFloat64) / static_cast<double>(c_.world);
 }
 

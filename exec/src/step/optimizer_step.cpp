@@ -118,13 +118,18 @@ bool OptimizerStep::step(double lr_scale) {
       grads.push_back(grads_.chunk(u));
     }
   }
-  if (precision_.unscale_and_check(grads)) return false;
+  if (precision_.unscale_and_check(grads)) {
+    grads.clear();
+    grads_.release();
+    return false;
+  }
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
   optimizer_->step(params, grads, lr_scale);
   c_.dev.wait_compute();
   c_.rec.span(c_.host_optimizer() ? Lane::optimizer : Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
   grads.clear();
+  grads_.release();  // stages 2-3: the device gradient shard is done with (set to None, as FSDP2's zero_grad)
 
   if (offloaded_params && !c_.host_optimizer() && !separate_master_) {
     const double t1 = c_.rec.now_s();

@@ -265,7 +265,11 @@ class GradSync {
   // of the whole gradient (stages 0-1 hold all of it on every rank: their share is 1/world of it).
   torch::Tensor sqr_norm_share();
   torch::Tensor chunk(int u);
-  torch::Tensor& shard() { return grad_shard_all_; }
+  // On the device it exists from the step's first reduce-scatter landing until release() after the
+  // optimizer step (FSDP2's sharded .grad under zero_grad(set_to_none=True), DeepSpeed's averaged
+  // gradient partition): not held through the forward. With offload.grads it stays on the host.
+  torch::Tensor& shard();
+  void release();
   int buckets() const { return static_cast<int>(buckets_.size()); }
 
  private:
@@ -293,6 +297,7 @@ class GradSync {
   void launch_reduce_scatter(int bucket, torch::Tensor input, int micro);
   void drain(std::size_t keep);  // waits all but the newest `keep` reduce-scatters, adds them to the shard
   Ctx& c_;
+  bool transient_shard_ = false;  // stages 2-3 on the device: shard() made at first use, release() frees it
   bool reduce_scatter_ = false;  // stages 2-3
   int stage_ = 0;
   Communicator* all_reduce_comm_ = nullptr;

@@ -189,6 +189,7 @@ void Ctx::intern_names() {
   n_temp = g.intern("collective temporary");
   n_rs_output = g.intern("reduce-scatter output");
   n_rs_wait = g.intern("wait reduce-scatter");
+  n_rs_add = g.intern("add reduce-scattered");
   n_params = g.intern("params");
   n_grads = g.intern("grads");
   n_master = g.intern("fp32 master params");

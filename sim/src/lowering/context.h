@@ -67,7 +67,10 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
 
 // Model states resident for the whole step, per pool (what memory_bound and the lowering share).
 struct Residency {
+  // dev_grads: at stages 2-3 (not offloaded) the gradient shard exists only from the step's first
+  // reduce-scatter landing to the optimizer step (GradSync allocates it); memory_bound counts it whole.
   std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
+  bool dev_grads_transient = false;
   std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
   std::int64_t host_buffers = 0;  // offloaded stage 2-3 gradients: the staging buffer of one unit's shard
@@ -120,7 +123,7 @@ struct Ctx {
   // Names, interned once.
   NameId n_fwd, n_bwd, n_recompute, n_allgather, n_reduce_scatter, n_all_reduce, n_h2d, n_d2h, n_optimizer,
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
-      n_rs_output, n_rs_wait, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
+      n_rs_output, n_rs_wait, n_rs_add, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_zero_grad, n_cast, n_gather_bucket,
       n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
 
@@ -218,7 +221,7 @@ std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector
                                              std::vector<int>* bucket_of = nullptr);
 
 struct GradSync {
-  explicit GradSync(Ctx& c) : c_(c) {}
+  explicit GradSync(Ctx& c);
   // Allocates gradients, launches bucket collectives; returns the unit's last compute task (the
   // gradient's accumulation after the backward at stages 2-3, else `bwd`).
   TaskId after_bwd(int u, int mb, TaskId bwd);
@@ -227,12 +230,16 @@ struct GradSync {
   // (FSDP's end-of-backward callback, DeepSpeed's end-of-backward reduction); else kNone.
   TaskId microbatch_barrier() const { return c_.plan.zero_stage >= 2 && !reduces_.empty() ? reduces_.back() : kNone; }
   std::vector<GradDone> done;                // final gradients (last microbatch), in backward order
+  // Stages 2-3 on the device: the gradient shard, allocated at the first reduce-scatter's wait (kNone
+  // before, or where it lives all step); optimizer_step frees it after the step.
+  AllocId shard_alloc() const { return shard_; }
  private:
   // A reduce-scatter in flight: its input, temporary and output live until it is drained on the
   // compute stream (the executor waits for it after issuing the next one, then adds its output).
   struct InFlight {
     TaskId rs = kNone;
-    std::vector<AllocId> allocs;
+    std::vector<AllocId> allocs;  // freed at the wait
+    AllocId output = kNone;       // freed once added into the gradient shard
   };
   void plan_buckets();
   TaskId reduce_scatter(std::int64_t padded, std::int64_t shard, int u, int mb, TaskId bwd, AllocId input);
@@ -247,6 +254,8 @@ struct GradSync {
   std::vector<int> bucket_of_;   // per unit: its RsBucket
   AllocId bucket_buffer_ = kNone;
   std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
+  std::int64_t shard_bytes_ = 0;  // a transient gradient shard's bytes (0: none)
+  AllocId shard_ = kNone;
 };
 
 // The step's first compute task: the gradient buffers zeroed (kNone when there are none): dp_sync.cpp

@@ -95,6 +95,11 @@ std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector
   return buckets;
 }
 
+GradSync::GradSync(Ctx& c) : c_(c) {
+  const Residency r = model_state_residency(c.plan, c.cluster, c.units);
+  if (r.dev_grads_transient) shard_bytes_ = r.dev_grads;
+}
+
 void GradSync::plan_buckets() {
   early_.assign(c_.units.size(), kNone);
   rs_buckets_ = reduce_scatter_buckets(c_.plan, c_.units, &bucket_of_);
@@ -110,7 +115,7 @@ TaskId GradSync::reduce_scatter(std::int64_t padded, std::int64_t shard, int u, 
   if (waited != kNone) c_.g.add_dep(f.rs, waited);
   // The output shard is in the collective's dtype (fp32 under reduce_dtype fp32 or fp32_reduce_scatter).
   const std::int64_t wire = c_.plan.precision.fp32_reduce_scatter ? 4 : c_.b.reduce;
-  f.allocs.push_back(c_.g.alloc(f.rs, c_.dev, shard * wire, MemCategory::buffers, c_.label(c_.n_rs_output, u, mb), kNone));
+  f.output = c_.g.alloc(f.rs, c_.dev, shard * wire, MemCategory::buffers, c_.label(c_.n_rs_output, u, mb), kNone);
   for (const AllocId a : f.allocs) c_.g.set_free_at(a, kNone);  // until drained
   reduces_.push_back(f.rs);
   in_flight_.push_back(std::move(f));
@@ -125,6 +130,15 @@ TaskId GradSync::drain(std::size_t keep, int mb) {
     wait = c_.compute_task(0, c_.n_rs_wait, -1, mb);
     c_.g.add_dep(wait, f.rs);
     for (const AllocId a : f.allocs) c_.g.set_free_at(a, wait);
+    // Then the output is added into the gradient shard, which the first one makes (the executor's
+    // GradSync::drain: the input and the collective's copies go at the wait, the output after the add).
+    const TaskId add = c_.compute_task(0, c_.n_rs_add, -1, mb);
+    c_.g.add_dep(add, wait);
+    c_.g.set_free_at(f.output, add);
+    if (shard_bytes_ > 0 && shard_ == kNone) {
+      shard_ = c_.g.alloc(add, c_.dev, shard_bytes_, MemCategory::grads, c_.label(c_.n_grads), kNone);
+    }
+    wait = add;
   }
   return wait;
 }

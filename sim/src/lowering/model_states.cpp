@@ -47,6 +47,7 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
     r.host_grads = grad_elems * b.grad;
   } else {
     r.dev_grads = grad_elems * b.grad;
+    r.dev_grads_transient = stage >= 2;
     // Stage 1 with offloaded grads (the device keeps full grads for the all-reduce), and an offloaded
     // optimizer at stages 1-3 without them: the host optimizer steps a host copy of this rank's final
     // gradients, one block allocated at set-up (ZeRO-Offload's fp32 gradient partition, stage_1_and_2.py
@@ -83,7 +84,7 @@ void place_model_states(Ctx& c) {
     if (bytes > 0) c.g.resident(pool, bytes, cat, c.label(name));
   };
   put(c.dev, r.dev_params, MemCategory::params, c.n_params);
-  put(c.dev, r.dev_grads, MemCategory::grads, c.n_grads);
+  if (!r.dev_grads_transient) put(c.dev, r.dev_grads, MemCategory::grads, c.n_grads);
   put(c.dev, r.dev_optimizer, MemCategory::optimizer, c.n_states);
   put(c.dev, r.dev_slowmo, MemCategory::optimizer, c.n_slowmo);
   put(c.dev, r.dev_buffers, MemCategory::buffers, c.n_reduce_buffers);

@@ -85,6 +85,7 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     }
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
     if (grads32 != kNone) c.g.alloc(grads32, c.dev, local * 4, MemCategory::buffers, c.label(c.n_grads), step);
+    if (grads.shard_alloc() != kNone) c.g.set_free_at(grads.shard_alloc(), step);
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);
     if (c.plan.zero_stage == 1 || c.plan.zero_stage == 2) {
@@ -101,6 +102,7 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
   std::vector<TaskId> after{gate};
   for (const GradDone& d : grads.done) after.push_back(d.task);
   const TaskId step = host_step(c, local, after, params_on_host);
+  if (grads.shard_alloc() != kNone) c.g.set_free_at(grads.shard_alloc(), step);
   if (params_on_host) return;
   std::vector<TaskId> updated;
   for (const GradDone& d : grads.done) {
