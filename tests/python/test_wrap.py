@@ -32,6 +32,8 @@ CASES = [
     {"id": "gpt2-s3", "model": "gpt2", "sets": {"zero_stage": 3, "reshard_after_forward": True}},
     # Checkpoint after 2 steps, a fresh model wrapped and resumed: the same 3 steps as PyTorch's.
     {"id": "gpt2-s2-resume", "model": "gpt2", "resume_at": 2, "sets": {"zero_stage": 2}},
+    # AdaScale (fairscale's gain from the ranks' gradient norms scales the learning rate each step).
+    {"id": "gpt2-adascale", "model": "gpt2", "optimizer": "sgd", "lr": 0.05, "sets": {"zero_stage": 0, "adascale": True}},
     {"id": "gpt2-s0-ckpt-mb2", "model": "gpt2", "microbatches": 2, "sets": {"zero_stage": 0, "checkpointing": [1, 2]}},
     {"id": "resnet-s0", "model": "resnet", "sets": {"zero_stage": 0}},
     {"id": "resnet-s3-offload", "model": "resnet", "sets": {"zero_stage": 3, "offload": OFFLOAD_ALL}},
@@ -62,15 +64,41 @@ def free_port():
         return s.getsockname()[1]
 
 
+class AdaScaleGain:
+    """fairscale's AdaScale gain estimator (as exec/src/step/optimizer.cpp has it), in Python floats."""
+
+    def __init__(self, samples):
+        self.s, self.f = samples, max(1.0 - samples / 1000.0, 0.0)
+        self.sqr_b = self.var_b = self.unbias = 0.0
+
+    def update(self, sum_sample_sqr, mean_sqr):
+        s, f = self.s, self.f
+        var = sum_sample_sqr / (s - 1) - mean_sqr * s / (s - 1)
+        sqr = max(mean_sqr - var / s, 0.0)
+        var = max(var, 1e-6)
+        self.sqr_b = f * self.sqr_b + (1 - f) * sqr
+        self.var_b = f * self.var_b + (1 - f) * var
+        self.unbias = f * self.unbias + (1 - f)
+        sqr_avg, var_avg = self.sqr_b / self.unbias, self.var_b / self.unbias
+        return (var_avg + sqr_avg) / (var_avg / s + sqr_avg)
+
+
 def reference(case, world=2):
-    """Plain PyTorch in one process: the global batch in the same chunks, gradients averaged, Adam."""
+    """Plain PyTorch in one process: the global batch in the same chunks, gradients averaged, Adam (with
+    adascale, its learning rate times the gain from the chunks' gradient norms)."""
     torch.set_num_threads(1)  # the ranks' threads: the same reduction order in every kernel
     model, make_batch, loss_fn = wrap_worker.build(case["model"])
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # the kernel zeroplan steps with
+    lr = case.get("lr", 1e-3)
+    if case.get("optimizer") == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=lr, fused=True)  # the kernel zeroplan steps with
     mb, m = case.get("micro_batch", 2), case.get("microbatches", 1)
     stage = case["sets"].get("zero_stage", 0)
     losses = {r: [] for r in range(world)}
+    gain = AdaScaleGain(world * m) if case["sets"].get("adascale") else None
+    gains = []
     for step in range(wrap_worker.STEPS):
         batch = make_batch(world * mb * m + step)
         g = {}  # (rank, microbatch) -> the chunk's gradients
@@ -95,8 +123,16 @@ def reference(case, world=2):
                     part = t if part is None else part + t
                 total = part if total is None else total + part
             p.grad = total
+        if gain is not None:
+            n = world * m  # each chunk's own gradient is n x its scaled share
+            local = sum(float(torch.dot(t.reshape(-1), t.reshape(-1))) for t in (x for v in g.values() for x in v))
+            final = sum(float(torch.dot(p.grad.reshape(-1), p.grad.reshape(-1))) for p in model.parameters())
+            gains.append(gain.update(local * n * n, final))
+            opt.param_groups[0]["lr"] = lr * gains[-1]
         opt.step()
         opt.zero_grad()
+    if gain is not None:
+        return losses, model.state_dict(), gains
     return losses, model.state_dict()
 
 
@@ -185,7 +221,10 @@ class WrapParityTest(unittest.TestCase):
             with self.subTest(case["id"]):
                 r0, r1 = self.result(case, 0), self.result(case, 1)
                 self.assertTrue(r0["views_valid"] and r1["views_valid"])
-                losses, state = reference(case)
+                losses, state, *gains = reference(case)
+                if gains:  # AdaScale: the same gain each step, and a gain the test can see (above 1)
+                    torch.testing.assert_close(torch.tensor(r0["gains"]), torch.tensor(gains[0]), rtol=1e-4, atol=0)
+                    self.assertGreater(min(gains[0]), 1.0)
                 torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(losses[0]), rtol=1e-5, atol=0)
                 torch.testing.assert_close(torch.tensor(r1["losses"]), torch.tensor(losses[1]), rtol=1e-5, atol=0)
                 self.assertEqual(sorted(r0["state"]), sorted(state))

@@ -33,6 +33,7 @@ def plan_for(case: dict, world: int) -> dict:
     mb, m = case.get("micro_batch", 2), case.get("microbatches", 1)
     plan = json.loads(zeroplan._C.default_plan(world, world * mb * m))
     plan["micro_batch"], plan["microbatches"] = mb, m
+    plan["optimizer"].update(name=case.get("optimizer", "adam"), lr=case.get("lr", 1e-3))
     for k, v in case.get("sets", {}).items():
         if isinstance(v, dict):
             plan.setdefault(k, {}).update(v)
@@ -46,7 +47,8 @@ def run_case(case: dict, rank: int, world: int, ckpt_dir: str = "") -> dict:
     model, make_batch, loss_fn = build(case["model"])
     plan = plan_for(case, world)
     mb, m = plan["micro_batch"], plan["microbatches"]
-    engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3, ranks_per_node=case.get("ranks_per_node", 0))
+    engine = zeroplan.wrap(model, plan, optimizer=case.get("optimizer", "adam"), lr=case.get("lr", 1e-3),
+                           ranks_per_node=case.get("ranks_per_node", 0))
     losses, stats = [], []
     for step in range(STEPS):
         if step == case.get("resume_at", -1):
@@ -66,7 +68,7 @@ def run_case(case: dict, rank: int, world: int, ckpt_dir: str = "") -> dict:
             losses.append(loss.item())
         stats.append(engine.step())
     out = {"losses": losses, "peak": engine.peak_bytes(), "host_peak": engine.host_peak_bytes(),
-           "skipped": [s["skipped"] for s in stats], "views_valid": engine.driver.views_valid()}
+           "skipped": [s["skipped"] for s in stats], "gains": [s["lr_gain"] for s in stats], "views_valid": engine.driver.views_valid()}
     state = engine.state_dict()
     if rank == 0:
         out["state"] = state
