@@ -56,9 +56,14 @@ CLI::Validator number_in(double lo, double hi, bool open_lo = false);
 inline CLI::Validator positive() { return number_in(0, 1e300, true); }
 inline CLI::Validator non_negative() { return number_in(0, 1e300); }
 // An output path: refused when empty (-o '').
-inline CLI::Validator output_path() {
-  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("is an empty path") : std::string(); }, "");
-}
+// An output that can be written, checked when the option is parsed, before any work (a path into /proc
+// or a read-only folder is refused at once, not after a long run): output_path() a file, whose folder
+// exists and takes a new file; output_folder() a folder, made as needed, whose nearest existing ancestor
+// takes a new file.
+CLI::Validator output_path();
+CLI::Validator output_folder();
+// A thread count: 0 (all cores) up to 16 x this machine's cores (more is a typo, and torch crashes on it).
+CLI::Validator threads_option();
 CLI::Validator model_profile_file();
 
 Action add_profile(CLI::App& app, const Globals& globals);

@@ -146,11 +146,15 @@ int run_autopilot(Args& a, const Globals& g) {
     a.output_dir = std::string("autopilot-") + stamp;
   }
   const fs::path out = a.output_dir;
-  fs::create_directories(out);
-  say(g, fmt::format("output folder: {}", out.string()));
+  // Everything that can be checked is, before the folder is made and any profile or probe starts.
   if (a.nproc < 2) throw ExitError(kBadInput, fmt::format("--nproc {} must be at least 2", a.nproc));
   if (a.global_batch % a.nproc != 0)
     throw ExitError(kBadInput, fmt::format("--global-batch {} is not a multiple of --nproc {}", a.global_batch, a.nproc));
+  if (a.warmup >= a.steps)
+    throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", a.warmup, a.steps));
+  if (!a.cluster.empty()) (void)resolve_cluster(a.cluster);  // a bad file is one line now, not after the profile
+  fs::create_directories(out);
+  say(g, fmt::format("output folder: {}", out.string()));
 
   // The built-in default GPT's options, unless a model of the user's is given (its own file says its shape).
   const bool own_model = !a.python.spec.empty() || !a.torchscript.empty();
@@ -277,19 +281,19 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--cluster", a->cluster, "Use this ClusterProfile instead of probing the machine");
   app.add_option("--budget-bytes", a->budget_bytes, "Device memory per rank (default: a share of the default plan's need)");
   app.add_option("--budget-fraction", a->budget_fraction, "Budget as a share of the default plan's predicted peak")
-      ->capture_default_str();
+      ->capture_default_str()->check(number_in(0, 1, true));
   app.add_option("--verify", a->verify, "Top plans to run for real")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--nproc", a->nproc, "Local ranks")->capture_default_str();
   app.add_option("--profile-concurrent-ranks", a->profile_concurrent_ranks,
                  "Ranks computing each unit at once while profiling (default: --nproc, as the runs; 1: each unit "
                  "alone, as before 2026-11-25)")
       ->check(CLI::Range(1, 256));
-  app.add_option("--global-batch", a->global_batch, "Samples per optimizer step")->capture_default_str();
-  app.add_option("--steps", a->steps, "Steps per run, warm-up included")->capture_default_str();
-  app.add_option("--warmup", a->warmup, "Warm-up steps per run")->capture_default_str();
+  app.add_option("--global-batch", a->global_batch, "Samples per optimizer step")->capture_default_str()->check(positive());
+  app.add_option("--steps", a->steps, "Steps per run, warm-up included")->capture_default_str()->check(positive());
+  app.add_option("--warmup", a->warmup, "Warm-up steps per run")->capture_default_str()->check(non_negative());
   app.add_option("--knobs", a->knobs, "Knobs the tuner may vary (those the executor runs)")->capture_default_str();
   app.add_option("--probe-max-age-h", a->probe_max_age_h, "Reuse a probe younger than this (hours)")->capture_default_str();
-  app.add_option("-o,--output-dir", a->output_dir, "Output folder (default: autopilot-<date>-<time>)");
+  app.add_option("-o,--output-dir", a->output_dir, "Output folder (default: autopilot-<date>-<time>)")->check(output_folder());
   app.add_flag("--allow-approximate-averaging", a->allow_approximate_averaging,
                "Let the tuner vary LocalSGD/SlowMo/AdaScale, and run the default plan beside the same plan with "
                "LocalSGD (one rank per node) to show what the speed costs in loss");

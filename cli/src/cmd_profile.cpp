@@ -37,6 +37,7 @@ struct ProfileArgs {
 
 int run_profile(const ProfileArgs& a, const Globals& g) {
   if (!a.output.empty()) check_output(a.output);  // before any work
+  if (a.analytic.empty()) check_device(a.options.device);
   if (!a.trace.empty()) check_output(a.trace);
   int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty() + !a.python.spec.empty() +
                 !a.analytic_config.empty();
@@ -205,7 +206,8 @@ Action add_profile(CLI::App& app, const Globals& globals) {
       ->delimiter(',');
   app.add_option("--warmup", a->options.warmup, "Untimed iterations per unit")->capture_default_str();
   app.add_option("--repeats", a->options.repeats, "Timed iterations per unit")->capture_default_str()->check(positive());
-  app.add_option("--threads", a->options.threads, "Torch threads (0: torch's default)")->capture_default_str();
+  app.add_option("--threads", a->options.threads, "Torch threads (0: torch's default)")->capture_default_str()
+      ->check(threads_option());
   app.add_option("--concurrent-ranks", a->options.concurrent_ranks,
                  "Time each unit with this many ranks' worth of it computing at once (the run's local ranks; "
                  "CPU; 1: alone)")
@@ -215,7 +217,7 @@ Action add_profile(CLI::App& app, const Globals& globals) {
   app.add_option("--seed", a->seed, "Model initialisation seed")->capture_default_str();
   app.add_flag("--progress", a->options.progress, "One line per unit on stderr");
   app.add_option("-o,--output", a->output, "Write the ModelProfile here")->check(output_path());
-  app.add_option("--trace", a->trace, "Write the profiling run as a Chrome trace (Perfetto)");
+  app.add_option("--trace", a->trace, "Write the profiling run as a Chrome trace (Perfetto)")->check(output_path());
   return [a, &app, &globals] {
     a->dtype_given = app.count("--dtype") > 0;
     return run_profile(*a, globals);

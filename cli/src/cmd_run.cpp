@@ -87,6 +87,7 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   }
   o.steps = a.steps;
   o.warmup_steps = a.warmup;
+  check_device(a.device);  // before any rank: an unknown device or a GPU this machine lacks
   o.device = a.device;
   o.device_memory_limit_bytes = a.device_memory_limit;
   o.trace_path = a.trace;
@@ -334,17 +335,19 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--nproc", a->nproc, "Start this many local ranks (Gloo on 127.0.0.1) and gather their results")
       ->check(positive());
   app.add_option("--steps", a->steps, "Steps, warm-up included")->capture_default_str()->check(positive());
-  app.add_option("--warmup", a->warmup, "Warm-up steps excluded from the statistics")->capture_default_str();
+  app.add_option("--warmup", a->warmup, "Warm-up steps excluded from the statistics")->capture_default_str()
+      ->check(non_negative());
   app.add_option("--device", a->device, "cpu | cuda")->capture_default_str();
   app.add_option("--device-memory-limit", a->device_memory_limit,
-                 "Bytes the device pool may hold (CPU): past it the run fails as a GPU would");
+                 "Bytes the device pool may hold (CPU): past it the run fails as a GPU would")
+      ->check(non_negative());
   app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")
       ->capture_default_str()
       ->check(number_in(0, 1e6, true));
-  app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)");
+  app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)")->check(output_path());
   app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
   app.add_option("--threads", a->threads, "Intra-op threads per rank (default: OMP_NUM_THREADS, else cores / local ranks)")
-      ->check(non_negative());
+      ->check(threads_option());
   app.add_option("--ranks-per-node", a->ranks_per_node,
                  "Ranks that share a node, numbered node by node (default: LOCAL_WORLD_SIZE); LocalSGD reduces "
                  "gradients within a node and averages parameters across nodes: 1 makes every rank a node")

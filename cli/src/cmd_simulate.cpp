@@ -85,7 +85,7 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--world-size", a->plan.world_size, "Ranks (data-parallel size x pipeline stages)")
       ->check(number_in(1, 1 << 20));
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
-  app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)");
+  app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)")->check(output_path());
   app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");
   app.add_option("-o,--output", a->output, "Write the Prediction here")->check(output_path());
   return [a, &globals] {

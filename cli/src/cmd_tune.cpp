@@ -124,7 +124,7 @@ Action add_tune(CLI::App& app, const Globals& globals) {
       ->check(positive());
   app.add_option("--world-size", a->constraints.world_size, "Ranks (default: as many whole nodes as divide the batch)")
       ->check(number_in(1, 1 << 20));
-  app.add_option("--nodes", a->constraints.nodes, "Nodes available (default: the cluster's)");
+  app.add_option("--nodes", a->constraints.nodes, "Nodes available (default: the cluster's)")->check(number_in(1, 1 << 20));
   app.add_option("--knobs", a->knobs, knob_help);
   app.add_option("--fix", a->fixes, "Fixed knob key=value, e.g. --fix zero_stage=3 (repeatable; knobs: zeroplan plan "
                  "--fields; presets precision=fp32|bf16|fp16, buckets=default|large)");
@@ -139,10 +139,10 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_flag("--compare-granularity", a->compare_granularity,
                "With an analytic GPT (profile --analytic gpt): first the best stage-3 plan with block units and with "
                "attention and MLP as separate units, and which wins");
-  app.add_option("--top-k", a->top_k, "Plans in the ranking")->capture_default_str();
-  app.add_option("--threads", a->threads, "Search threads (0: all cores)")->capture_default_str();
+  app.add_option("--top-k", a->top_k, "Plans in the ranking")->capture_default_str()->check(number_in(1, 1 << 20));
+  app.add_option("--threads", a->threads, "Search threads (0: all cores)")->capture_default_str()->check(threads_option());
   app.add_option("-o,--output-dir", a->output_dir, "Write report.md, report.html, tune.json and the exports here")
-      ->check(output_path());
+      ->check(output_folder());
   return [a, &globals] { return run_tune(*a, globals); };
 }
 

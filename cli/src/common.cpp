@@ -1,7 +1,13 @@
 #include <fmt/core.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "cli.h"
 #include "zeroplan/profiles/cluster.h"
@@ -67,6 +73,58 @@ CLI::Validator number_in(double lo, double hi, bool open_lo) {
       },
       "");
 }
+
+namespace {
+CLI::Validator writable(bool folder) {
+  return CLI::Validator(
+      [folder](std::string& text) -> std::string {
+        namespace fs = std::filesystem;
+        if (text.empty()) return "is an empty path";
+        std::error_code ec;
+        const fs::path path = fs::absolute(fs::path(text), ec);
+        fs::path dir = path.parent_path();
+        if (folder) {  // made as needed: the nearest folder of the path that exists must take files
+          dir = path;
+          while (!fs::exists(dir, ec) && dir != dir.root_path()) dir = dir.parent_path();
+          if (dir == path && !fs::is_directory(dir, ec)) return fmt::format("cannot write into {}: it is a file", text);
+        } else if (!fs::exists(dir, ec)) {
+          return fmt::format("cannot write {}: no folder {}", text, dir.string());
+        }
+        if (!fs::is_directory(dir, ec)) return fmt::format("cannot write {}: {} is not a folder", text, dir.string());
+        // Creating a file there is the only test that holds everywhere (/proc, read-only mounts, root).
+        std::string probe = (dir / ".zeroplan-write-test-XXXXXX").string();
+        const int fd = ::mkstemp(probe.data());
+        if (fd < 0) return fmt::format("cannot write {}: {}: {}", text, dir.string(), std::strerror(errno));
+        ::close(fd);
+        fs::remove(probe, ec);
+        return "";
+      },
+      "");
+}
+}  // namespace
+
+CLI::Validator output_path() { return writable(false); }
+
+CLI::Validator threads_option() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+        const long most = 16L * cores;
+        long v = -1;
+        std::size_t used = 0;
+        try {
+          v = std::stol(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return fmt::format("expected a whole number, got \"{}\"", text);
+        if (v < 0 || v > most)
+          return fmt::format("must be 0 (all cores) to {} (16 x this machine's {} cores), got {}", most, cores, v);
+        return "";
+      },
+      "");
+}
+CLI::Validator output_folder() { return writable(true); }
 
 CLI::Validator model_profile_file() {
   return CLI::Validator(

@@ -21,4 +21,8 @@ void add_torchscript_options(CLI::App& app, std::string& torchscript, std::vecto
 std::vector<std::string> torchscript_argv(const std::string& torchscript, const std::vector<int64_t>& input_shape,
                                           const zoo::ScriptTask& task);
 
+// --device before any work: cpu, cuda or cuda:<i> (else exit 1), and a CUDA device where one is asked
+// for (else exit 2, not possible here: this build has no CUDA or no GPU is visible).
+void check_device(const std::string& device);
+
 }  // namespace zeroplan::cli

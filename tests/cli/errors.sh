@@ -47,10 +47,34 @@ printf '{"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 1e999}' >
 expect 1 "overflow.json: number overflow parsing '1e999' \(the value of \"global_batch\"\)" \
   -q simulate --model "$out/overflow.json" --cluster a100-sxm-80gb
 # An output that cannot be written is refused before the run trains (one line, no run summary).
-expect 1 "/proc/zeroplan-x.json: cannot write: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
+expect 1 "^zeroplan: --output: cannot write /proc/zeroplan-x.json: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
+expect 1 "^zeroplan: --trace: cannot write /nonexistent/t.json: no folder /nonexistent" \
+  -q run --nproc 2 --model mlp --steps 2 --trace /nonexistent/t.json
+"$zp" -q profile --analytic gpt --preset gpt2-tiny -o "$out/gpt.json" || exit 1
+expect 1 "^zeroplan: --output-dir: cannot write /proc/zeroplan-x: " \
+  -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 -o /proc/zeroplan-x
+expect 1 "tune: --fix zero_stage=7: zero_stage must be 0..3 \(got 7\)" \
+  -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 --fix zero_stage=7
+for o in "--top-k 0" "--top-k -1" "--nodes 0"; do
+  expect 1 "^zeroplan: ${o% *}: must be >= 1 \(got ${o#* }\)" -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 $o
+done
+# The device before any rank or profile: unknown (1), or a GPU this machine or build lacks (2, not possible here).
+expect 1 "^zeroplan run: --device tpu: expected cpu, cuda or cuda:<i>" -q run --nproc 2 --model mlp --steps 2 --device tpu
+expect 2 "^zeroplan run: --device cuda: (no CUDA device is visible|this build of zeroplan has no CUDA)" \
+  -q run --nproc 2 --model mlp --steps 2 --device cuda
+expect 2 "^zeroplan profile: --device cuda: (no CUDA device is visible|this build of zeroplan has no CUDA)" \
+  -q profile --model mlp --device cuda
+expect 1 "^zeroplan: --input-shape requires --torchscript" -q profile --model mlp --input-shape 3,32,32
+expect 1 "^zeroplan: --warmup: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --warmup -1
+expect 1 "^zeroplan: --device-memory-limit: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --device-memory-limit -1
+expect 1 "^zeroplan: --threads: must be 0 \(all cores\) to [0-9]+ .*got 100000" -q profile --model mlp --threads 100000
+# autopilot checks its options and its cluster file before it profiles anything.
+echo '{corrupt' > "$out/corrupt.json"
+expect 1 "^zeroplan: --budget-fraction: must be > 0 \(got -1\)" -q autopilot --budget-fraction -1 -o "$out/ap1"
+expect 1 "^zeroplan autopilot: .*corrupt.json:1:2: invalid JSON" -q autopilot --cluster "$out/corrupt.json" -o "$out/ap2"
 expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo --nproc 2 --steps 2
 # Option values out of range: one line naming the option and the value, exit 1, before any work.
-expect 1 '^zeroplan: --threads: must be >= 0 \(got -1\)' -q run --model mlp --threads -1 --steps 2
+expect 1 '^zeroplan: --threads: must be 0 \(all cores\) to [0-9]+ .*got -1' -q run --model mlp --threads -1 --steps 2
 expect 1 '^zeroplan: --nproc: must be > 0 \(got 0\)' -q run --model mlp --nproc 0 --steps 2
 expect 1 '^zeroplan: --timeout: must be > 0 \(got 0\)' -q run --nproc 2 --model mlp --timeout 0 --steps 2
 expect 1 '^zeroplan: --world-size: must be >= 1 \(got 0\)' -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --world-size 0
