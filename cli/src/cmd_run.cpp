@@ -376,6 +376,8 @@ Action add_run(CLI::App& app, const Globals& globals) {
       throw ExitError(kRunFailed, e.what());
     } catch (const exec::UnitFailure& e) {
       throw ExitError(kRunFailed, e.what());
+    } catch (const exec::Diverged& e) {
+      throw ExitError(kRunFailed, e.what());
     } catch (const exec::ExecError& e) {
       throw ExitError(kBadInput, e.what());
     } catch (const exec::CommError& e) {

@@ -6,6 +6,7 @@ on), and writes its RunResult (the executor's per-rank result) where the launche
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -14,6 +15,7 @@ import torch
 
 from ._capture import map_tensors
 from ._engine import wrap
+from ._errors import ZeroplanError
 from ._factory import load_factory
 
 
@@ -82,6 +84,9 @@ def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "
             result["loss_scales"].append(stats["loss_scale"])
         if stats["skipped"]:
             result["skipped_steps"].append(s)
+        elif not math.isfinite(local):  # a diverged run is not a success (as `run` on the built-in models)
+            raise ZeroplanError("run_failed", f"the run diverged at step {first + s}: loss {local} on rank {rank} "
+                                "(lower the learning rate, or use loss scaling with 16-bit compute)")
         if engine.plan.get("adascale"):
             result["lr_gains"].append(stats["lr_gain"])
         done = first + s + 1

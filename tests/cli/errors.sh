@@ -68,6 +68,10 @@ expect 1 "^zeroplan: --input-shape requires --torchscript" -q profile --model ml
 expect 1 "^zeroplan: --warmup: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --warmup -1
 expect 1 "^zeroplan: --device-memory-limit: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --device-memory-limit -1
 expect 1 "^zeroplan: --threads: must be 0 \(all cores\) to [0-9]+ .*got 100000" -q profile --model mlp --threads 100000
+# A diverged run is a failure (exit 3, the step named), and writes no checkpoint of the diverged model.
+expect 3 "^zeroplan run: rank [01] exited with code 3: the run diverged at step 1: loss -?nan" \
+  -q run --model mlp --nproc 2 --steps 4 --set optimizer.lr=1e30 --checkpoint-dir "$out/diverged" --checkpoint-every 1
+if ls "$out/diverged" | grep -q 'step-[2-9]'; then echo "FAIL: a checkpoint after the divergence: $(ls "$out/diverged")"; status=1; fi
 # autopilot checks its options and its cluster file before it profiles anything.
 echo '{corrupt' > "$out/corrupt.json"
 expect 1 "^zeroplan: --budget-fraction: must be > 0 \(got -1\)" -q autopilot --budget-fraction -1 -o "$out/ap1"

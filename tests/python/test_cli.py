@@ -84,6 +84,11 @@ class CliTest(unittest.TestCase):
                     "--global-batch", "2")
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("needs the model as a chain of units", r.stderr)
+            # A diverged run fails (exit 3) naming the step, as `run` on the built-in models.
+            r = run("run", "--python", f"{MODELS}:gpt2", "--nproc", "2", "--global-batch", "4", "--steps", "3",
+                    "--warmup", "1", "--set", "optimizer.lr=1e30")
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertRegex(r.stderr, r"the run diverged at step [12]: loss -?nan")
             r = run("run", "--python", f"{MODELS}:raises", "--nproc", "2", "--global-batch", "2")
             self.assertEqual(r.returncode, 1, r.stderr)
             self.assertIn("no GPU here", r.stderr)

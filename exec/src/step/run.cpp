@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -89,6 +90,12 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);
+    // A non-finite loss is the end of the run, not a success, unless loss scaling skipped the step as
+    // designed; before the step's checkpoint, so none is written from a diverged model.
+    if (!std::isfinite(st.loss) && !st.skipped) {
+      throw Diverged(detail::format("the run diverged at step {}: loss {} on rank {} (lower the learning rate, or "
+                                    "use loss scaling with 16-bit compute)", first_step + s, st.loss, comm.rank()));
+    }
     if (options.plan.precision.loss_scale.mode != LossScale::Mode::none) result.loss_scales.push_back(st.loss_scale);
     if (st.skipped) result.skipped_steps.push_back(s);
     if (options.plan.adascale) result.lr_gains.push_back(st.lr_gain);

@@ -38,4 +38,11 @@ class UnitFailure : public ExecError {
   using ExecError::ExecError;
 };
 
+// The run diverged: a non-finite loss on a step that the plan's loss scaling did not skip ("the run
+// diverged at step S: loss nan on rank R"). A run failure (exit 3), raised before that step's checkpoint.
+class Diverged : public ExecError {
+ public:
+  using ExecError::ExecError;
+};
+
 }  // namespace zeroplan::exec
