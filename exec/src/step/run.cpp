@@ -68,6 +68,12 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   Executor executor(model, options.plan, comm, *device, recorder, exec_options);
   // A resumed run continues the training: the checkpoint's states, and its step for the data.
   const std::int64_t first_step = options.resume_dir.empty() ? 0 : executor.load_checkpoint(options.resume_dir);
+  // The random streams the steps draw from (Dropout's masks, attention dropout) seeded from the plan's
+  // seed, the rank and the step the run starts at: the same command gives the same losses on the same
+  // machine, each rank its own masks (torch's default generator otherwise starts wherever the process
+  // left it). A resumed run draws from its first step's stream, not where the saved run was.
+  torch::manual_seed(static_cast<std::uint64_t>(options.plan.seed) * 0x9E3779B97F4A7C15ULL +
+                     static_cast<std::uint64_t>(comm.rank()) * 0x100000001B3ULL + static_cast<std::uint64_t>(first_step));
   device->reset_peak();
   device->host_pool().reset_peak();
   recorder.set_peak_probe([&device] { return device->peak_bytes(); });
