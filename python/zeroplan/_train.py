@@ -57,6 +57,8 @@ def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "
     rank, world = engine.session.rank, engine.session.world_size
     mb, m = engine.plan["micro_batch"], engine.plan["microbatches"]
     first = engine.load_checkpoint(resume) if resume else 0
+    # The steps' random streams (Dropout) seeded as `run` seeds them: the plan's seed, the rank, the first step.
+    torch.manual_seed((int(engine.plan.get("seed", 0)) * 0x9E3779B97F4A7C15 + rank * 0x100000001B3 + first) % 2**64)
     result = {"rank": rank, "backend": "gloo" if device == "cpu" else "nccl", "device": device,
               "threads": torch.get_num_threads(), "step_times_s": [], "phase_times_s": [], "units": [],
               "losses": [], "loss_scales": [], "skipped_steps": [], "lr_gains": [], "fallbacks": [],
