@@ -189,16 +189,8 @@ Action add_probe(CLI::App& app, const Globals& globals) {
                  "shipped file named by the GPU, e.g. h100-sxm-80gb)");
   app.add_flag("--collectives-worker", a->collectives_worker)->group("");  // hidden: one rank of the probe
   return [a, world_sizes, &globals] {
-    try {
-      a->world_sizes_given = world_sizes->count() > 0;
-      return run_probe(*a, globals);
-    } catch (const exec::ProbeError& e) {
-      throw ExitError(kRunFailed, e.what());
-    } catch (const exec::ExecError& e) {
-      throw ExitError(kBadInput, e.what());
-    } catch (const exec::CommError& e) {
-      throw ExitError(kRunFailed, e.what());
-    }
+    a->world_sizes_given = world_sizes->count() > 0;
+    return run_probe(*a, globals);  // errors: main.cpp's one map
   };
 }
 

@@ -369,24 +369,8 @@ Action add_run(CLI::App& app, const Globals& globals) {
     a->argv = globals.argv;
     (void)app;
     if (a->nproc > 0 && !a->plan.world_size) a->plan.world_size = a->nproc;
-    try {
-      if (!python->empty()) return run_python(*a, globals, *python);
-      return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);
-    } catch (const exec::OutOfDeviceMemory& e) {
-      throw ExitError(kRunFailed, e.what());
-    } catch (const exec::UnitFailure& e) {
-      throw ExitError(kRunFailed, e.what());
-    } catch (const exec::Diverged& e) {
-      throw ExitError(kRunFailed, e.what());
-    } catch (const exec::ExecError& e) {
-      throw ExitError(kBadInput, e.what());
-    } catch (const exec::CommError& e) {
-      throw ExitError(kRunFailed, e.what());
-    } catch (const exec::RendezvousError& e) {
-      throw ExitError(kBadInput, e.what());
-    } catch (const exec::LaunchError& e) {
-      throw ExitError(kRunFailed, e.what());
-    }
+    if (!python->empty()) return run_python(*a, globals, *python);
+    return a->nproc > 0 ? run_parent(*a, globals) : run_rank(*a, globals);  // errors: main.cpp's one map
   };
 }
 

@@ -88,13 +88,7 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)")->check(output_path());
   app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");
   app.add_option("-o,--output", a->output, "Write the Prediction here")->check(output_path());
-  return [a, &globals] {
-    try {
-      return run_simulate(*a, globals);
-    } catch (const sim::SimError& e) {
-      throw ExitError(kBadInput, e.what());
-    }
-  };
+  return [a, &globals] { return run_simulate(*a, globals); };  // errors: main.cpp's one map
 }
 
 }  // namespace zeroplan::cli

@@ -12,7 +12,12 @@
 
 #include "cli.h"
 #include "zeroplan/config.h"
+#include "zeroplan/exec/communicator.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/launcher.h"
+#include "zeroplan/exec/probe.h"
 #include "zeroplan/exec/rendezvous.h"
+#include "zeroplan/sim/errors.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/zoo.h"
 
@@ -78,6 +83,9 @@ int main(int argc, char** argv) {
   }
 
   std::string where = "zeroplan";
+  // The one map from error types to exit codes (the README's table), for every subcommand: ExitError
+  // carries its own; a run that started and failed is 3; an input the schema, executor, simulator or
+  // rendezvous refuses is 1. Most derived types first.
   try {
     try {
       app.parse(argc, argv);
@@ -97,6 +105,24 @@ int main(int argc, char** argv) {
   } catch (const ExitError& e) {
     return fail(where, e.what(), e.code());
   } catch (const zeroplan::SchemaError& e) {
+    return fail(where, first_line(e.what()), kBadInput);
+  } catch (const zeroplan::exec::OutOfDeviceMemory& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::exec::UnitFailure& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::exec::Diverged& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::exec::ProbeError& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::exec::ExecError& e) {
+    return fail(where, first_line(e.what()), kBadInput);
+  } catch (const zeroplan::exec::RendezvousError& e) {
+    return fail(where, first_line(e.what()), kBadInput);
+  } catch (const zeroplan::exec::CommError& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::exec::LaunchError& e) {
+    return fail(where, first_line(e.what()), kRunFailed);
+  } catch (const zeroplan::sim::SimError& e) {
     return fail(where, first_line(e.what()), kBadInput);
   } catch (const c10::Error& e) {
     return fail(where, "torch: " + zeroplan::zoo::torch_cause(e), kRunFailed);

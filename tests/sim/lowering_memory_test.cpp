@@ -96,6 +96,55 @@ TEST(GradientRegion, AllocatedAfterTheBackwardNotBesideItsWorkspace) {
   }
 }
 
+// Stages 2-3 make the gradient shard at the first reduce-scatter's landing and free it after the optimizer
+// step (the executor's GradSync::shard/release, FSDP2's sharded .grad set to None): a peak in the forward
+// holds no gradients there, while stages 0-1 keep the full gradient all step. The memory bound, which
+// the tuner prunes with, stays at or below the simulated peak either way.
+TEST(ModelStates, GradientShardLivesFromTheFirstReduceScatterToTheStep) {
+  ModelProfile m = two_units(4.0 * kParams);
+  m.units[1].bytes_peak_fwd = Figure::proportional(40.0 * kParams, 1);  // a forward far above the rest
+  for (const int stage : {0, 1, 2, 3}) {
+    const Prediction p = simulate(m, cpu(2), plan(stage));
+    const std::int64_t grads = resident(p, "grads");
+    if (stage <= 1) {
+      EXPECT_EQ(grads, 4 * kParams) << "stage " << stage << " " << dump(p);
+    } else {
+      EXPECT_EQ(grads, 0) << "stage " << stage << " " << dump(p);
+    }
+    EXPECT_LE(memory_lower_bound(m, cpu(2), plan(stage)).device_bytes, p.device.peak_bytes) << "stage " << stage;
+  }
+}
+
+// A fitted figure far outside its batches (a per-sample slope of 4e17 bytes at micro batch 32 is 1.3e19,
+// past int64) saturates at 1 PiB instead of wrapping to a few MiB that "fit".
+TEST(Overflow, AFigurePastInt64SaturatesAndDoesNotFit) {
+  ModelProfile m = two_units(4.0 * kParams);
+  m.units[1].bytes_saved = Figure::proportional(4e17, 1);
+  Plan p = plan(0);
+  p.micro_batch = 32;
+  p.global_batch = 64;
+  const Prediction pred = simulate(m, cpu(2), p);
+  EXPECT_GE(pred.device.peak_bytes, std::int64_t{1} << 50) << dump(pred);
+  EXPECT_FALSE(pred.fits());
+}
+
+// Mixed-precision Adam at stage 0 holds the ZeRO paper's 16 bytes per parameter (16-bit parameters and
+// gradients, fp32 master, two fp32 states) and, while it steps, one unit's fp32 gradient at a time: four
+// equal units of 1M parameters peak at 16 x 4M + 4 x 1M bytes (+ the tiny activations and the loss
+// scale), where a full fp32 copy of the gradients made it 20 x 4M.
+TEST(ModelStates, MixedPrecisionAdamIsSixteenBytesPerParameterPlusOneUnit) {
+  ModelProfile m = two_units(4.0 * kParams);
+  m.units = {m.units[1], m.units[1], m.units[1], m.units[1]};
+  for (int i = 0; i < 4; ++i) m.units[static_cast<std::size_t>(i)].name = "u" + std::to_string(i);
+  m.dtype = "fp16";
+  const Plan p = testing::mixed_plan(1, 0);
+  ClusterProfile one = cpu(1);
+  const Prediction pred = simulate(m, one, p);
+  const std::int64_t params = 4 * kParams;
+  EXPECT_GE(pred.device.peak_bytes, 16 * params + 4 * kParams) << dump(pred);
+  EXPECT_LT(pred.device.peak_bytes, 16 * params + 4 * kParams + (1 << 20)) << dump(pred);
+}
+
 // A checkpointed first unit keeps the model's input (fp32 here: 16 floats per sample), and each
 // checkpointed unit its RNG state (5056 bytes, on a CPU device).
 TEST(Checkpointing, FirstUnitKeepsTheModelInputAndEachUnitItsRngState) {

@@ -29,7 +29,7 @@ void LossScaler::load_state(double scale, int clean_steps) {
   growth_tracker_.fill_(clean_steps);
 }
 
-bool LossScaler::unscale_and_check(const std::vector<torch::Tensor>& grads, Communicator* comm) {
+bool LossScaler::unscale_and_check(const std::vector<torch::Tensor>& grads, Communicator* comm, bool unscale) {
   if (!enabled()) return false;
   torch::NoGradGuard no_grad;
   found_inf_.zero_();
@@ -40,7 +40,7 @@ bool LossScaler::unscale_and_check(const std::vector<torch::Tensor>& grads, Comm
       groups[{static_cast<int>(g.device().type()), static_cast<int>(g.scalar_type())}].push_back(g);
     }
   }
-  const torch::Tensor inv = scale_.reciprocal();
+  const torch::Tensor inv = unscale ? scale_.reciprocal() : torch::ones_like(scale_);
   for (auto& [key, list] : groups) {
     const torch::Device d = list.front().device();
     torch::Tensor found = found_inf_.to(d), inv_d = inv.to(d);

@@ -81,6 +81,38 @@ void FlatOptimizer::step(const std::vector<torch::Tensor>& params, const std::ve
   }
 }
 
+void FlatOptimizer::begin_step() {
+  ++step_;
+  for (auto& s : state_step_)
+    if (s.defined()) s.fill_(static_cast<double>(step_));
+}
+
+void FlatOptimizer::step_range(std::size_t segment, std::int64_t offset, const torch::Tensor& param_part,
+                               const torch::Tensor& grad_part, double lr_scale) {
+  TORCH_INTERNAL_ASSERT(segment < exp_avg_.size() && param_part.numel() == grad_part.numel() &&
+                        param_part.is_contiguous() && grad_part.is_contiguous());
+  if (param_part.numel() == 0) return;
+  torch::NoGradGuard no_grad;
+  const std::int64_t n = param_part.numel();
+  const Kind kind = kind_of(config_.name);
+  std::vector<torch::Tensor> p{param_part}, g{grad_part}, m, v, t;
+  if (exp_avg_[segment].defined()) m.push_back(exp_avg_[segment].narrow(0, offset, n));
+  const double lr = config_.lr * lr_scale;
+  if (kind == Kind::sgd) {
+    at::_fused_sgd_(p, g, m, config_.weight_decay, config_.momentum, lr, /*dampening=*/0.0,
+                    /*nesterov=*/false, /*maximize=*/false, /*is_first_step=*/step_ == 1);
+    return;
+  }
+  v.push_back(exp_avg_sq_[segment].narrow(0, offset, n));
+  t.push_back(state_step_[segment]);
+  const double b1 = config_.betas[0], b2 = config_.betas[1];
+  if (kind == Kind::adamw) {
+    at::_fused_adamw_(p, g, m, v, {}, t, lr, b1, b2, config_.weight_decay, config_.eps, false, false);
+  } else {
+    at::_fused_adam_(p, g, m, v, {}, t, lr, b1, b2, config_.weight_decay, config_.eps, false, false);
+  }
+}
+
 std::vector<std::string> FlatOptimizer::state_kinds() const {
   if (kind_of(config_.name) != Kind::sgd) return {"exp_avg", "exp_avg_sq"};
   return config_.momentum != 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};

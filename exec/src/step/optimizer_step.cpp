@@ -64,6 +64,7 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
 bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
+  if (c_.dt.master && !c_.host_optimizer()) return step_master_by_unit(lr_scale);
   const bool offloaded_params = stage_ == 3 && c_.plan.offload.params;
   if (host_grad_.defined()) {
     const double t0 = c_.rec.now_s();
@@ -140,6 +141,46 @@ bool OptimizerStep::step(double lr_scale) {
   if (stage_ == 1 || stage_ == 2) {
     sync_params();
   } else if (separate_master_) {
+    master_to_params();
+  }
+  return true;
+}
+
+// 16-bit gradients beside an fp32 master on the device: the overflow check on the 16-bit gradients as they
+// are, then unit by unit an fp32 copy of its gradient (unscaled in fp32, as GradScaler unscales) stepped
+// into its part of the master, freed before the next unit's: the ZeRO paper's 2 + 2 + 12 bytes per
+// parameter, not a full fp32 copy of every gradient besides (4 more per parameter at the step).
+bool OptimizerStep::step_master_by_unit(double lr_scale) {
+  auto grad_of = [&](int u) {
+    const UnitRT& U = c_.unit(u);
+    return stage_ == 0 ? grads_.full().narrow(0, U.base, U.layout.padded_numel()) : grads_.chunk(u);
+  };
+  {
+    std::vector<torch::Tensor> grads16;
+    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
+    if (precision_.check(grads16)) {
+      grads16.clear();
+      grads_.release();
+      return false;
+    }
+  }
+  const torch::Tensor inv = precision_.unscale_factor();
+  c_.at("all", "optimizer");
+  const double t0 = c_.rec.now_s();
+  optimizer_->begin_step();
+  for (int u = 0; u < c_.unit_count(); ++u) {
+    const UnitRT& U = c_.unit(u);
+    if (U.shard() == 0) continue;
+    torch::Tensor g = grad_of(u).to(torch::kFloat32);
+    if (inv.defined()) g.mul_(inv);
+    optimizer_->step_range(0, U.shard_base, master_.narrow(0, U.shard_base, U.shard()), g, lr_scale);
+  }
+  c_.dev.wait_compute();
+  c_.rec.span(Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  grads_.release();
+  if (stage_ == 1 || stage_ == 2) {
+    sync_params();
+  } else {
     master_to_params();
   }
   return true;

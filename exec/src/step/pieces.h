@@ -400,6 +400,10 @@ class Precision {
   // This rank's final gradients, as the optimizer reads them, unscaled in place; true when some rank saw
   // an inf/NaN (dynamic scaling): every rank then skips the step.
   bool unscale_and_check(const std::vector<torch::Tensor>& grads);
+  // The same check on gradients that keep their scale (16-bit, read chunk by chunk into fp32 by the
+  // master's step); unscale_factor(): what such a chunk is multiplied by (undefined: no loss scaling).
+  bool check(const std::vector<torch::Tensor>& grads);
+  torch::Tensor unscale_factor() const { return scaler_.enabled() ? scaler_.inv_scale() : torch::Tensor(); }
   void after_step(bool skipped) { scaler_.update(skipped); }
   LossScaler& scaler() { return scaler_; }
 
@@ -421,6 +425,7 @@ class OptimizerStep {
   FlatOptimizer& optimizer() { return *optimizer_; }
 
  private:
+  bool step_master_by_unit(double lr_scale);  // 16-bit gradients into the fp32 master, one unit at a time
   void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
   void master_to_params();  // the updated master rounded into the compute copy (stages 0 and 3)
   Ctx& c_;

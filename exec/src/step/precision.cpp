@@ -73,6 +73,15 @@ ComputeScope::~ComputeScope() {
 
 Precision::Precision(Ctx& c) : c_(c), scaler_(c.plan.precision.loss_scale, c.dev.torch_device()) {}
 
+bool Precision::check(const std::vector<torch::Tensor>& grads) {
+  if (!scaler_.enabled()) return false;
+  c_.at("all", "loss_scale");
+  const double t0 = c_.rec.now_s();
+  const bool skip = scaler_.unscale_and_check(grads, c_.world_comm != nullptr ? c_.world_comm : &c_.comm, false);
+  c_.rec.span(Lane::compute, skip ? "loss_scale (skip)" : "loss_scale", t0, c_.rec.now_s(), "optimizer");
+  return skip;
+}
+
 bool Precision::unscale_and_check(const std::vector<torch::Tensor>& grads) {
   if (!scaler_.enabled()) return false;
   c_.at("all", "loss_scale");

@@ -354,6 +354,12 @@ void validate(const ClusterProfile& c) {
   if (c.name.empty()) cluster_error("name is empty");
   if (c.nodes < 1) cluster_error("nodes must be >= 1 (got " + num(c.nodes) + ")");
   if (c.devices_per_node < 1) cluster_error("devices_per_node must be >= 1 (got " + num(c.devices_per_node) + ")");
+  // Ranks are counted in an int: a cluster past 2^24 devices (nodes x devices_per_node) is refused, not wrapped.
+  if (c.nodes > 999999) cluster_error("nodes must be at most 999999 (got " + num(c.nodes) + ")");
+  if (c.devices_per_node > 4096) cluster_error("devices_per_node must be at most 4096 (got " + num(c.devices_per_node) + ")");
+  if (static_cast<std::int64_t>(c.nodes) * c.devices_per_node > (std::int64_t{1} << 24))
+    cluster_error("nodes " + num(c.nodes) + " x devices_per_node " + num(c.devices_per_node) + " = " +
+                  num(static_cast<std::int64_t>(c.nodes) * c.devices_per_node) + " devices, more than 2^24 (16,777,216)");
 
   const DeviceSpec& d = c.device;
   if (d.name.empty()) cluster_error("device.name is empty");

@@ -21,6 +21,16 @@ Bytes bytes_of(const Plan& plan) {
   return b;
 }
 
+// A profile's figure at a micro batch, in bytes: fitted lines extrapolate far (a per-sample slope of 4e17
+// bytes at micro batch 32 is 1.3e19, past int64), so every figure saturates at 1 PiB (2^50) instead of
+// wrapping to a small number that "fits": a saturated unit never fits a device, and sums of thousands
+// of them stay far inside int64.
+std::int64_t saturated_bytes(double v) {
+  constexpr double kMax = static_cast<double>(std::int64_t{1} << 50);
+  if (!(v > 0)) return 0;  // NaN and negatives: nothing
+  return v >= kMax ? std::int64_t{1} << 50 : static_cast<std::int64_t>(v);
+}
+
 std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, const ClusterProfile* cluster) {
   const int n = plan.data_parallel_size();
   const Bytes b = bytes_of(plan);
@@ -50,7 +60,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       const double loss_s = up.time_loss_s.value > 0 && t.from_profile ? up.time_loss_s.at(batch, ref) : 0.0;
       u.recompute_s = std::clamp(t.fwd_s - loss_s, 0.0, t.fwd_s);
     }
-    auto bytes = [&](const Figure& f) { return static_cast<std::int64_t>(std::max(0.0, f.at(batch, ref)) * act_scale); };
+    auto bytes = [&](const Figure& f) { return saturated_bytes(std::max(0.0, f.at(batch, ref)) * act_scale); };
     u.saved = bytes(up.bytes_saved);
     u.output = bytes(up.bytes_output);
     u.peak_fwd = bytes(up.bytes_peak_fwd);
@@ -61,8 +71,8 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       // the loss's share 12.58 MB in an fp32 profile, 12.57 MB in a bf16 one).
       const double whole = std::max(0.0, up.bytes_peak_fwd.at(batch, ref));
       const double own = std::max(0.0, up.bytes_peak_fwd_without_loss.at(batch, ref));
-      u.peak_recompute = static_cast<std::int64_t>(own * act_scale);
-      u.peak_fwd = u.peak_recompute + static_cast<std::int64_t>(std::max(0.0, whole - own));
+      u.peak_recompute = saturated_bytes(own * act_scale);
+      u.peak_fwd = saturated_bytes(static_cast<double>(u.peak_recompute) + std::max(0.0, whole - own));
     }
     u.peak_bwd = bytes(up.bytes_peak_bwd);
     u.saved_tensors = up.saved_tensors;

@@ -62,6 +62,9 @@ struct Bytes {
 
 Bytes bytes_of(const Plan& plan);
 
+// Bytes from a figure's value, saturating at 1 PiB (2^50) instead of overflowing (context.cpp).
+std::int64_t saturated_bytes(double v);
+
 // The units after expanding repetitions, with sizes at the plan's micro batch; costs only if `cluster`.
 std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, const ClusterProfile* cluster);
 

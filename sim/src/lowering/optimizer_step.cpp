@@ -2,6 +2,8 @@
 // CPU device), or on the host (offloaded optimizer) per final gradient as it arrives, overlapping the
 // backward, followed by the H2D of the updated parameters. Flat parameters make it one launch instead
 // of one per tensor. Stages 1-2 then all-gather the updated parameters.
+#include <algorithm>
+
 #include "context.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/sim/cost_models.h"
@@ -76,15 +78,18 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     const double s = device_optimizer_time(c.cluster, name, static_cast<double>(local), touched, tensors, flat);
     // A fused kernel (zeroplan's executor, torch.optim's fused=True, DeepSpeed's FusedAdam) updates in
     // place: no temporaries beyond the state.
-    // An fp32 master steps with an fp32 copy of the 16-bit gradients, made first, kept for the step.
+    // An fp32 master steps unit by unit, each with an fp32 copy of that unit's 16-bit gradient (the
+    // executor's step_master_by_unit): the largest unit's copy at a time, for the step.
     TaskId grads32 = kNone;
+    std::int64_t largest = 0;
+    for (const Unit& u : c.units) largest = std::max(largest, c.plan.zero_stage == 0 ? u.params : u.shard);
     if (c.b.master > 0) {
       grads32 = c.compute_task(device_copy_s(c, local, c.b.grad, 4), c.n_cast, -1, -1);
       c.g.add_dep(grads32, gate);
       for (const GradDone& d : grads.done) c.g.add_dep(grads32, d.task);
     }
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
-    if (grads32 != kNone) c.g.alloc(grads32, c.dev, local * 4, MemCategory::buffers, c.label(c.n_grads), step);
+    if (grads32 != kNone) c.g.alloc(grads32, c.dev, largest * 4, MemCategory::buffers, c.label(c.n_grads), step);
     if (grads.shard_alloc() != kNone) c.g.set_free_at(grads.shard_alloc(), step);
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);

@@ -226,6 +226,10 @@ const Rule kRules[] = {
     {"Name", [](ClusterProfile& c) { c.name.clear(); }, "cluster: name is empty"},
     {"Nodes", [](ClusterProfile& c) { c.nodes = 0; }, "cluster: nodes must be >= 1 (got 0)"},
     {"DevicesPerNode", [](ClusterProfile& c) { c.devices_per_node = 0; }, "cluster: devices_per_node must be >= 1 (got 0)"},
+    // Ranks are counted in an int: 1e9 nodes once reported "8 devices (= -589934592)".
+    {"NodesBounded", [](ClusterProfile& c) { c.nodes = 1'000'000'000; }, "cluster: nodes must be at most 999999 (got 1000000000)"},
+    {"DevicesBounded", [](ClusterProfile& c) { c.nodes = 999'999; c.devices_per_node = 64; },
+     "cluster: nodes 999999 x devices_per_node 64 = 63999936 devices, more than 2^24 (16,777,216)"},
     {"DeviceName", [](ClusterProfile& c) { c.device.name.clear(); }, "cluster: device.name is empty"},
     {"DeviceKind", [](ClusterProfile& c) { c.device.kind = "rocm"; },
      "cluster: device.kind must be one of \"cuda\", \"cpu\" (got \"rocm\")"},

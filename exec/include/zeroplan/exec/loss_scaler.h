@@ -35,7 +35,10 @@ class LossScaler {
   // Divides `grads` (this rank's final gradients, floating, on the scaler's device or the host) by the
   // scale in place and, when dynamic, agrees with the other ranks through `comm` (null: this rank only)
   // whether any rank saw an inf/NaN. Returns true when the step is to be skipped (dynamic only).
-  bool unscale_and_check(const std::vector<torch::Tensor>& grads, Communicator* comm);
+  // unscale false: only checks (the gradients keep the scale; multiply by inv_scale() where they are
+  // used, as the fp32 master's chunked step does with its fp32 copies).
+  bool unscale_and_check(const std::vector<torch::Tensor>& grads, Communicator* comm, bool unscale = true);
+  torch::Tensor inv_scale() const { return scale_.reciprocal(); }  // fp32 [1], on the scaler's device
   // Dynamic: grows or backs off the scale after a step per `skipped` (unscale_and_check's answer).
   void update(bool skipped);
   int clean_steps() const;  // consecutive steps without inf/NaN since the last change of the scale

@@ -29,6 +29,13 @@ class FlatOptimizer {
   // valid).
   void step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
             double lr_scale = 1.0);
+  // The same step in pieces: begin_step() once, then step_range for consecutive ranges covering every
+  // segment, each param_part/grad_part the elements [offset, offset + numel) of segment `segment` (the
+  // kernels are elementwise: the result is step()'s, bit for bit). What lets a 16-bit gradient be read
+  // into fp32 a unit at a time instead of all at once.
+  void begin_step();
+  void step_range(std::size_t segment, std::int64_t offset, const torch::Tensor& param_part,
+                  const torch::Tensor& grad_part, double lr_scale = 1.0);
 
   std::int64_t state_numel() const;  // all states of all segments (the step counters not included)
   std::int64_t steps() const { return step_; }
