@@ -11,7 +11,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +141,43 @@ RankContext rank_context_from_env(const EnvLookup& env) {
   return c;
 }
 
+namespace {
+
+// Rank 0's store socket, bound to MASTER_ADDR's own address (127.0.0.1 for a job on one machine) rather
+// than every interface, as TCPStore binds by itself: a job reachable only where its ranks reach it.
+// -1 when MASTER_ADDR is not an IPv4 address of this machine (a name that resolves elsewhere, IPv6):
+// TCPStore then binds as it does. Throws RendezvousError when the port is taken (another job on it).
+int store_listener(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(addr.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return -1;
+  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EADDRINUSE) {
+      throw RendezvousError(fmt::format("rank 0: cannot serve the store at {}:{}: the port is in use (another job "
+                                        "on MASTER_PORT {}? give each job its own)", addr, port, port));
+    }
+    return -1;  // not an address of this machine: TCPStore's own binding
+  }
+  if (::listen(fd, SOMAXCONN) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
                                               std::chrono::milliseconds timeout) {
   if (ctx.world_size == 1 && !ctx.agent_store) return c10::make_intrusive<c10d::HashStore>();
@@ -143,12 +187,18 @@ c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
   opts.numWorkers = ctx.agent_store ? std::nullopt : std::optional<std::size_t>(ctx.world_size);
   opts.waitWorkers = false;
   opts.timeout = timeout;
+  int listen_fd = -1;
+  if (opts.isServer) {
+    listen_fd = store_listener(ctx.master_addr, ctx.master_port);
+    if (listen_fd >= 0) opts.masterListenFd = listen_fd;
+  }
   try {
     auto tcp = c10::make_intrusive<c10d::TCPStore>(ctx.master_addr, opts);
     if (!ctx.agent_store) return tcp;
     return c10::make_intrusive<c10d::PrefixStore>(
         fmt::format("/worker/attempt_{}", ctx.restart_count), tcp);
   } catch (const std::exception& e) {
+    if (listen_fd >= 0) ::close(listen_fd);
     throw RendezvousError(fmt::format(
         "rank {}: cannot {} the store at {}:{} ({}): {}", ctx.rank,
         opts.isServer ? "serve" : "reach", ctx.master_addr, ctx.master_port,

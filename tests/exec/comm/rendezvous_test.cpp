@@ -2,7 +2,10 @@
 #include <zeroplan/exec/launcher.h>
 #include <zeroplan/exec/rendezvous.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -139,6 +142,51 @@ TEST(Join, ARankOfAnotherJobIsRefusedAtOnce) {
   RankContext anonymous = b;
   anonymous.job_id.clear();
   EXPECT_NO_THROW(check_job(*store, anonymous));  // nothing to check against
+}
+
+// The local address a listening TCP socket on `port` is bound to, from /proc/net/tcp ("" if none).
+std::string listening_address(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  const std::string want = fmt::format(":{:04X}", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    f >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == want) return local.substr(0, 8);
+  }
+  return "";
+}
+
+// An env-launched job's rank 0 serves its store on MASTER_ADDR's address only (127.0.0.1 here), not on every
+// interface as TCPStore binds by itself; a second job given the same port fails at once, in one line.
+TEST(Join, RankZeroServesTheStoreOnMasterAddrOnly) {
+  int port = 0;
+  {
+    c10d::TCPStoreOptions probe;  // a free port
+    probe.port = 0;
+    probe.isServer = true;
+    probe.waitWorkers = false;
+    port = static_cast<int>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", probe)->getPort());
+  }
+  RankContext ctx;
+  ctx.rank = 0;
+  ctx.world_size = 2;
+  ctx.launcher = "env";
+  ctx.master_addr = "127.0.0.1";
+  ctx.master_port = port;
+  auto store = connect_store(ctx, std::chrono::seconds(5));
+  EXPECT_EQ(listening_address(port), "0100007F") << "port " << port;  // 127.0.0.1, not 00000000
+  store->set("k", std::vector<std::uint8_t>{1});
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    connect_store(ctx, std::chrono::seconds(5));
+    FAIL() << "a second rank 0 served the same port";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("the port is in use"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
 }
 
 TEST(ErrorFile, HasTheLayoutTorchrunReads) {
