@@ -33,6 +33,7 @@
 #include "zeroplan/exec/rendezvous.h"
 #include "zeroplan/exec/run.h"
 #include "zeroplan/profiles/json_io.h"
+#include "zeroplan/profiles/zoo.h"
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/pipeline.h"
 
@@ -67,6 +68,9 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   o.model = a.model;
   o.preset = a.preset;
   o.model_options = parse_key_values(a.model_opts, "--opt");
+  // A built-in model's options checked here, in the launcher, before any rank builds it (layers=0 was
+  // refused by every rank, exit 3).
+  if (a.torchscript.empty()) zoo::check_options(o.model, o.preset, o.model_options);
   o.torchscript = a.torchscript;
   o.input_shape = a.input_shape;
   o.script_task = a.task;

@@ -65,6 +65,8 @@ expect 2 "^zeroplan run: --device cuda: (no CUDA device is visible|this build of
 expect 2 "^zeroplan profile: --device cuda: (no CUDA device is visible|this build of zeroplan has no CUDA)" \
   -q profile --model mlp --device cuda
 expect 1 "^zeroplan: --input-shape requires --torchscript" -q profile --model mlp --input-shape 3,32,32
+expect 1 "^zeroplan run: model gpt: option layers must be an integer >= 1, got \"0\"" \
+  -q run --nproc 2 --model gpt --preset gpt2-tiny --opt layers=0 --steps 2
 expect 1 "^zeroplan: --warmup: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --warmup -1
 expect 1 "^zeroplan: --device-memory-limit: must be >= 0 \(got -1\)" -q run --nproc 2 --model mlp --steps 2 --device-memory-limit -1
 expect 1 "^zeroplan: --threads: must be 0 \(all cores\) to [0-9]+ .*got 100000" -q profile --model mlp --threads 100000

@@ -1,7 +1,10 @@
 #include <zeroplan/profiles/errors.h>
+#include <zeroplan/profiles/counting_allocator.h>
 #include <zeroplan/profiles/zoo.h>
 
 #include <gtest/gtest.h>
+
+#include <chrono>
 
 #include "train_util.h"
 
@@ -53,6 +56,24 @@ TEST(ZooRegistry, ErrorsNameWhatIsWrongAndWhatExists) {
   EXPECT_EQ(error_of([] { build_model("resnet", "", {{"layout", "resnet19"}}, 0); }),
             "model resnet: option layout must be one of resnet18, resnet34, resnet50, resnet101, resnet152, "
             "got \"resnet19\"");
+}
+
+// check_options gives build_model's errors without building: a launcher checks gpt2-xl (1.5B parameters,
+// 6 GB to build) without allocating a tensor, before its ranks start.
+TEST(ZooRegistry, CheckOptionsRefusesWhatBuildRefusesAndBuildsNothing) {
+  EXPECT_EQ(error_of([] { check_options("gpt", "gpt2-tiny", {{"layers", "0"}}); }),
+            "model gpt: option layers must be an integer >= 1, got \"0\"");
+  EXPECT_EQ(error_of([] { check_options("gpt", "", {{"hidden", "66"}, {"heads", "4"}}); }),
+            "model gpt: hidden 66 is not divisible by heads 4");
+  EXPECT_EQ(error_of([] { check_options("mlp", "", {{"width", "0"}}); }),
+            "model mlp: option width must be an integer >= 1, got \"0\"");
+  EXPECT_EQ(error_of([] { check_options("resnet", "", {{"layout", "resnet19"}}); }),
+            "model resnet: option layout must be one of resnet18, resnet34, resnet50, resnet101, resnet152, "
+            "got \"resnet19\"");
+  EXPECT_EQ(error_of([] { check_options("gtp", "", {}); }), "unknown model \"gtp\" (models: gpt, mlp, resnet)");
+  ScopedCpuAllocator counted;  // every CPU tensor allocated while checking: none
+  check_options("gpt", "gpt2-xl", {});
+  EXPECT_EQ(counted.allocator().peak_bytes(), 0);
 }
 
 TEST(ZooRegistry, ResolveFillsDefaultsThenPresetThenOverrides) {

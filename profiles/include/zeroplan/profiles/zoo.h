@@ -97,6 +97,9 @@ const ModelInfo& model_info(const std::string& name);
 Options resolve_options(const std::string& name, const std::string& preset, const Options& overrides);
 Model build_model(const std::string& name, const std::string& preset, const Options& overrides,
                   uint64_t seed);
+// What build_model checks of the options (names, ranges, e.g. layers >= 1, hidden divisible by heads),
+// without building anything: a launcher checks a model of any size before its ranks start.
+void check_options(const std::string& name, const std::string& preset, const Options& overrides);
 
 // The task a TorchScript model trains on, stated by the user (`--task`):
 // - regress: inputs N(0, 1); MSE of the output onto one fixed N(0, 1) target of the output's shape;

@@ -235,7 +235,7 @@ ModelInfo gpt_info() {
            {"gpt2-xl", preset("48", "1600", "25", "1024", "50257")}}};
 }
 
-Model build_gpt(const Options& options, uint64_t seed) {
+Model build_gpt(const Options& options, uint64_t seed, bool options_only) {
   GptConfig c;
   c.layers = int_option("gpt", options, "layers");
   c.hidden = int_option("gpt", options, "hidden");
@@ -254,6 +254,7 @@ Model build_gpt(const Options& options, uint64_t seed) {
   if (c.hidden % c.heads != 0) {
     throw SchemaError(c10::str("model gpt: hidden ", c.hidden, " is not divisible by heads ", c.heads));
   }
+  if (options_only) return {};  // check_options: the options parsed and checked, nothing built
 
   // GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual projections scaled by 1/sqrt(2L).
   at::Generator gen = param_generator(seed);

@@ -83,11 +83,12 @@ ModelInfo mlp_info() {
            {"mlp-large", {{"depth", "16"}, {"width", "4096"}, {"in", "1024"}, {"out", "1000"}}}}};
 }
 
-Model build_mlp(const Options& options, uint64_t seed) {
+Model build_mlp(const Options& options, uint64_t seed, bool options_only) {
   const int64_t depth = int_option("mlp", options, "depth");
   const int64_t width = int_option("mlp", options, "width");
   const int64_t in = int_option("mlp", options, "in");
   const int64_t out = int_option("mlp", options, "out", 2);
+  if (options_only) return {};
   at::Generator gen = param_generator(seed);
   Model model;
   for (int64_t i = 0; i < depth; ++i) {

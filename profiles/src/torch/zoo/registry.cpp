@@ -78,6 +78,17 @@ Options resolve_options(const std::string& name, const std::string& preset, cons
   return resolved;
 }
 
+void check_options(const std::string& name, const std::string& preset, const Options& overrides) {
+  const Options options = resolve_options(name, preset, overrides);
+  if (name == "mlp") {
+    detail::build_mlp(options, 0, true);
+  } else if (name == "gpt") {
+    detail::build_gpt(options, 0, true);
+  } else if (name == "resnet") {
+    detail::build_resnet(options, 0, true);
+  }
+}
+
 Model build_model(const std::string& name, const std::string& preset, const Options& overrides,
                   uint64_t seed) {
   Options options = resolve_options(name, preset, overrides);

@@ -203,7 +203,7 @@ ModelInfo resnet_info() {
            {"resnet-tiny", {{"layout", "resnet18"}, {"image", "64"}, {"classes", "10"}, {"width", "8"}}}}};
 }
 
-Model build_resnet(const Options& options, uint64_t seed) {
+Model build_resnet(const Options& options, uint64_t seed, bool options_only) {
   std::vector<std::string> names;
   for (const Layout& l : kLayouts) names.push_back(l.name);
   const std::string layout_name = choice_option("resnet", options, "layout", names);
@@ -216,6 +216,7 @@ Model build_resnet(const Options& options, uint64_t seed) {
   }
   TORCH_INTERNAL_ASSERT(layout != nullptr);
   const int64_t expansion = layout->bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+  if (options_only) return {};
 
   at::Generator gen = param_generator(seed);
   Model model;

@@ -10,9 +10,9 @@
 namespace zeroplan::zoo::detail {
 
 // Builders, one per model file. `options` are complete (defaults filled in) and name-checked.
-Model build_mlp(const Options& options, uint64_t seed);
-Model build_gpt(const Options& options, uint64_t seed);
-Model build_resnet(const Options& options, uint64_t seed);
+Model build_mlp(const Options& options, uint64_t seed, bool options_only = false);
+Model build_gpt(const Options& options, uint64_t seed, bool options_only = false);
+Model build_resnet(const Options& options, uint64_t seed, bool options_only = false);
 
 // gpt's task, shared with TorchScript language models: next token of a fixed random Markov chain over
 // `vocab` tokens; input [count, seq] int64, target the same shifted by one; cross-entropy on the last dim.
