@@ -8,6 +8,7 @@
 # resnet-tiny plans (stages 0-3, checkpointing, microbatches, offload) within TOLERANCE, device and host.
 # OffloadModel plans (1, 2, 4 slices; 1 and 2 chunks; checkpoint_activation on and off) within TOLERANCE.
 # Activation offload ratios 0 to 1 on the GPT and the resnet within TOLERANCE.
+# One peak per plan: the ranks of every data-parallel plan measure peaks within 0.5% of each other.
 #   memory_fidelity.sh ZEROPLAN [TOLERANCE=0.05] [MIXED_TOLERANCE=0.03] [SECTIONS=gpt,om,mixed,resnet,actoff]
 #   (ctest: fidelity.memory 0.03 0.03 gpt,mixed,resnet; fidelity.memory_offload_model 0.03 0.03 om;
 #   fidelity.memory_activation_offload 0.03 0.03 actoff)
@@ -54,6 +55,16 @@ for m in c["metrics"]:
     bad |= not ok
     print(f"{sys.argv[3]:<70} {m['name']:<26} predicted {m['predicted']:>12.0f} measured {m['measured']:>12.0f} "
           f"error {100 * m['rel_error']:+6.2f}% {'ok' if ok else 'FAIL'}")
+# One peak per plan: every rank of a data-parallel plan within 0.5% of the others' (a pipeline's stages
+# hold different units, so they are not compared).
+if "pipeline_stages" not in sys.argv[3]:
+    for pool in ("device", "host"):
+        peaks = [m["measured"] for m in c["metrics"] if m["name"].startswith(pool + "_peak_bytes.rank")]
+        if len(peaks) > 1 and max(peaks) > 0:
+            spread = max(peaks) / max(min(peaks), 1) - 1
+            if spread > 0.005:
+                bad = True
+                print(f"{sys.argv[3]:<70} {pool} peaks differ between ranks by {100 * spread:.2f}%: {peaks} FAIL")
 sys.exit(1 if bad else 0)
 PY
 }
