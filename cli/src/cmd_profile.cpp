@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -159,6 +160,11 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     options.progress = options.progress && !g.quiet;
     TraceWriter trace;
     profile = profile_model(model, options, a.trace.empty() ? nullptr : &trace);
+    if (!a.torchscript.empty()) {
+      // Named by its file, as `run` records a TorchScript run, so `compare` finds them the same model.
+      profile.name = std::filesystem::path(a.torchscript).filename().string();
+      profile.source = "torchscript:" + a.torchscript;
+    }
     if (!a.trace.empty()) {
       std::ofstream out(a.trace, std::ios::binary);
       out << trace.json();

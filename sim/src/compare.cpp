@@ -162,7 +162,16 @@ std::vector<std::string> warnings_for(const Prediction& p, const RunRecord& r, c
   std::vector<std::string> w;
   if (p.model != r.model)
     w.push_back(fmt::format("the prediction is of model \"{}\" but the run of \"{}\"", p.model, r.model));
-  check_plans(p.plan, r.plan, w);
+  // A pipeline balanced by time or memory ran as the units per stage it resolved to (the run records
+  // them): the same plan when they are the prediction's stages.
+  Plan predicted = p.plan;
+  if (predicted.pipeline.balance.mode != PipelineBalance::Mode::units &&
+      r.plan.pipeline.balance.mode == PipelineBalance::Mode::units && !p.stages.empty()) {
+    std::vector<int> resolved;
+    for (const StagePrediction& st : p.stages) resolved.push_back(st.units);
+    if (resolved == r.plan.pipeline.balance.units) predicted.pipeline.balance = r.plan.pipeline.balance;
+  }
+  check_plans(predicted, r.plan, w);
   if (o.model != nullptr) {
     check_profile(*o.model, p, r, w);
   } else {

@@ -29,6 +29,11 @@ cmp = json.load(open(f"{out}/comparison.json"))
 print(f"plan: zero_stage {plan['zero_stage']} micro_batch {plan['micro_batch']} x {plan['microbatches']} "
       f"checkpointing {plan['checkpointing']}")
 bad = False
+# The profile and the run name the model alike (its file): compare does not warn that they differ.
+model_warnings = [w for w in cmp.get("warnings", []) if "model" in w and "but the run of" in w]
+if model_warnings:
+    bad = True
+    print("FAIL: " + "; ".join(model_warnings))
 peaks = [m for m in cmp["metrics"] if m["name"].startswith("device_peak_bytes")]
 assert peaks, "no device peak metric in the comparison"
 for m in peaks:

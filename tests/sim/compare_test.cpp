@@ -213,6 +213,29 @@ TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
   EXPECT_EQ(c.verdict, "pass");
 }
 
+// A pipeline balanced by time ran as the units per stage it resolved to: the same plan when those are the
+// prediction's stages (no "different plans" warning), a different one when they are not.
+TEST(Compare, ABalanceByTimeMatchesTheUnitsItResolvedTo) {
+  Prediction p = prediction();
+  RunRecord r = record();
+  for (Plan* plan : {&p.plan, &r.plan}) {
+    plan->pipeline_stages = 2;
+    plan->microbatches = 4;
+    plan->micro_batch = 2;
+  }
+  p.plan.pipeline.balance.mode = PipelineBalance::Mode::time;
+  r.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
+  r.plan.pipeline.balance.units = {4, 2};
+  p.stages.resize(2);
+  p.stages[0].units = 4;
+  p.stages[1].units = 2;
+  r.peaks = {{0, 0, 0, ""}, {1, 0, 0, ""}};
+  EXPECT_FALSE(has_warning(compare(p, r), "different plans"));
+  p.stages[0].units = 3;
+  p.stages[1].units = 3;
+  EXPECT_TRUE(has_warning(compare(p, r), "different plans (predicted vs measured): pipeline.balance"));
+}
+
 TEST(Compare, PhasesAreInformationalUnlessAsked) {
   RunRecord r = record();
   r.phase_times_s["all_reduce"] = 0.06;  // collectives twice as slow, step time unchanged

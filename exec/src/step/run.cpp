@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -198,7 +199,8 @@ RunRecord merge_results(const RunOptions& options, const std::vector<RunResult>&
     }
   }
   RunRecord rec;
-  rec.model = !options.torchscript.empty() ? options.torchscript
+  // A TorchScript model by its file's name (as `profile` names it: compare matches them on it).
+  rec.model = !options.torchscript.empty() ? std::filesystem::path(options.torchscript).filename().string()
               : options.preset.empty()      ? options.model
                                             : options.preset;
   rec.plan = options.plan;
