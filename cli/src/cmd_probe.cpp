@@ -75,7 +75,6 @@ std::string shipped_cluster_for(const std::string& gpu) {
 
 // probe --device cuda: the GPU over its part's file, the base's GEMM buckets fitted to the sweep.
 int run_probe_gpu(const ProbeArgs& a, const Globals& g) {
-  if (!a.output.empty()) check_output(a.output);
   const std::string base_name = a.base.empty() ? shipped_cluster_for(exec::device_display_name(a.device)) : a.base;
   const ClusterProfile base = resolve_cluster(base_name);
   exec::ProbeOptions o;
@@ -130,7 +129,6 @@ int run_probe(const ProbeArgs& a, const Globals& g) {
       return kOk;
     }
   }
-  if (!a.output.empty()) check_output(a.output);  // before any work
   exec::ProbeOptions o;
   o.name = a.name;
   // Without collectives and without --world-sizes: one rank per node, which has every core (one GPU).

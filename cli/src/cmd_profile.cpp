@@ -37,9 +37,7 @@ struct ProfileArgs {
 };
 
 int run_profile(const ProfileArgs& a, const Globals& g) {
-  if (!a.output.empty()) check_output(a.output);  // before any work
   if (a.analytic.empty()) check_device(a.options.device);
-  if (!a.trace.empty()) check_output(a.trace);
   int sources = !a.model.empty() + !a.torchscript.empty() + !a.analytic.empty() + !a.python.spec.empty() +
                 !a.analytic_config.empty();
   if (sources != 1)

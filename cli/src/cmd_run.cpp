@@ -63,7 +63,6 @@ struct RunArgs {
 };
 
 exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
-  if (!a.output.empty()) check_output(a.output);  // before any rank trains
   exec::RunOptions o;
   o.model = a.model;
   o.preset = a.preset;

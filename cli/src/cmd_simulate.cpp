@@ -53,7 +53,6 @@ void print_summary(const Prediction& p) {
 }
 
 int run_simulate(const SimulateArgs& a, const Globals& g) {
-  if (!a.output.empty()) check_output(a.output);  // before any work
   auto model = read_document<ModelProfile>(a.model);
   auto cluster = resolve_cluster(a.cluster);
   Plan plan = cli::plan_from_args(a.plan);

@@ -1,16 +1,14 @@
 #include <fmt/core.h>
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "cli.h"
 #include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/json_io.h"
 #include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::cli {
@@ -55,17 +53,25 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
   return out;
 }
 
+namespace {
+// The whole of `text` as a number, or nullopt.
+std::optional<double> whole_number(const std::string& text) {
+  std::size_t used = 0;
+  try {
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 CLI::Validator number_in(double lo, double hi, bool open_lo) {
   return CLI::Validator(
       [lo, hi, open_lo](std::string& text) -> std::string {
-        double v = 0;
-        std::size_t used = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size()) return fmt::format("expected a number, got \"{}\"", text);
+        const std::optional<double> parsed = whole_number(text);
+        if (!parsed) return fmt::format("expected a number, got \"{}\"", text);
+        const double v = *parsed;
         if (!std::isfinite(v)) return fmt::format("must be a finite number (got {})", text);
         if (open_lo ? !(v > lo) : !(v >= lo)) return fmt::format("must be {} {:g} (got {})", open_lo ? ">" : ">=", lo, text);
         if (v > hi) return fmt::format("must be <= {:g} (got {})", hi, text);
@@ -74,57 +80,56 @@ CLI::Validator number_in(double lo, double hi, bool open_lo) {
       "");
 }
 
-namespace {
-CLI::Validator writable(bool folder) {
+// The writes' own check (json_io's check_output: the temporary file write_document makes, created and
+// removed there), run when the option is read. A folder is made as needed: its nearest existing ancestor
+// must take a file.
+CLI::Validator output_path() {
   return CLI::Validator(
-      [folder](std::string& text) -> std::string {
-        namespace fs = std::filesystem;
+      [](std::string& text) -> std::string {
         if (text.empty()) return "is an empty path";
-        std::error_code ec;
-        const fs::path path = fs::absolute(fs::path(text), ec);
-        fs::path dir = path.parent_path();
-        if (folder) {  // made as needed: the nearest folder of the path that exists must take files
-          dir = path;
-          while (!fs::exists(dir, ec) && dir != dir.root_path()) dir = dir.parent_path();
-          if (dir == path && !fs::is_directory(dir, ec)) return fmt::format("cannot write into {}: it is a file", text);
-        } else if (!fs::exists(dir, ec)) {
-          return fmt::format("cannot write {}: no folder {}", text, dir.string());
+        try {
+          check_output(text);
+        } catch (const SchemaError& e) {
+          return e.what();
         }
-        if (!fs::is_directory(dir, ec)) return fmt::format("cannot write {}: {} is not a folder", text, dir.string());
-        // Creating a file there is the only test that holds everywhere (/proc, read-only mounts, root).
-        std::string probe = (dir / ".zeroplan-write-test-XXXXXX").string();
-        const int fd = ::mkstemp(probe.data());
-        if (fd < 0) return fmt::format("cannot write {}: {}: {}", text, dir.string(), std::strerror(errno));
-        ::close(fd);
-        fs::remove(probe, ec);
         return "";
       },
       "");
 }
-}  // namespace
 
-CLI::Validator output_path() { return writable(false); }
+CLI::Validator output_folder() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        namespace fs = std::filesystem;
+        if (text.empty()) return "is an empty path";
+        std::error_code ec;
+        fs::path dir = fs::absolute(fs::path(text), ec);
+        if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return text + ": cannot write into it: it is a file";
+        while (!fs::exists(dir, ec) && dir != dir.root_path()) dir = dir.parent_path();
+        try {
+          check_output(dir / ".zeroplan-folder-check");
+        } catch (const SchemaError& e) {
+          return fmt::format("{}: cannot write: {}", text, e.what());
+        }
+        return "";
+      },
+      "");
+}
+
 
 CLI::Validator threads_option() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-        const long most = 16L * cores;
-        long v = -1;
-        std::size_t used = 0;
-        try {
-          v = std::stol(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size()) return fmt::format("expected a whole number, got \"{}\"", text);
-        if (v < 0 || v > most)
-          return fmt::format("must be 0 (all cores) to {} (16 x this machine's {} cores), got {}", most, cores, v);
+        const double most = 16.0 * cores;
+        const std::optional<double> v = whole_number(text);
+        if (!v || *v != std::floor(*v)) return fmt::format("expected a whole number, got \"{}\"", text);
+        if (*v < 0 || *v > most)
+          return fmt::format("must be 0 (all cores) to {:g} (16 x this machine's {} cores), got {}", most, cores, text);
         return "";
       },
       "");
 }
-CLI::Validator output_folder() { return writable(true); }
 
 CLI::Validator model_profile_file() {
   return CLI::Validator(

@@ -47,11 +47,11 @@ printf '{"schema": "zeroplan.plan/1", "world_size": 2, "global_batch": 1e999}' >
 expect 1 "overflow.json: number overflow parsing '1e999' \(the value of \"global_batch\"\)" \
   -q simulate --model "$out/overflow.json" --cluster a100-sxm-80gb
 # An output that cannot be written is refused before the run trains (one line, no run summary).
-expect 1 "^zeroplan: --output: cannot write /proc/zeroplan-x.json: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
-expect 1 "^zeroplan: --trace: cannot write /nonexistent/t.json: no folder /nonexistent" \
+expect 1 "/proc/zeroplan-x.json: cannot write: " -q run --model gpt --preset gpt2-tiny --steps 2 -o /proc/zeroplan-x.json
+expect 1 "^zeroplan: --trace: /nonexistent/t.json: cannot write: no folder /nonexistent" \
   -q run --nproc 2 --model mlp --steps 2 --trace /nonexistent/t.json
 "$zp" -q profile --analytic gpt --preset gpt2-tiny -o "$out/gpt.json" || exit 1
-expect 1 "^zeroplan: --output-dir: cannot write /proc/zeroplan-x: " \
+expect 1 "^zeroplan: --output-dir: /proc/zeroplan-x: cannot write: " \
   -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 -o /proc/zeroplan-x
 expect 1 "tune: --fix zero_stage=7: zero_stage must be 0..3 \(got 7\)" \
   -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 --fix zero_stage=7

@@ -194,14 +194,19 @@ TEST(Compare, HostReservedBytesMeetTheSimulatedAllocatorOverhead) {
 }
 
 // A pipelined plan: each rank's peak against its own stage's (stage-major ranks: rank / dp), not the largest.
-TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
-  Prediction p = prediction();
-  RunRecord r = record();
+// Both documents of a 2-stage pipeline, 4 microbatches of 2.
+void pipelined(Prediction& p, RunRecord& r) {
   for (Plan* plan : {&p.plan, &r.plan}) {
     plan->pipeline_stages = 2;
     plan->microbatches = 4;
     plan->micro_batch = 2;
   }
+}
+
+TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
+  Prediction p = prediction();
+  RunRecord r = record();
+  pipelined(p, r);
   p.stages.resize(2);
   p.stages[0].device.peak_bytes = 300 * kMiB;
   p.stages[1].device.peak_bytes = 400 * kMiB;
@@ -218,11 +223,7 @@ TEST(Compare, PipelineRanksMeetTheirStagesPeak) {
 TEST(Compare, ABalanceByTimeMatchesTheUnitsItResolvedTo) {
   Prediction p = prediction();
   RunRecord r = record();
-  for (Plan* plan : {&p.plan, &r.plan}) {
-    plan->pipeline_stages = 2;
-    plan->microbatches = 4;
-    plan->micro_batch = 2;
-  }
+  pipelined(p, r);
   p.plan.pipeline.balance.mode = PipelineBalance::Mode::time;
   r.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
   r.plan.pipeline.balance.units = {4, 2};

@@ -107,7 +107,7 @@ torch::Tensor GradSync::region(int owner) {
 
 torch::Tensor GradSync::chunk(int u) {
   const UnitRT& U = c_.unit(u);
-  if (stage_ == 1) return grad_all_.narrow(0, U.base + U.layout.shard_begin(c_.rank), U.shard());
+  if (stage_ <= 1) return grad_all_.narrow(0, U.base + U.shard_begin(c_.rank), U.shard());  // stage 0: all of it
   return shard().narrow(0, U.shard_base, U.shard());
 }
 

@@ -140,17 +140,10 @@ class HookDriver::Impl {
     const torch::Tensor& master = optimizer_->master();
     for (int u = 0; u < c_->unit_count(); ++u) {
       const pieces::UnitRT& U = c_->unit(u);
-      const int r = U.layout.world == 1 ? 0 : c_->rank;
-      const std::int64_t lo = U.layout.shard_begin(r), hi = lo + U.shard();
+      const std::int64_t lo = U.shard_begin(c_->rank), hi = lo + U.shard();
       torch::Tensor mine;  // this rank's shard of the unit's flat buffer
       if (U.numel() > 0) {
-        if (c_->dt.master) {
-          mine = master.narrow(0, U.shard_base, U.shard());
-        } else if (U.layout.world == 1) {
-          mine = U.full.narrow(0, 0, U.shard());
-        } else {
-          mine = params_->chunk(u);
-        }
+        mine = c_->dt.master ? master.narrow(0, U.shard_base, U.shard()) : params_->chunk(u);
       }
       for (const auto& s : U.flat.slots()) {
         const std::int64_t a = std::clamp(s.offset, lo, hi), b = std::clamp(s.offset + s.numel, lo, hi);

@@ -79,7 +79,7 @@ bool OptimizerStep::step(double lr_scale) {
   auto grad_of = [&](int u) {
     const UnitRT& U = c_.unit(u);
     if (host_grad_.defined()) return host_grad_.narrow(0, U.shard_base, U.shard());
-    if (stage_ == 0) return grads_.full().narrow(0, U.base, U.layout.padded_numel());  // OffloadModel: host
+    if (stage_ == 0) return grads_.chunk(u);  // all of the unit (OffloadModel: on the host)
     if (c_.host_optimizer()) return grads_.shard().narrow(0, U.shard_base, U.shard());
     return grads_.chunk(u);
   };
@@ -151,13 +151,9 @@ bool OptimizerStep::step(double lr_scale) {
 // into its part of the master, freed before the next unit's: the ZeRO paper's 2 + 2 + 12 bytes per
 // parameter, not a full fp32 copy of every gradient besides (4 more per parameter at the step).
 bool OptimizerStep::step_master_by_unit(double lr_scale) {
-  auto grad_of = [&](int u) {
-    const UnitRT& U = c_.unit(u);
-    return stage_ == 0 ? grads_.full().narrow(0, U.base, U.layout.padded_numel()) : grads_.chunk(u);
-  };
   {
     std::vector<torch::Tensor> grads16;
-    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
+    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grads_.chunk(u));
     if (precision_.check(grads16)) {
       grads16.clear();
       grads_.release();
@@ -171,7 +167,7 @@ bool OptimizerStep::step_master_by_unit(double lr_scale) {
   for (int u = 0; u < c_.unit_count(); ++u) {
     const UnitRT& U = c_.unit(u);
     if (U.shard() == 0) continue;
-    torch::Tensor g = grad_of(u).to(torch::kFloat32);
+    torch::Tensor g = grads_.chunk(u).to(torch::kFloat32);
     if (inv.defined()) g.mul_(inv);
     optimizer_->step_range(0, U.shard_base, master_.narrow(0, U.shard_base, U.shard()), g, lr_scale);
   }

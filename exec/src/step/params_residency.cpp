@@ -67,7 +67,7 @@ ParamResidency::ParamResidency(Ctx& c) : c_(c), sharded_(c.plan.zero_stage == 3)
 torch::Tensor ParamResidency::chunk(int u) {
   const UnitRT& U = c_.unit(u);
   if (sharded_) return shard_all_.narrow(0, U.shard_base, U.shard());
-  return flat_all_.narrow(0, U.base + U.layout.shard_begin(c_.rank), U.shard());
+  return flat_all_.narrow(0, U.base + U.shard_begin(c_.rank), U.shard());
 }
 
 void ParamResidency::gather(int u, int micro) {

@@ -91,6 +91,8 @@ struct UnitRT {
 
   std::int64_t numel() const { return flat.numel(); }
   std::int64_t shard() const { return layout.shard_numel; }
+  // Where `rank`'s shard starts in the unit's flat buffer (stage 0: one shard, the whole unit, at 0).
+  std::int64_t shard_begin(int rank) const { return layout.shard_begin(layout.world == 1 ? 0 : rank); }
 };
 
 // The dtype of each copy of the model states and of each collective (the simulator's bytes_of).
@@ -255,7 +257,7 @@ class GradSync {
   void after_bwd(int u, int micro, bool last_micro);  // launches the unit's (or its bucket's) collective
   void finish_microbatch();                     // stages 2-3: this microbatch's reductions in the shard
   void finish_step();                           // every collective waited: gradients final
-  // Final gradients: stage 0 all of them (full()), else this rank's chunk of unit u; shard(): stages 2-3,
+  // Final gradients: this rank's chunk of unit u (stage 0: all of it, also full()); shard(): stages 2-3,
   // the gradient shard (host with offload.grads).
   torch::Tensor& full() { return grad_all_; }
   // Stages 0-1: the communicator that all-reduces gradients this step (nullptr: none, each rank keeps
