@@ -74,5 +74,6 @@ Action add_run(CLI::App& app, const Globals& globals);
 Action add_compare(CLI::App& app, const Globals& globals);
 Action add_autopilot(CLI::App& app, const Globals& globals);
 Action add_plan(CLI::App& app, const Globals& globals);
+Action add_calibrate(CLI::App& app, const Globals& globals);
 
 }  // namespace zeroplan::cli

@@ -74,7 +74,7 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (a.dtype_given) o.dtype = a.options.dtype;
     const std::vector<std::string> known = o.family == "llama"
         ? std::vector<std::string>{"kv_heads", "head_dim", "tied", "qkv_bias", "attention"}
-        : std::vector<std::string>{"expansion", "attention"};
+        : std::vector<std::string>{"expansion", "attention", "bias", "positions"};
     for (const auto& [k, v] : parse_key_values(a.sets, "--opt")) {
       if (std::find(known.begin(), known.end(), k) == known.end())
         throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic {} (options: {}; sizes: --layers, "
@@ -92,6 +92,12 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
       if (k == "expansion") o.intermediate = integer() * o.hidden;
       if (k == "tied") o.tied_embeddings = v != "false" && v != "0";
       if (k == "qkv_bias") o.qkv_bias = v != "false" && v != "0";
+      if (k == "bias") o.biases = v != "false" && v != "0";
+      if (k == "positions") {
+        if (v != "alibi" && v != "learned")
+          throw ExitError(kBadInput, fmt::format("--opt positions={}: expected alibi or learned", v));
+        o.learned_positions = v == "learned" ? o.seq : 0;
+      }
       if (k == "attention") {
         if (v != "unfused" && v != "flash")
           throw ExitError(kBadInput, fmt::format("--opt attention={}: expected unfused or flash", v));

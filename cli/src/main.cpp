@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
       {"tune", "Search every strategy knob for the fastest plan that fits -> ranked Plans", add_tune},
       {"run", "Train with a Plan on real ranks (c10d: Gloo on CPU, NCCL on CUDA) -> RunRecord", add_run},
       {"compare", "Predicted vs measured -> Comparison", add_compare},
+      {"calibrate", "Fit the cluster file's time-model terms to measured runs -> calibrated ClusterProfile", add_calibrate},
       {"autopilot", "Profile, probe, tune, run and compare on this machine in one command", add_autopilot},
       {"plan", "Describe the Plan: --fields lists every knob (range, default, simulate / tune / run)", add_plan},
   };

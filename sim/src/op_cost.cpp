@@ -34,6 +34,17 @@ double achieved_bw(const DeviceSpec& d) {
   return d.mem_bw_achieved_bytes_per_s > 0 ? d.mem_bw_achieved_bytes_per_s : d.mem_bw_bytes_per_s;
 }
 
+// What memory-bound kernels achieve in a training step: the microbenchmark's bandwidth, calibrated.
+double kernel_bw(const ClusterProfile& c) { return achieved_bw(c.device) * c.calibration.memory_bw_scale; }
+
+// The calibrated GEMM efficiency (Calibration): the bucket's, scaled, with the thin-shape term, at most 1.
+double calibrated_gemm_efficiency(const ClusterProfile& c, std::string_view dtype, double m, double n, double k) {
+  const Calibration& cal = c.calibration;
+  const double dim = std::min({m, n, k});
+  const double shape = cal.gemm_half_dim > 0 ? dim / (dim + cal.gemm_half_dim) : 1.0;
+  return std::min(1.0, gemm_efficiency(c.device, dtype, m, n, k) * cal.gemm_efficiency_scale * shape);
+}
+
 constexpr double kHuge = std::numeric_limits<double>::infinity();
 
 }  // namespace
@@ -61,7 +72,7 @@ double gemm_efficiency(const DeviceSpec& device, std::string_view dtype, double 
 double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m, double n, double k, double batch) {
   const DeviceSpec& d = cluster.device;
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
-  const double rate = peak(d, dtype) * gemm_efficiency(d, dtype, m, n, k);
+  const double rate = peak(d, dtype) * calibrated_gemm_efficiency(cluster, dtype, m, n, k);
   double math = 0;
   const GemmSpec& g = d.gemm;
   if (g.sm_count > 0 && g.tile_m > 0 && g.tile_n > 0) {
@@ -77,7 +88,7 @@ double gemm_time(const ClusterProfile& cluster, std::string_view dtype, double m
     math = 2 * batch * m * n * k / rate;
   }
   const double e = dtype_bytes(dtype);
-  const double mem = e * batch * (m * k + k * n + m * n) / achieved_bw(d);
+  const double mem = e * batch * (m * k + k * n + m * n) / kernel_bw(cluster);
   return std::max(math, mem);
 }
 
@@ -86,6 +97,7 @@ std::vector<GemmBucket> fit_gemm_buckets(const ClusterProfile& cluster, std::str
   if (buckets.empty()) throw SimError("fit_gemm_buckets: no buckets to fit");
   // The model at efficiency 1 and unbounded memory bandwidth: the compute-bound time.
   ClusterProfile at_one = cluster;
+  at_one.calibration = Calibration{};  // the kernels alone, as the sweep measured them
   at_one.device.mem_bw_achieved_bytes_per_s = at_one.device.mem_bw_bytes_per_s = 1e30;
   std::vector<GemmBucket>& ones = at_one.device.gemm.efficiency[std::string(dtype)];
   ones = buckets;
@@ -110,7 +122,7 @@ ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double bat
                      bool backward) {
   const DeviceSpec& d = cluster.device;
   const double e = dtype_bytes(dtype);
-  const double bw = achieved_bw(d);
+  const double bw = kernel_bw(cluster);
   ComputeParts p;
   if (op.kind == "gemm") {
     const double m = static_cast<double>(op.m) * batch_scale, n = static_cast<double>(op.n);
@@ -133,8 +145,11 @@ ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double bat
       const double flops = 4 * b * m * n * k * (op.causal ? 0.5 : 1.0);
       const double bytes = e * b * (2 * m * k + 2 * n * k);
       const double largest = gemm_efficiency(d, dtype, kHuge, kHuge, kHuge);
-      const double eff_f = d.attention.fused_fwd_efficiency > 0 ? d.attention.fused_fwd_efficiency : largest;
-      const double eff_b = d.attention.fused_bwd_efficiency > 0 ? d.attention.fused_bwd_efficiency : largest;
+      const double scale = cluster.calibration.attention_efficiency_scale;
+      const double eff_f =
+          std::min(1.0, scale * (d.attention.fused_fwd_efficiency > 0 ? d.attention.fused_fwd_efficiency : largest));
+      const double eff_b =
+          std::min(1.0, scale * (d.attention.fused_bwd_efficiency > 0 ? d.attention.fused_bwd_efficiency : largest));
       if (!backward) {
         p.attention_s = std::max(flops / (peak(d, dtype) * eff_f), bytes / bw);
         p.kernels = 1;
@@ -162,7 +177,7 @@ ComputeParts op_time(const ClusterProfile& cluster, const UnitOp& op, double bat
     p.memory_s = (e * elems + bytes) * batch_scale / bw;
     p.kernels = backward ? op.kernels_bwd : op.kernels_fwd;
   }
-  p.launch_s = p.kernels * d.launch_overhead_s;
+  p.launch_s = p.kernels * (d.launch_overhead_s + cluster.calibration.kernel_gap_s);
   return p;
 }
 

@@ -21,9 +21,9 @@ constexpr auto memory = memory_op;
 // The sizes of one decoder layer.
 struct Layer {
   std::int64_t h, a, g, d, I;
-  bool llama, qkv_bias;
+  bool llama, qkv_bias, biases;  // qkv_bias: llama's q/k/v; biases: mpt's every norm and linear
   std::int64_t params() const {
-    if (!llama) return 2 * h + 4 * h * h + 2 * h * I;
+    if (!llama) return 2 * h + 4 * h * h + 2 * h * I + (biases ? 7 * h + I : 0);
     return 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * I + (qkv_bias ? a * d + 2 * g * d : 0);
   }
   double flops_fwd(double b, double s) const {  // matmuls: projections, MLP, QK^T and AV
@@ -39,18 +39,21 @@ struct Layer {
     const double kv = flash ? 2.0 * double(g * d) : 2.0 * double(a * d);  // eager expands k, v to a heads
     return e * T * (6.0 * double(h) + kv + 4.0 * double(I)) + 8 * T + scores;
   }
-  std::vector<UnitOp> ops(std::int64_t seq, std::int64_t batch, bool flash) const {
+  std::vector<UnitOp> ops(std::int64_t seq, std::int64_t batch, bool flash, bool alibi) const {
     const std::int64_t T = seq * batch;
     const double Th = double(T) * double(h), TI = double(T) * double(I);
     const UnitOp attention{.kind = "attention", .name = "attention", .m = seq, .n = seq, .k = d, .batch = batch * a,
                            .fused = flash, .causal = true, .dropout = false};
     if (!llama) {
-      return {memory("layernorm1", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("qkv", T, 3 * h, h, false), attention,
-              memory("alibi", double(batch * a) * double(seq) * double(seq), 0, 1, 0, 0, 0),
-              gemm("out", T, h, h, false), memory("residual1", 3 * Th, 0, 1, 3 * Th, 0, 1),
-              memory("layernorm2", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("up", T, I, h, false),
-              memory("gelu", 2 * TI, 0, 1, 3 * TI, 0, 1), gemm("down", T, h, I, false),
-              memory("residual2", 3 * Th, 0, 1, 3 * Th, 0, 1)};
+      std::vector<UnitOp> ops{memory("layernorm1", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("qkv", T, 3 * h, h, biases),
+                              attention};
+      if (alibi) ops.push_back(memory("alibi", double(batch * a) * double(seq) * double(seq), 0, 1, 0, 0, 0));
+      for (UnitOp op : {gemm("out", T, h, h, biases), memory("residual1", 3 * Th, 0, 1, 3 * Th, 0, 1),
+                        memory("layernorm2", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("up", T, I, h, biases),
+                        memory("gelu", 2 * TI, 0, 1, 3 * TI, 0, 1), gemm("down", T, h, I, biases),
+                        memory("residual2", 3 * Th, 0, 1, 3 * Th, 0, 1)})
+        ops.push_back(op);
+      return ops;
     }
     const double Tq = double(T) * double((a + 2 * g) * d);
     return {memory("rmsnorm1", 2 * Th, 0, 2, 3 * Th, 0, 3), gemm("qkv", T, (a + 2 * g) * d, h, qkv_bias),
@@ -84,8 +87,11 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
     throw SchemaError(fmt::format("analytic {}: hidden {} is not a multiple of heads {}", f, o.hidden, o.heads));
   const int e = dtype_bytes(o.dtype);
   const bool llama = f == "llama";
+  if (o.learned_positions < 0 || (llama && (o.learned_positions > 0 || o.biases)))
+    throw SchemaError(fmt::format("analytic {}: biases and learned positions are mpt options (learned positions {})", f,
+                                  o.learned_positions));
   const Layer L{o.hidden, o.heads, g, o.head_dim > 0 ? o.head_dim : o.hidden / o.heads, o.intermediate, llama,
-                llama && o.qkv_bias};
+                llama && o.qkv_bias, !llama && o.biases};
   const bool tied = llama ? o.tied_embeddings : true;
   const std::int64_t b = o.batch, s = o.seq, h = o.hidden, V = o.vocab;
   const double bd = double(b), sd = double(s), hd = double(h), vd = double(V);
@@ -107,7 +113,7 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
   UnitProfile embed;
   embed.name = "embed";
   embed.type = "Embedding";
-  embed.params = V * h;  // rotary and ALiBi positions have no parameters
+  embed.params = V * h + o.learned_positions * h;  // rotary and ALiBi positions have no parameters
   embed.input_shape = {b, s};
   embed.output_shape = {b, s, h};
   embed.bytes_saved = prop(8 * bd * sd);
@@ -125,12 +131,12 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
   block.bytes_output = prop(e * Th);
   block.flops_fwd = prop(L.flops_fwd(bd, sd));
   block.flops_bwd = prop(2 * L.flops_fwd(bd, sd));
-  block.ops = L.ops(s, b, o.flash_attention);
+  block.ops = L.ops(s, b, o.flash_attention, o.learned_positions == 0);
 
   UnitProfile head;
   head.name = "head";
   head.type = "Head";
-  head.params = h + (tied ? 0 : V * h);
+  head.params = h + (L.biases ? h : 0) + (tied ? 0 : V * h);
   head.input_shape = {b, s, h};
   head.output_shape = {b, s, V};
   const double logits = e * TV, loss_fp32 = 4 * TV;

@@ -6,6 +6,9 @@
 #include <cctype>
 #include <cstdlib>
 #include <set>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include "json_util.h"
 #include "zeroplan/config.h"
@@ -335,8 +338,22 @@ ojson to_ordered_json(const ClusterProfile& c) {
   j["shares_cores"] = c.shares_cores;
   j["allocator_overhead_factor"] = c.allocator_overhead_factor;
   if (c.calibration != Calibration{}) {
-    j["calibration"] = ojson{{"compute_time_scale", c.calibration.compute_time_scale},
-                             {"comm_time_scale", c.calibration.comm_time_scale}};
+    // Only the factors that are not neutral: every number written needs its provenance.
+    const Calibration& k = c.calibration;
+    const Calibration neutral;
+    ojson cal = ojson::object();
+    auto put = [&](const char* key, double v, double none) {
+      if (v != none) cal[key] = v;
+    };
+    put("compute_time_scale", k.compute_time_scale, neutral.compute_time_scale);
+    put("comm_time_scale", k.comm_time_scale, neutral.comm_time_scale);
+    put("gemm_efficiency_scale", k.gemm_efficiency_scale, neutral.gemm_efficiency_scale);
+    put("gemm_half_dim", k.gemm_half_dim, neutral.gemm_half_dim);
+    put("attention_efficiency_scale", k.attention_efficiency_scale, neutral.attention_efficiency_scale);
+    put("memory_bw_scale", k.memory_bw_scale, neutral.memory_bw_scale);
+    put("kernel_gap_s", k.kernel_gap_s, neutral.kernel_gap_s);
+    put("compute_with_comm_slowdown", k.compute_with_comm_slowdown, neutral.compute_with_comm_slowdown);
+    j["calibration"] = cal;
   }
   if (c.core_contention.measured()) {
     j["core_contention"] = ojson{{"compute_ranks_slowdown", c.core_contention.compute_ranks_slowdown},
@@ -457,6 +474,16 @@ void validate(const ClusterProfile& c) {
     cluster_error("calibration.compute_time_scale must be > 0 (got " + num(c.calibration.compute_time_scale) + ")");
   if (!(c.calibration.comm_time_scale > 0))
     cluster_error("calibration.comm_time_scale must be > 0 (got " + num(c.calibration.comm_time_scale) + ")");
+  for (const auto& [field, v, lo, hi] :
+       {std::tuple{"gemm_efficiency_scale", c.calibration.gemm_efficiency_scale, 1e-3, 10.0},
+        std::tuple{"gemm_half_dim", c.calibration.gemm_half_dim, 0.0, 1e6},
+        std::tuple{"attention_efficiency_scale", c.calibration.attention_efficiency_scale, 1e-3, 10.0},
+        std::tuple{"memory_bw_scale", c.calibration.memory_bw_scale, 1e-3, 10.0},
+        std::tuple{"kernel_gap_s", c.calibration.kernel_gap_s, 0.0, 1.0},
+        std::tuple{"compute_with_comm_slowdown", c.calibration.compute_with_comm_slowdown, 1.0, 100.0}}) {
+    if (!(v >= lo && v <= hi))
+      cluster_error(fmt::format("calibration.{} must be in [{}, {}] (got {})", field, lo, hi, num(v)));
+  }
   for (const auto& [field, v] : {std::pair{"compute_ranks_slowdown", c.core_contention.compute_ranks_slowdown},
                                  std::pair{"compute_with_comm_slowdown", c.core_contention.compute_with_comm_slowdown},
                                  std::pair{"comm_with_compute_slowdown", c.core_contention.comm_with_compute_slowdown}}) {
@@ -488,6 +515,12 @@ void read_value(const nlohmann::json& j, Calibration& cal, const std::string& pa
   ObjectReader r(j, path);
   r.opt("compute_time_scale", cal.compute_time_scale);
   r.opt("comm_time_scale", cal.comm_time_scale);
+  r.opt("gemm_efficiency_scale", cal.gemm_efficiency_scale);
+  r.opt("gemm_half_dim", cal.gemm_half_dim);
+  r.opt("attention_efficiency_scale", cal.attention_efficiency_scale);
+  r.opt("memory_bw_scale", cal.memory_bw_scale);
+  r.opt("kernel_gap_s", cal.kernel_gap_s);
+  r.opt("compute_with_comm_slowdown", cal.compute_with_comm_slowdown);
   r.finish();
 }
 

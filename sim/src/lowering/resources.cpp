@@ -50,14 +50,23 @@ void build_resources(Ctx& c) {
   // anything else runs on the cores, instead of an equal split of the cores.
   const CoreContention& cc = cl.core_contention;
   const bool measured = cores != kNone && cc.measured();
-  const double compute_rate = measured ? 1.0 / cc.compute_with_comm_slowdown : 0.0;
-  const double comm_rate = measured ? 1.0 / cc.comm_with_compute_slowdown : 0.0;
-  c.compute = c.g.add_resource(c.prefix + "compute", ResourceKind::compute, cores, compute_rate);
+  double compute_rate = measured ? 1.0 / cc.compute_with_comm_slowdown : 0.0;
+  double comm_rate = measured ? 1.0 / cc.comm_with_compute_slowdown : 0.0;
+  // A GPU's compute and its collectives share the SMs (calibration.compute_with_comm_slowdown): compute
+  // slows while a collective is in flight, the collective keeps its speed. Collectives then leave the
+  // PCIe group (their contention with offload copies across nodes is not modelled together with this).
+  GroupId compute_group = cores, comm_group = copy_group;
+  if (cores == kNone && cl.device.kind == "cuda" && cl.calibration.compute_with_comm_slowdown > 1) {
+    compute_group = comm_group = c.g.add_group(c.prefix + "sm", 1.0);
+    compute_rate = 1.0 / cl.calibration.compute_with_comm_slowdown;
+    comm_rate = 1.0;
+  }
+  c.compute = c.g.add_resource(c.prefix + "compute", ResourceKind::compute, compute_group, compute_rate);
   c.h2d = c.g.add_resource(c.prefix + "h2d", ResourceKind::copy_h2d, copy_group);
   c.d2h = c.g.add_resource(c.prefix + "d2h", ResourceKind::copy_d2h, copy_group);
-  c.comm = c.g.add_resource(c.prefix + "comm", ResourceKind::comm, copy_group, comm_rate);
+  c.comm = c.g.add_resource(c.prefix + "comm", ResourceKind::comm, comm_group, comm_rate);
   // FSDP reduce-scatters on its own stream, so gathers for the next unit are not queued behind them.
-  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, copy_group, comm_rate)
+  c.comm_rs = c.plan.zero_stage == 3 ? c.g.add_resource(c.prefix + "comm.rs", ResourceKind::comm, comm_group, comm_rate)
                                      : c.comm;
   // Ranks that drift apart on shared cores: a collective begins when the last rank issues it.
   if (const double skew = rank_skew_fraction(c.model, cl, c.n); skew > 0) {

@@ -99,7 +99,9 @@ namespace zeroplan {
 //   mpt    (MPT): LayerNorms without bias, fused Wqkv h x 3h and out h x h, no biases, ALiBi (no position
 //          parameters), MLP h x rI x h with GELU (r = expansion_ratio, I = r*h), head tied to the token
 //          embedding. Per layer: 2h + 4h^2 + 2*r*h^2. Saved e*T*h*(8 + 2r) + a*s*s*b*(4 + e) (flash:
-//          4*a*s*b).
+//          4*a*s*b). With biases (MPTConfig no_bias false, llm-foundry's default) every LayerNorm and
+//          linear has one: + 7h + I per layer and h for the final norm. With learned positions
+//          (llm-foundry's learned_pos_emb, instead of ALiBi) the embedding adds a max_seq_len x h table.
 // Units: embed (V*h), block x layers, head (final norm, + V*h when not tied, with the loss), as the GPT's.
 // Parameter counts equal the transformers models built from the same configs (tests/python).
 struct AnalyticDecoderOptions {
@@ -116,6 +118,8 @@ struct AnalyticDecoderOptions {
   std::string dtype = "bf16";
   bool tied_embeddings = false;       // llama: tie_word_embeddings; mpt: always tied
   bool qkv_bias = false;              // Qwen2
+  bool biases = false;                // mpt: biases on every LayerNorm and linear (no_bias false)
+  std::int64_t learned_positions = 0; // mpt: rows of a learned position table (max_seq_len), 0: ALiBi
   bool flash_attention = false;
   std::string name = "llama";
   std::string source;                 // "" = "analytic:<family>"

@@ -146,9 +146,27 @@ struct Provenance {
 // Factors fitted from measured runs (zeroplan autopilot --grid --calibrate) for what a datasheet or a
 // probe of one process alone cannot see, e.g. ranks slowing each other down on a shared machine.
 // Written only when not 1; each factor then needs its provenance.
+//
+// The per-op GPU time model's terms (zeroplan calibrate; the shipped GPU files: fitted to public training
+// runs, see SOURCES.md). Each refines a microbenchmark number for what a whole training step sees:
+//   gemm_efficiency_scale   a GEMM achieves this fraction of the microbenchmark buckets' efficiency,
+//   gemm_half_dim           times d / (d + gemm_half_dim), d = its smallest dimension (thin GEMMs are
+//                           slower: cuBLAS picks smaller tiles, k loops are short); 0: no shape term
+//   attention_efficiency_scale  fused attention's forward and backward efficiencies are multiplied by this
+//   memory_bw_scale         memory-bound kernels achieve this fraction of mem_bw_achieved_bytes_per_s
+//   kernel_gap_s            per kernel, added to launch_overhead_s: CPU dispatch gaps between kernels
+//   compute_with_comm_slowdown  on GPUs, compute runs this much slower while a collective is in flight
+//                           (NCCL's kernels take SMs and memory bandwidth), >= 1
+// Efficiencies stay capped at 1.
 struct Calibration {
   double compute_time_scale = 1;  // every compute task's time is multiplied by this, > 0
   double comm_time_scale = 1;     // every collective's time, > 0
+  double gemm_efficiency_scale = 1;
+  double gemm_half_dim = 0;
+  double attention_efficiency_scale = 1;
+  double memory_bw_scale = 1;
+  double kernel_gap_s = 0;
+  double compute_with_comm_slowdown = 1;
   bool operator==(const Calibration&) const = default;
 };
 
