@@ -73,8 +73,8 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     o.batch = a.options.batch;
     if (a.dtype_given) o.dtype = a.options.dtype;
     const std::vector<std::string> known = o.family == "llama"
-        ? std::vector<std::string>{"kv_heads", "head_dim", "tied", "qkv_bias", "attention"}
-        : std::vector<std::string>{"expansion", "attention", "bias", "positions"};
+        ? std::vector<std::string>{"kv_heads", "head_dim", "tied", "qkv_bias", "attention", "units"}
+        : std::vector<std::string>{"expansion", "attention", "bias", "positions", "units"};
     for (const auto& [k, v] : parse_key_values(a.sets, "--opt")) {
       if (std::find(known.begin(), known.end(), k) == known.end())
         throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic {} (options: {}; sizes: --layers, "
@@ -93,6 +93,11 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
       if (k == "tied") o.tied_embeddings = v != "false" && v != "0";
       if (k == "qkv_bias") o.qkv_bias = v != "false" && v != "0";
       if (k == "bias") o.biases = v != "false" && v != "0";
+      if (k == "units") {  // FSDP's wrap: whole layers, or attention and MLP apart
+        if (v != "block" && v != "sub-block")
+          throw ExitError(kBadInput, fmt::format("--opt units={}: expected block or sub-block", v));
+        o.sub_blocks = v == "sub-block";
+      }
       if (k == "positions") {
         if (v != "alibi" && v != "learned")
           throw ExitError(kBadInput, fmt::format("--opt positions={}: expected alibi or learned", v));

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli.h"
+#include "zeroplan/sim/calibrate.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/tuner/constraints.h"
 #include "zeroplan/tuner/granularity.h"
@@ -47,6 +48,13 @@ void print_ranking(const tuner::TuneResult& r) {
     if (rp.equivalents > 0) knobs += fmt::format(" (+{} same-prediction variants)", rp.equivalents);
     fmt::print(stderr, "  {:>2}  {:>11.6f}  {:>10.1f}  {:>12}  {:>12}  {:<14} {}\n", ++i, p.step_time_s, p.samples_per_s,
                gib(p.device.total_bytes()), gib(p.host.total_bytes()), p.bound, knobs);
+  }
+  if (const auto* best = r.best()) {
+    const sim::Throughput t = sim::throughput(r.model, r.cluster, best->plan, best->prediction.step_time_s);
+    std::string line = fmt::format("  best plan, predicted: {:.6f} s per step", best->prediction.step_time_s);
+    if (t.tokens_per_s_per_gpu > 0) line += fmt::format(", {:.0f} tokens/s per GPU", t.tokens_per_s_per_gpu);
+    if (t.mfu > 0) line += fmt::format(", MFU {:.1f}%", 100 * t.mfu);
+    fmt::print(stderr, "{}\n  time model: {}\n", line, sim::calibration_label(r.cluster));
   }
   const auto& d = r.default_plan;
   if (d.simulated && !d.fits)

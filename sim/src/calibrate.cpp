@@ -193,4 +193,39 @@ CalibrationResult calibrate(const std::vector<CalibrationRow>& rows, const Calib
   return result;
 }
 
+Throughput throughput(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan, double step_time_s) {
+  Throughput t;
+  if (!(step_time_s > 0) || plan.world_size < 1) return t;
+  const double samples = plan.global_batch, gpus = plan.world_size;
+  if (model.seq_len > 0) t.tokens_per_s_per_gpu = samples * static_cast<double>(model.seq_len) / step_time_s / gpus;
+  double flops_per_sample = 0;
+  for (const UnitProfile& u : model.units)
+    flops_per_sample += u.count * (u.flops_fwd.at(1, model.batch) + u.flops_bwd.at(1, model.batch));
+  const auto& peaks = cluster.device.peak_flops;
+  const auto it = peaks.find(plan.precision.compute_dtype);
+  const double peak = it != peaks.end() ? it->second : peaks.count("fp32") ? peaks.at("fp32") : 0.0;
+  if (flops_per_sample > 0 && peak > 0) t.mfu = flops_per_sample * samples / (step_time_s * gpus * peak);
+  return t;
+}
+
+std::string calibration_label(const ClusterProfile& cluster) {
+  std::vector<std::string> terms;
+  std::string cite;
+  for (const std::string& name : calibration_term_names()) {
+    const double v = calibration_term(cluster.calibration, name);
+    if (v == calibration_term(Calibration{}, name)) continue;
+    terms.push_back(fmt::format("{} {:.3g}", name, v));
+    if (cite.empty()) {
+      const auto it = cluster.provenance.find("calibration." + name);
+      if (it != cluster.provenance.end()) cite = it->second.citation;
+      else if (cluster.provenance.count("calibration")) cite = cluster.provenance.at("calibration").citation;
+    }
+  }
+  if (terms.empty()) return fmt::format("{} uncalibrated (datasheet and microbenchmark numbers only)", cluster.name);
+  std::string what = cite.substr(0, cite.find(" ("));
+  if (const auto c = cite.find("commit "); c != std::string::npos)
+    what += ", " + cite.substr(c, cite.find_first_of(";),", c) - c);
+  return fmt::format("{} calibrated ({}){}", cluster.name, fmt::join(terms, ", "), what.empty() ? "" : ": " + what);
+}
+
 }  // namespace zeroplan::sim

@@ -107,8 +107,9 @@ double collective_time_flat(CollOp op, double bytes, int n, double bw, double al
 
 std::string_view default_backend(const ClusterProfile& c) { return c.device.kind == "cpu" ? "gloo" : "nccl"; }
 
-std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& c, std::int64_t bytes) {
-  return default_backend(c) == "gloo" ? bytes : 0;
+std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& c, std::int64_t bytes, int ranks) {
+  if (default_backend(c) != "gloo" || ranks <= 1) return 0;
+  return bytes / ranks * (ranks > 2 ? 2 : 1);
 }
 
 namespace {
@@ -129,8 +130,6 @@ double uncalibrated_collective_time(const ClusterProfile& c, CollOp op, double b
       t >= 0) {
     return t;
   }
-  // Gloo's reduce-scatter is an all-reduce of the whole input (then a local copy of this rank's chunk).
-  if (op == CollOp::reduce_scatter && backend == "gloo") op = CollOp::all_reduce;
   const Link& li = c.links.intra_node;
   if (intra) return collective_time_flat(op, bytes, ranks, li.bw_bytes_per_s, li.latency_s, o.algo);
   const int m = (ranks + d - 1) / d;  // nodes

@@ -1,7 +1,8 @@
 // Predictions, not measurements: simulated TFLOPS per GPU and where one training step's time goes for
 // public GPT shapes on the shipped A100 and H100 clusters, from the per-op GPU time model (issue #19).
-// Nothing here is fitted to training runs: the cluster numbers come from datasheets and published
-// microbenchmarks (profiles/data/clusters/SOURCES.md). Prints a markdown table on stdout.
+// The cluster numbers come from datasheets and published
+// microbenchmarks (profiles/data/clusters/SOURCES.md), with the calibration terms fitted to llm-foundry's
+// MPT benchmarks beside them (zeroplan calibrate). Prints a markdown table on stdout.
 //   build-notorch/tests/sim/gpt_shapes_table
 #include <fmt/format.h>
 

@@ -10,7 +10,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -27,9 +31,6 @@ namespace {
 constexpr const char* kGlooAvgFallback = "gloo all_reduce avg via sum then divide by world size";
 constexpr const char* kGlooReduceScatterAvgFallback =
     "gloo reduce_scatter avg via sum then divide by world size";
-constexpr const char* kGlooReduceScatterFallback =
-    "gloo reduce_scatter via all_reduce (the input cloned, all-reduced and this rank's chunk copied "
-    "out, as reduce_scatter_single does): 2(N-1)/N traffic and a full-size temporary";
 
 // The flat all-gather and reduce-scatter of one buffer: all_gather_single / reduce_scatter_single in the
 // pinned torch, _allgather_base / _reduce_scatter_base in the torch of the lent GPU machines (2.11), which
@@ -52,6 +53,78 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(B& pg, at::Tensor& out, at::T
 
 class C10dCommunicator;
 
+// One thread that runs jobs in the order submitted: the steps of Gloo reduce-scatters, each of which
+// waits for a receive before it adds and sends on, off the caller's thread. A job's captures are released
+// before its future is made ready, so the waiting thread holds the last references to what it handed.
+class JobThread {
+ public:
+  JobThread() : state_(std::make_shared<State>()) {
+    thread_ = std::thread([s = state_] { run(*s); });
+  }
+  ~JobThread() {
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stop = true;
+      busy = state_->busy;
+    }
+    state_->cv.notify_all();
+    // A job still running waits on a peer that may be gone: it ends at its timeout, on its own.
+    if (busy) thread_.detach();
+    else thread_.join();
+  }
+  JobThread(const JobThread&) = delete;
+  JobThread& operator=(const JobThread&) = delete;
+
+  std::future<void> submit(std::function<void()> job) {
+    std::promise<void> done;
+    std::future<void> f = done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->jobs.emplace_back(std::move(job), std::move(done));
+    }
+    state_->cv.notify_all();
+    return f;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::pair<std::function<void()>, std::promise<void>>> jobs;
+    bool stop = false;
+    bool busy = false;
+  };
+  static void run(State& s) {
+    for (;;) {
+      std::pair<std::function<void()>, std::promise<void>> job;
+      {
+        std::unique_lock<std::mutex> lock(s.mutex);
+        s.cv.wait(lock, [&] { return s.stop || !s.jobs.empty(); });
+        if (s.stop) return;
+        job = std::move(s.jobs.front());
+        s.jobs.pop_front();
+        s.busy = true;
+      }
+      std::exception_ptr error;
+      try {
+        job.first();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job.first = nullptr;  // its tensors go before the waiter wakes
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.busy = false;
+      }
+      if (error) job.second.set_exception(error);
+      else job.second.set_value();
+    }
+  }
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
 class C10dWork final : public Work {
  public:
   // `handed`: tensors made for the collective and held by nobody but c10d and this work once it is issued
@@ -61,12 +134,17 @@ class C10dWork final : public Work {
   C10dWork(const C10dCommunicator* comm, std::string what, std::vector<c10::intrusive_ptr<c10d::Work>> works,
            std::function<void()> after, const std::vector<at::Tensor>& handed = {})
       : comm_(comm), what_(std::move(what)), works_(std::move(works)), after_(std::move(after)), handed_(handed) {}
+  // A collective run as a job of steps (JobThread): done when `job` is.
+  C10dWork(const C10dCommunicator* comm, std::string what, std::future<void> job, std::function<void()> after,
+           const std::vector<at::Tensor>& handed)
+      : comm_(comm), what_(std::move(what)), job_(std::move(job)), after_(std::move(after)), handed_(handed) {}
   void wait() override;
 
  private:
   const C10dCommunicator* comm_;
   std::string what_;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // one collective, or the parts of one
+  std::future<void> job_;                              // or a job of steps
   std::function<void()> after_;
   std::vector<at::Tensor> handed_;
   bool done_ = false;
@@ -167,27 +245,11 @@ class C10dCommunicator final : public Communicator {
     c10d::ReduceScatterOptions opts;
     opts.timeout = options_.timeout;
     opts.reduceOp = c10d_op(op, kGlooReduceScatterAvgFallback);
-    if (backend_ == "gloo") note(kGlooReduceScatterFallback);
     at::Tensor out = output.view({-1});
     // c10d takes the input by non-const reference; it only reads it.
     at::Tensor in = input.view({-1});
     const bool divide = op == ReduceOp::kAvg && !native_avg_;
-    if (backend_ == "gloo") {
-      // What Gloo's reduce_scatter_single does (clone, all-reduce, copy this rank's chunk out), with the
-      // full-size temporary made here, when the collective is issued, and freed at wait(): inside Gloo
-      // it was made and freed on its worker thread, at moments that depended on thread timing.
-      at::Tensor buf = in.clone();
-      std::vector<at::Tensor> tensors{buf};
-      c10d::AllreduceOptions ar;
-      ar.timeout = options_.timeout;
-      ar.reduceOp = opts.reduceOp;
-      std::function<void()> after = [buf, out, r = rank_, n = world_, divide]() mutable {
-        out.copy_(buf.chunk(n)[static_cast<std::size_t>(r)]);
-        if (divide) out.div_(n);
-      };
-      return issue("reduce_scatter", input.nbytes(), [&] { return pg_->allreduce(tensors, ar); }, std::move(after),
-                   {buf});
-    }
+    if (backend_ == "gloo") return ring_reduce_scatter(out, in, divide, input.nbytes());
     std::function<void()> after;
     if (divide) after = [t = output, n = world_]() mutable { t.div_(n); };
     return issue("reduce_scatter", input.nbytes(),
@@ -224,6 +286,8 @@ class C10dCommunicator final : public Communicator {
     issue("barrier", 0, [&] { return pg_->barrier(opts); }, {})->wait();
   }
 
+  std::int64_t ring_bytes_sent() const override { return ring_bytes_sent_->load(); }
+
   std::vector<std::string> fallbacks() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     return {fallbacks_.begin(), fallbacks_.end()};
@@ -256,6 +320,50 @@ class C10dCommunicator final : public Communicator {
     if (notes_to_ != this) return notes_to_->note(fallback);
     std::lock_guard<std::mutex> lock(mutex_);
     fallbacks_.insert(fallback);
+  }
+
+  // Gloo's reduce_scatter_single all-reduces a full-size clone: 2(N-1)/N of the buffer on the wire per
+  // rank and a full-size temporary. This is a ring instead, as NCCL runs it: N-1 steps, each sending one
+  // chunk to the next rank and adding the chunk received from the previous one to this rank's own
+  // ((N-1)/N of the buffer sent per rank), on a second process group of the same ranks driven by one
+  // thread of its own (each step waits for its receive), so the caller goes on computing. Buffers: the
+  // chunk received, and with more than two ranks the running sum sent on, made here and freed at the
+  // wait (where the simulator frees them). Two ranks sum a + b as the all-reduce did, bit for bit.
+  std::unique_ptr<Work> ring_reduce_scatter(at::Tensor out, at::Tensor in, bool divide, std::size_t bytes) {
+    if (!ring_) {
+      ring_comm_ = std::shared_ptr<Communicator>(duplicate());  // collective: every rank's first reduce-scatter
+      ring_ = std::make_unique<JobThread>();
+    }
+    const int n = world_, r = rank_;
+    const std::int64_t chunk = out.numel();
+    at::Tensor recv = at::empty({chunk}, in.options());
+    at::Tensor acc = n > 2 ? at::empty({chunk}, in.options()) : at::Tensor();
+    std::vector<at::Tensor> handed{recv};
+    if (acc.defined()) handed.push_back(acc);
+    std::string what = fmt::format("reduce_scatter #{} ({} bytes)", ++sequence_, bytes);
+    auto job = [ring = ring_comm_, in, out, recv, acc, n, r, chunk, sent = ring_bytes_sent_]() mutable {
+      auto part = [&](int k) { return in.narrow(0, ((k % n) + n) % n * chunk, chunk); };
+      at::Tensor send = part(r - 1);
+      for (int step = 0; step + 1 < n; ++step) {
+        auto s = ring->send(send, (r + 1) % n, kRingTag);
+        auto got = ring->recv(recv, (r + n - 1) % n, kRingTag);
+        got->wait();
+        s->wait();
+        sent->fetch_add(static_cast<std::int64_t>(send.nbytes()));
+        // The chunk received is the running sum of chunk r - step - 2; the last step's is this rank's.
+        if (step + 2 == n) {
+          at::add_out(out, part(r - step - 2), recv);
+        } else {
+          at::add_out(acc, part(r - step - 2), recv);
+          send = acc;
+        }
+      }
+      in = out = recv = acc = send = at::Tensor();
+      ring.reset();
+    };
+    std::function<void()> after;
+    if (divide) after = [out, n]() mutable { out.div_(n); };
+    return std::make_unique<C10dWork>(this, std::move(what), ring_->submit(std::move(job)), std::move(after), handed);
   }
 
   template <class Issue>
@@ -291,6 +399,12 @@ class C10dCommunicator final : public Communicator {
   mutable std::string diagnosis_;
   mutable std::mutex mutex_;
   std::set<std::string> fallbacks_;
+  // Gloo reduce-scatters: the ring's process group, its thread (declared after the group: destroyed
+  // first) and the bytes its sends put on the wire.
+  static constexpr int kRingTag = 0x5a52;
+  std::shared_ptr<Communicator> ring_comm_;
+  std::unique_ptr<JobThread> ring_;
+  std::shared_ptr<std::atomic<std::int64_t>> ring_bytes_sent_ = std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 void C10dWork::wait() {
@@ -298,6 +412,10 @@ void C10dWork::wait() {
   done_ = true;
   try {
     for (auto& w : works_) w->wait();
+    if (job_.valid()) job_.get();
+  } catch (const CommError& e) {
+    // A step of a ring failed: its own line names the step; say which collective it was.
+    throw CommError(comm_->failure(what_, detail::first_line(e.what())));
   } catch (const std::exception& e) {
     throw CommError(comm_->failure(what_, detail::first_line(e.what())));
   }

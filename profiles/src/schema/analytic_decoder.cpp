@@ -22,23 +22,39 @@ constexpr auto memory = memory_op;
 struct Layer {
   std::int64_t h, a, g, d, I;
   bool llama, qkv_bias, biases;  // qkv_bias: llama's q/k/v; biases: mpt's every norm and linear
-  std::int64_t params() const {
-    if (!llama) return 2 * h + 4 * h * h + 2 * h * I + (biases ? 7 * h + I : 0);
-    return 2 * h + h * a * d + 2 * h * g * d + a * d * h + 3 * h * I + (qkv_bias ? a * d + 2 * g * d : 0);
+  // The attention half (norm, projections, attention, residual) and the MLP half (norm, MLP, residual)
+  // of a layer; the layer is their sum.
+  std::int64_t attn_params() const {
+    if (!llama) return h + 4 * h * h + (biases ? 5 * h : 0);
+    return h + h * a * d + 2 * h * g * d + a * d * h + (qkv_bias ? a * d + 2 * g * d : 0);
   }
-  double flops_fwd(double b, double s) const {  // matmuls: projections, MLP, QK^T and AV
-    const double T = b * s;
+  std::int64_t mlp_params() const { return llama ? h + 3 * h * I : h + 2 * h * I + (biases ? 2 * h + I : 0); }
+  std::int64_t params() const { return attn_params() + mlp_params(); }
+  double attn_flops_fwd(double b, double s) const {  // matmuls: projections, QK^T and AV
     const double proj = llama ? double(h * a * d + 2 * h * g * d + a * d * h) : double(4 * h * h);
-    const double mlp = llama ? 3.0 * double(h * I) : 2.0 * double(h * I);
-    return 2 * T * (proj + mlp) + 4 * b * s * s * double(a * d);
+    return 2 * b * s * proj + 4 * b * s * s * double(a * d);
   }
-  double saved(double b, double s, int e, bool flash) const {
+  double mlp_flops_fwd(double b, double s) const { return 2 * b * s * (llama ? 3.0 : 2.0) * double(h * I); }
+  double flops_fwd(double b, double s) const { return attn_flops_fwd(b, s) + mlp_flops_fwd(b, s); }
+  // Saved bytes: llama's attention half keeps its norm's input and output, q and the attention output
+  // (4h), k and v, the norm's fp32 statistics and the scores; its MLP half the norm's input and output
+  // (2h), gate, up, the SiLU output and the product (4I) and the statistics. MPT's attention half 6h
+  // (norm input and output, q, k, v, attention output) and the scores, its MLP half 2h + 2I.
+  double attn_saved(double b, double s, int e, bool flash) const {
     const double T = b * s;
     const double scores = flash ? 4.0 * double(a) * s * b : double(a) * s * s * b * (4.0 + e);
-    if (!llama) return e * T * double(h) * (8.0 + 2.0 * double(I) / double(h)) + scores;
+    if (!llama) return e * T * 6.0 * double(h) + scores;
     const double kv = flash ? 2.0 * double(g * d) : 2.0 * double(a * d);  // eager expands k, v to a heads
-    return e * T * (6.0 * double(h) + kv + 4.0 * double(I)) + 8 * T + scores;
+    return e * T * (4.0 * double(h) + kv) + 4 * T + scores;
   }
+  double mlp_saved(double b, double s, int e) const {
+    const double T = b * s;
+    if (!llama) return e * T * (2.0 * double(h) + 2.0 * double(I));
+    return e * T * (2.0 * double(h) + 4.0 * double(I)) + 4 * T;
+  }
+  double saved(double b, double s, int e, bool flash) const { return attn_saved(b, s, e, flash) + mlp_saved(b, s, e); }
+  // How many of ops() belong to the attention half (the rest are the MLP's).
+  static std::size_t attn_ops(bool llama_layer, bool alibi) { return llama_layer ? 6 : (alibi ? 6 : 5); }
   std::vector<UnitOp> ops(std::int64_t seq, std::int64_t batch, bool flash, bool alibi) const {
     const std::int64_t T = seq * batch;
     const double Th = double(T) * double(h), TI = double(T) * double(I);
@@ -132,6 +148,33 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
   block.flops_fwd = prop(L.flops_fwd(bd, sd));
   block.flops_bwd = prop(2 * L.flops_fwd(bd, sd));
   block.ops = L.ops(s, b, o.flash_attention, o.learned_positions == 0);
+  std::vector<UnitProfile> blocks;
+  if (o.sub_blocks) {  // FSDP wrapping attention and MLP apart: "block<l>.attn" then "block<l>.mlp"
+    const std::size_t split = Layer::attn_ops(llama, o.learned_positions == 0);
+    for (std::int64_t l = 0; l < o.layers; ++l) {
+      UnitProfile attn = block, mlp = block;
+      attn.name = fmt::format("block{}.attn", l);
+      attn.type = "Attention";
+      attn.count = 1;
+      attn.params = L.attn_params();
+      attn.bytes_saved = prop(L.attn_saved(bd, sd, e, o.flash_attention));
+      attn.flops_fwd = prop(L.attn_flops_fwd(bd, sd));
+      attn.flops_bwd = prop(2 * L.attn_flops_fwd(bd, sd));
+      attn.ops.assign(block.ops.begin(), block.ops.begin() + static_cast<std::ptrdiff_t>(split));
+      mlp.name = fmt::format("block{}.mlp", l);
+      mlp.type = "MLP";
+      mlp.count = 1;
+      mlp.params = L.mlp_params();
+      mlp.bytes_saved = prop(L.mlp_saved(bd, sd, e));
+      mlp.flops_fwd = prop(L.mlp_flops_fwd(bd, sd));
+      mlp.flops_bwd = prop(2 * L.mlp_flops_fwd(bd, sd));
+      mlp.ops.assign(block.ops.begin() + static_cast<std::ptrdiff_t>(split), block.ops.end());
+      blocks.push_back(std::move(attn));
+      blocks.push_back(std::move(mlp));
+    }
+  } else {
+    blocks.push_back(std::move(block));
+  }
 
   UnitProfile head;
   head.name = "head";
@@ -149,7 +192,10 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
   head.ops = {memory(llama ? "rmsnorm_f" : "layernorm_f", 2 * Th, 0, 1, 3 * Th, 0, 2), gemm("logits", b * s, V, h, false),
               memory("loss", TV, 12 * TV, 3, TV, 12 * TV, 2)};
 
-  for (UnitProfile* u : {&embed, &block, &head}) {
+  std::vector<UnitProfile*> units{&embed};
+  for (UnitProfile& u : blocks) units.push_back(&u);
+  units.push_back(&head);
+  for (UnitProfile* u : units) {
     u->bytes_param = u->params * e;
     p.units.push_back(std::move(*u));
   }

@@ -36,7 +36,7 @@ TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ran
     if (op == CollOp::reduce_scatter && held != nullptr) held->push_back(a);
   }
   if (op == CollOp::reduce_scatter) {
-    const std::int64_t temp = reduce_scatter_temp_bytes(c.cluster, bytes);
+    const std::int64_t temp = reduce_scatter_temp_bytes(c.cluster, bytes, ranks);
     if (temp > 0) {
       const AllocId a = c.g.alloc(t, c.dev, temp, MemCategory::buffers, c.label(c.n_temp, u, mb));
       if (held != nullptr) held->push_back(a);

@@ -100,28 +100,84 @@ TEST(CountingCommunicator, DelaysEveryCollective) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
 }
 
-// Runs body(comm) on two Gloo ranks, one thread each, and returns what each rank's body threw.
-std::vector<std::string> on_two_gloo_ranks(const std::function<void(Communicator&)>& body,
-                                           std::chrono::milliseconds timeout = std::chrono::seconds(30),
-                                           std::function<std::string()> diagnose = {}) {
+// Runs body(comm) on `n` Gloo ranks, one thread each, and returns what each rank's body threw.
+std::vector<std::string> on_gloo_ranks(int n, const std::function<void(Communicator&)>& body,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                                       std::function<std::string()> diagnose = {}) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
         C10dOptions o;
         o.timeout = timeout;
         o.diagnose = diagnose;
-        auto comm = make_gloo_communicator(store, r, 2, o);
+        auto comm = make_gloo_communicator(store, r, n, o);
         body(*comm);
       } catch (const std::exception& e) {
-        errors[r] = e.what();
+        errors[static_cast<std::size_t>(r)] = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+std::vector<std::string> on_two_gloo_ranks(const std::function<void(Communicator&)>& body,
+                                           std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                                           std::function<std::string()> diagnose = {}) {
+  return on_gloo_ranks(2, body, timeout, std::move(diagnose));
+}
+
+// Gloo's reduce-scatter is a ring of send/recv steps: on 2 ranks it equals the all-reduce path (the input
+// all-reduced, this rank's chunk taken) bit for bit on random floats; on 3 and 4 ranks (another order of
+// summation) bit for bit on sums that are exact and within rounding otherwise. Each rank sends (N-1)/N of
+// the buffer, where the all-reduce sent 2(N-1)/N; no fallback is reported; the average divides.
+TEST(GlooCommunicator, ReduceScatterIsARingThatEqualsTheAllReducePath) {
+  for (const int n : {2, 3, 4}) {
+    auto errors = on_gloo_ranks(n, [n](Communicator& comm) {
+      const int r = comm.rank();
+      std::int64_t expected_sent = 0;
+      for (const std::int64_t chunk : {1, 5, 1000, 40000}) {
+        for (const bool exact : {false, true}) {
+          auto mine = exact ? torch::randint(-50, 50, {n * chunk}, torch::TensorOptions().dtype(torch::kFloat))
+                                  .add_(static_cast<double>(r))
+                            : input(r, n * chunk);
+          auto reference = mine.clone();
+          comm.all_reduce(reference, ReduceOp::kSum)->wait();
+          auto out = torch::empty({chunk});
+          comm.reduce_scatter(out, mine, ReduceOp::kSum)->wait();
+          const auto want = reference.narrow(0, r * chunk, chunk);
+          if (n == 2 || exact) {
+            EXPECT_TRUE(out.equal(want)) << n << " ranks, chunk " << chunk << (exact ? " exact" : "");
+          } else {
+            EXPECT_TRUE(out.allclose(want, 1e-6, 1e-6)) << n << " ranks, chunk " << chunk;
+          }
+          expected_sent += (n - 1) * chunk * 4;
+          EXPECT_EQ(comm.ring_bytes_sent(), expected_sent) << n << " ranks, chunk " << chunk;
+        }
+      }
+      auto avg = torch::empty({7});
+      auto x = input(r, n * 7), sum = x.clone();
+      comm.all_reduce(sum, ReduceOp::kSum)->wait();
+      comm.reduce_scatter(avg, x, ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(avg.allclose(sum.narrow(0, r * 7, 7) / n));
+      // Two in flight at once (the executor waits on the first later), then both waited in order.
+      auto a = torch::empty({3}), b = torch::empty({3});
+      auto xa = input(r, n * 3), xb = input(r + 10, n * 3);
+      auto wa = comm.reduce_scatter(a, xa, ReduceOp::kSum);
+      auto wb = comm.reduce_scatter(b, xb, ReduceOp::kSum);
+      wa->wait();
+      wb->wait();
+      auto sa = xa.clone(), sb = xb.clone();
+      comm.all_reduce(sa, ReduceOp::kSum)->wait();
+      comm.all_reduce(sb, ReduceOp::kSum)->wait();
+      EXPECT_TRUE(a.allclose(sa.narrow(0, r * 3, 3)));
+      EXPECT_TRUE(b.allclose(sb.narrow(0, r * 3, 3)));
+      for (const auto& f : comm.fallbacks()) EXPECT_EQ(f.find("reduce_scatter via"), std::string::npos) << f;
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(static_cast<std::size_t>(n), "")) << n << " ranks";
+  }
 }
 
 TEST(GlooCommunicator, MatchesTheSingleProcessReductionOnUnevenSizes) {
@@ -171,8 +227,7 @@ TEST(GlooCommunicator, MatchesTheSingleProcessReductionOnUnevenSizes) {
     auto has = [&](const std::string& s) {
       return std::any_of(fb.begin(), fb.end(), [&](const auto& f) { return f.find(s) != std::string::npos; });
     };
-    EXPECT_TRUE(has("gloo reduce_scatter via all_reduce")) << fb.size();
-    EXPECT_TRUE(has("2(N-1)/N traffic and a full-size temporary"));
+    EXPECT_FALSE(has("gloo reduce_scatter via all_reduce")) << fb.size();  // a ring now, not a fallback
     EXPECT_TRUE(has("gloo all_reduce avg via sum then divide"));
   });
   EXPECT_EQ(errors[0], "");
@@ -244,6 +299,27 @@ TEST(GlooCommunicator, ATimedOutCollectiveThrowsOneLineNamingTheRank) {
   EXPECT_NE(errors[0].find("rank 0: gloo all_reduce #1 (32 bytes) failed: rank 1 died or hung ("),
             std::string::npos)
       << errors[0];
+  EXPECT_EQ(errors[0].find('\n'), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+// A ring reduce-scatter whose peer stops after the first one: the second's receive times out, and wait()
+// throws one line naming the collective, without a hang (the ring's thread ends at its timeout).
+TEST(GlooCommunicator, ATimedOutRingReduceScatterThrowsOneLine) {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = on_two_gloo_ranks(
+      [](Communicator& comm) {
+        auto out = torch::empty({4});
+        comm.reduce_scatter(out, torch::ones({8}), ReduceOp::kSum)->wait();  // both: the ring forms
+        if (comm.rank() == 1) {  // never joins the second
+          std::this_thread::sleep_for(std::chrono::seconds(4));
+          return;
+        }
+        comm.reduce_scatter(out, torch::ones({8}), ReduceOp::kSum)->wait();
+      },
+      std::chrono::seconds(2), [] { return std::string("rank 1 died or hung"); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("rank 0: gloo reduce_scatter #2 (32 bytes) failed:"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[0].find('\n'), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "analytic_gpt.h"
@@ -76,6 +77,77 @@ TEST(AnalyticGpt, UntiedHeadAddsVocabTimesHidden) {
   const int64_t tied = analytic_gpt(o).total_params();
   o.tied_embeddings = false;
   EXPECT_EQ(analytic_gpt(o).total_params() - tied, 50257LL * 12288);
+}
+
+
+// --opt units=sub-block on the decoder families: each layer becomes "block<l>.attn" then
+// "block<l>.mlp", whose parameters, saved bytes, FLOPs and ops are exactly the whole layer's.
+TEST(AnalyticDecoder, SubBlocksSplitEachLayerExactly) {
+  for (const char* family : {"llama", "mpt"}) {
+    for (const bool flash : {false, true}) {
+      AnalyticDecoderOptions o;
+      o.family = family;
+      o.layers = 3;
+      o.hidden = 256;
+      o.heads = 8;
+      o.kv_heads = std::string(family) == "llama" ? 2 : 0;
+      o.intermediate = 688;
+      o.seq = 128;
+      o.vocab = 1000;
+      o.batch = 2;
+      o.flash_attention = flash;
+      o.qkv_bias = std::string(family) == "llama";
+      o.biases = std::string(family) == "mpt";
+      o.learned_positions = std::string(family) == "mpt" && flash ? 128 : 0;
+      const ModelProfile whole = analytic_decoder(o);
+      o.sub_blocks = true;
+      const ModelProfile split = analytic_decoder(o);
+      ASSERT_EQ(whole.units.size(), 3u) << family;
+      ASSERT_EQ(split.units.size(), 2u + 2 * 3) << family;
+      const UnitProfile& layer = whole.units[1];
+      for (int l = 0; l < 3; ++l) {
+        const UnitProfile& attn = split.units[1 + 2 * l];
+        const UnitProfile& mlp = split.units[2 + 2 * l];
+        EXPECT_EQ(attn.name, "block" + std::to_string(l) + ".attn");
+        EXPECT_EQ(mlp.name, "block" + std::to_string(l) + ".mlp");
+        EXPECT_EQ(attn.params + mlp.params, layer.params) << family;
+        EXPECT_GT(attn.params, 0);
+        EXPECT_GT(mlp.params, 0);
+        EXPECT_DOUBLE_EQ(attn.bytes_saved.at(2, 2) + mlp.bytes_saved.at(2, 2), layer.bytes_saved.at(2, 2)) << family;
+        EXPECT_DOUBLE_EQ(attn.flops_fwd.at(2, 2) + mlp.flops_fwd.at(2, 2), layer.flops_fwd.at(2, 2)) << family;
+        EXPECT_DOUBLE_EQ(attn.flops_bwd.at(2, 2) + mlp.flops_bwd.at(2, 2), layer.flops_bwd.at(2, 2)) << family;
+        std::vector<UnitOp> ops = attn.ops;
+        ops.insert(ops.end(), mlp.ops.begin(), mlp.ops.end());
+        EXPECT_EQ(ops, layer.ops) << family;
+        EXPECT_TRUE(std::any_of(attn.ops.begin(), attn.ops.end(), [](const UnitOp& op) { return op.kind == "attention"; }));
+        EXPECT_EQ(mlp.ops.back().name, "residual2");
+      }
+      std::int64_t total_whole = 0, total_split = 0;
+      for (const UnitProfile& u : whole.units) total_whole += u.params * u.count;
+      for (const UnitProfile& u : split.units) total_split += u.params * u.count;
+      EXPECT_EQ(total_split, total_whole) << family;
+    }
+  }
+}
+
+// llm-foundry's MPT (biases on every norm and linear, learned positions of max_seq_len rows): MPT-7B at
+// sequence 2048 has the 6,658,859,008 parameters its benchmark table lists.
+TEST(AnalyticDecoder, MptWithBiasesAndLearnedPositionsCountsLlmFoundrysModel) {
+  AnalyticDecoderOptions o;
+  o.family = "mpt";
+  o.layers = 32;
+  o.hidden = 4096;
+  o.heads = 32;
+  o.intermediate = 4 * 4096;
+  o.vocab = 50368;
+  o.seq = 2048;
+  o.biases = true;
+  o.learned_positions = 2048;
+  std::int64_t total = 0;
+  for (const UnitProfile& u : analytic_decoder(o).units) total += u.params * u.count;
+  EXPECT_EQ(total, 6658859008);
+  o.family = "llama";
+  EXPECT_THROW(analytic_decoder(o), SchemaError);  // biases and learned positions are mpt's
 }
 
 }  // namespace

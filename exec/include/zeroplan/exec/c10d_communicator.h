@@ -1,7 +1,8 @@
 // Communicators over c10d process groups: Gloo on CPU, NCCL on CUDA (when ZEROPLAN_HAVE_NCCL).
 //
 // What Gloo lacks is run as a correct fallback and reported by fallbacks() on first use, e.g.
-// "gloo reduce_scatter via all_reduce: 2(N-1)/N traffic and a full-size temporary". A failed or
+// "gloo all_reduce avg via sum then divide by world size"; its reduce-scatter is a ring of send/recv
+// steps over a second process group ((N-1)/N of the buffer per rank, as NCCL's). A failed or
 // timed-out collective makes Work::wait() throw CommError with one line:
 // "rank 0: gloo all_reduce #7 (4096 bytes) failed: rank 1 exited with signal 9 (killed)".
 #pragma once

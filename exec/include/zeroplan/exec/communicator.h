@@ -78,7 +78,11 @@ class Communicator {
     throw CommError(backend() + " communicator cannot receive from rank " + std::to_string(src));
   }
 
-  // What ran instead of a missing collective (e.g. "gloo reduce_scatter via all_reduce"), recorded in
+  // Bytes this rank's own sends put on the wire for reduce-scatters the communicator runs itself (Gloo's
+  // ring: (N-1)/N of each buffer); 0 where the backend runs them.
+  virtual std::int64_t ring_bytes_sent() const { return 0; }
+
+  // What ran instead of a missing collective (e.g. "gloo all_reduce avg via sum"), recorded in
   // the RunRecord so the simulator models what really ran.
   virtual std::vector<std::string> fallbacks() const = 0;
 };

@@ -64,6 +64,7 @@ class CountingCommunicator final : public Communicator {
   // Its calls are counted here, with this one's (they are the same ranks' collectives).
   std::unique_ptr<Communicator> duplicate() override;
   std::vector<std::string> fallbacks() const override { return inner_->fallbacks(); }
+  std::int64_t ring_bytes_sent() const override { return inner_->ring_bytes_sent(); }
 
  private:
   void record(Collective kind, int64_t bytes);

@@ -121,6 +121,9 @@ struct AnalyticDecoderOptions {
   bool biases = false;                // mpt: biases on every LayerNorm and linear (no_bias false)
   std::int64_t learned_positions = 0; // mpt: rows of a learned position table (max_seq_len), 0: ALiBi
   bool flash_attention = false;
+  // Attention and MLP halves as separate units, "block<l>.attn" then "block<l>.mlp" (as the GPT's
+  // sub_blocks): parameters, saved bytes, FLOPs and ops split, the layer their sum.
+  bool sub_blocks = false;
   std::string name = "llama";
   std::string source;                 // "" = "analytic:<family>"
 };

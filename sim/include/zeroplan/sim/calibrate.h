@@ -83,6 +83,20 @@ CalibrationResult calibrate(const std::vector<CalibrationRow>& rows, const Calib
 // The errors of `rows`' before_s / after_s against measured_s, for the held-out rows or the others.
 CalibrationErrors calibration_errors(const std::vector<CalibratedRow>& rows, bool held_out, bool after);
 
+// What a step time means in the units training runs are published in: tokens per second per GPU
+// (global_batch x the profile's seq_len per step, over world_size; 0 without a sequence length) and model
+// FLOPs utilisation (the profile's forward and backward FLOPs of the global batch, no recompute, over
+// world_size x the compute dtype's peak; 0 when the profile has no FLOPs).
+struct Throughput {
+  double tokens_per_s_per_gpu = 0;
+  double mfu = 0;
+};
+Throughput throughput(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan, double step_time_s);
+
+// One line naming the calibration terms a cluster carries and what they were fitted to (their
+// provenance, up to its first parenthesis, and the commit it names), or "uncalibrated".
+std::string calibration_label(const ClusterProfile& cluster);
+
 // ---- the public table ------------------------------------------------------------------------------
 
 // The rows of a "zeroplan.calibration_rows/1" document (llm-foundry's MPT benchmark table, read by

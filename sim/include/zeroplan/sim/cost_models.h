@@ -138,7 +138,7 @@ struct CollectiveOptions {
 // derived from the links: within a node the intra-node link; across m nodes of d devices hierarchical:
 // the intra-node phase on d ranks (NVLink) plus the inter-node phase on m nodes, where the node's
 // inter-node bandwidth is shared by its d devices (all_reduce: intra reduce-scatter + inter all-reduce
-// + intra all-gather). Gloo has no real reduce-scatter: it runs an all-reduce (see REFERENCE.md).
+// + intra all-gather). Gloo's reduce-scatter is zeroplan's ring (the executor's), costed as a ring.
 // Multiplied by the cluster's calibration.comm_time_scale.
 double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
                        const CollectiveOptions& options = {});
@@ -146,9 +146,10 @@ double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, i
 // The backend the cluster uses: "nccl" on cuda devices, "gloo" on cpu.
 std::string_view default_backend(const ClusterProfile& cluster);
 
-// Extra full-size temporary a backend allocates for one reduce-scatter of `bytes` input (Gloo: the
-// clone of the whole input before its all-reduce; NCCL: 0).
-std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& cluster, std::int64_t bytes);
+// Extra buffers one reduce-scatter of `bytes` input over `ranks` holds from its issue to its wait: Gloo
+// (zeroplan's ring of send/recv steps) the chunk received, and with more than two ranks the running sum
+// sent on: bytes / ranks x (1 or 2); NCCL: 0.
+std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& cluster, std::int64_t bytes, int ranks);
 
 // ---- copies ----------------------------------------------------------------------------------------
 
