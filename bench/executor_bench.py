@@ -195,13 +195,13 @@ def tables(results):
     order = [c[0] for c in CONFIGS]
     names = sorted(by, key=lambda n: (order.index(base_name(n)), n))
     rows = ["| config | ranks | median step (s) | p10-p90 (s) | / zeroplan stage 0 | / single process | "
-            "zeroplan / this | other load |",
-            "|---|---|---|---|---|---|---|---|"]
+            "zeroplan / this | / own compute | other load |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = by[name]
         label = label_of(name)
         if "median_s" not in r:
-            rows.append(f"| {label} | {r['ranks']} | failed: {r['error']} | | | | | |")
+            rows.append(f"| {label} | {r['ranks']} | failed: {r['error']} | | | | | | |")
             continue
         single = t("zp-single" if r["kind"] == "zeroplan" else config_name("pt-single", "pytorch",
                                                                            name.rsplit("-", 1)[1] if base_name(name) != name else "default"))
@@ -209,8 +209,14 @@ def tables(results):
         if base_name(name) in COUNTERPART:
             zp = COUNTERPART[base_name(name)]
             vs = f"{fmt_ratio(t(zp), r['median_s'])} ({LABEL[zp]})"
+        # A zeroplan step over its own compute: the forward, backward, optimizer and zero_grad spans (what the
+        # step would take if every collective hid behind compute).
+        own = ""
+        if r["kind"] == "zeroplan" and r.get("phases"):
+            compute = sum(r["phases"].get(k, 0.0) for k in ("data", "forward", "backward", "optimizer", "zero_grad"))
+            own = fmt_ratio(r["median_s"], compute) if compute > 0 else ""
         rows.append(f"| {label} | {r['ranks']} | {r['median_s']:.3f} | {spread(r['out_dir'], name)} | "
-                    f"{fmt_ratio(r['median_s'], s0)} | {fmt_ratio(r['median_s'], single)} | {vs} | "
+                    f"{fmt_ratio(r['median_s'], s0)} | {fmt_ratio(r['median_s'], single)} | {vs} | {own} | "
                     f"{100 * r['others_cpu_share']:.0f}% |")
     main = "\n".join(rows)
 
@@ -238,7 +244,7 @@ def report(a, params, results):
               f"(Gloo, 127.0.0.1), {a.threads} thread(s) per rank, median of {a.steps - a.warmup} steps after "
               f"{a.warmup} warm-up; stage 3 / FSDP2 reshard_after_forward={'on' if a.reshard_after_forward else 'off'}")
     return (f"{header}\n\n{main_table}\n\n(zeroplan / this: the matching zeroplan config's median over this "
-            f"row's; other load: CPU time of processes outside the benchmark while the config ran, as a share of all "
+            f"row's; / own compute: a zeroplan step over its forward, backward, optimizer and zero_grad spans; other load: CPU time of processes outside the benchmark while the config ran, as a share of all "
             f"cores)\n\nPer-phase medians (s/step). zeroplan: compute spans per phase, collectives on their own lane "
             f"(overlapping compute), comm_wait = time the step blocked on them. PyTorch: wall time of the model call "
             f"(forward), loss.backward() (with DDP's/FSDP's hooks and waits) and optimizer step + zero_grad.\n\n"

@@ -3,6 +3,7 @@
 configs (on the meta device: no memory, no weights); an --opt key a family does not know is refused."""
 import json
 import os
+import re
 import subprocess
 import tempfile
 import unittest
@@ -87,6 +88,28 @@ class AnalyticTest(unittest.TestCase):
             r = run("profile", "--analytic-config", bad)
             self.assertEqual(r.returncode, 1)
             self.assertIn('model_type "bert" is not read (read: gpt2, llama, mistral, qwen2, mpt)', r.stderr)
+
+    def test_tune_llama3_8b_on_8_h100_prints_a_labelled_throughput(self):
+        # The issue's user: a Llama-3-8B config.json at sequence 4096 on 8 H100s. tune prints the plan, its
+        # predicted tokens/s per GPU and MFU, and the calibration its time model used.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "config.json")
+            with open(path, "w") as f:
+                f.write(CONFIGS["llama-3-8b"].to_json_string())
+            out = os.path.join(tmp, "l3.json")
+            r = run("profile", "--analytic-config", path, "--seq", "4096", "--opt", "attention=flash", "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run("tune", "--model", out, "--cluster", "h100-sxm-80gb", "--global-batch", "64", "--top-k", "2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            m = re.search(r"best plan, predicted: ([0-9.]+) s per step, ([0-9]+) tokens/s per GPU, MFU ([0-9.]+)%",
+                          r.stderr)
+            self.assertIsNotNone(m, r.stderr)
+            step, tokens, mfu = float(m.group(1)), int(m.group(2)), float(m.group(3))
+            self.assertAlmostEqual(tokens, 64 * 4096 / step / 8, delta=1)
+            self.assertTrue(20 < mfu < 70, mfu)  # published FSDP runs of such models: 35-57%
+            self.assertRegex(r.stderr, r"time model: h100-sxm-80gb calibrated \(gemm_efficiency_scale [0-9.]+, "
+                                       r"gemm_half_dim [0-9]+, attention_efficiency_scale [0-9.]+\): fitted by "
+                                       r"`zeroplan calibrate` to [0-9]+ rows on h100_80gb of MosaicML llm-foundry")
 
 
 if __name__ == "__main__":
