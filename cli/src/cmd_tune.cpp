@@ -136,6 +136,10 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_option("--knobs", a->knobs, knob_help);
   app.add_option("--fix", a->fixes, "Fixed knob key=value, e.g. --fix zero_stage=3 (repeatable; knobs: zeroplan plan "
                  "--fields; presets precision=fp32|bf16|fp16, buckets=default|large)");
+  app.add_option("--for", a->constraints.for_tool,
+                 "Only plans this tool can express (its export writes a config): deepspeed, fsdp2 (the train_fsdp2.py "
+                 "script), accelerate, fairscale, zeroplan")
+      ->check(CLI::IsMember({"deepspeed", "fsdp2", "accelerate", "fairscale", "zeroplan"}));
   app.add_option("--device-headroom", a->constraints.device_headroom_fraction, "Share of device memory kept free [0,1)");
   app.add_option("--device-headroom-bytes", a->constraints.device_headroom_bytes, "Device bytes kept free");
   app.add_option("--host-headroom", a->constraints.host_headroom_fraction, "Share of host memory kept free [0,1)");

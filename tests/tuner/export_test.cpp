@@ -3,11 +3,15 @@
 #include "zeroplan/tuner/exports.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "fixtures.h"
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/tuner/tune.h"
 #include "zeroplan/profiles/json_io.h"
 
 namespace zeroplan::tuner {
@@ -342,6 +346,65 @@ TEST(Export, PipelinesGoWhereTheirScheduleRuns) {
   p.pipeline.balance = {};
   EXPECT_EQ(export_fairscale(p, testing::small_gpt(14), 8).unsupported.at(0),
             "fairscale Pipe puts a pipeline's stages on one process's devices: 16 stages > 8 devices per node");
+}
+
+// tune --for TOOL ranks only plans TOOL's export can write, and says how many it left out; the same tune
+// without --for ranks plans FSDP2 cannot express (partial activation offload, partial offload, stage 1
+// with 16-bit parameters...), so the restriction changes the result.
+TEST(Export, TuneForAToolRanksOnlyWhatItsExportCanWrite) {
+  const ModelProfile m = small_gpt(4, 256);
+  const ClusterProfile cluster = testing::a100(1, 64ll << 20);  // tight: offload and checkpointing matter
+  TuneConstraints c;
+  c.set_global_batch(16).set_world_size(8);
+  TuneOptions o;
+  o.set_top_k(200).set_threads(2);
+  const TuneResult any = tune(m, cluster, c, o);
+  ASSERT_FALSE(any.ranking.empty());
+  const bool some_inexpressible = std::any_of(any.ranking.begin(), any.ranking.end(), [&](const RankedPlan& p) {
+    return !expressible_by("fsdp2", p.plan, m, any.cluster);
+  });
+  EXPECT_TRUE(some_inexpressible);
+  for (const std::string tool : {"fsdp2", "deepspeed", "accelerate", "fairscale"}) {
+    c.set_for_tool(tool);
+    const TuneResult r = tune(m, cluster, c, o);
+    for (const RankedPlan& p : r.ranking) EXPECT_TRUE(expressible_by(tool, p.plan, m, r.cluster)) << tool;
+    EXPECT_GT(r.rejections.invalid.count("not expressible by " + tool), 0u) << tool;
+  }
+  c.set_for_tool("fsdp2");
+  const TuneResult fsdp2 = tune(m, cluster, c, o);
+  ASSERT_FALSE(fsdp2.ranking.empty());
+  EXPECT_TRUE(export_fsdp2_script(fsdp2.ranking.front().plan, m).expressible());
+  c.set_for_tool("megatron");
+  EXPECT_THROW(validate(c), SchemaError);
+}
+
+// The FSDP2 script: fully_shard per repeated unit class, the plan's constants, and what it cannot do.
+TEST(Export, Fsdp2ScriptConstantsAndRefusals) {
+  const ModelProfile m = small_gpt(4, 256);
+  Plan p = base(4, 2, 3);
+  p.zero_stage = 3;
+  p.reshard_after_forward = true;
+  p.precision.param_dtype = p.precision.compute_dtype = "bf16";
+  p.precision.reduce_dtype = "fp32";
+  p.checkpointing.mode = Checkpointing::Mode::units;
+  p.checkpointing.units = {1};  // the TransformerBlock unit (x4): exactly the blocks
+  Export e = export_fsdp2_script(p, m);
+  ASSERT_TRUE(e.expressible()) << fmt::format("{}", fmt::join(e.unsupported, "; "));
+  for (const char* line : {"WORLD_SIZE = 4\n", "MICRO_BATCH = 2\n", "MICROBATCHES = 3\n", "ZERO_STAGE = 3\n",
+                           "RESHARD_AFTER_FORWARD = True\n", "PARAM_DTYPE = torch.bfloat16\n",
+                           "REDUCE_DTYPE = torch.float32\n", "OFFLOAD = False\n", "CHECKPOINT = True\n",
+                           "UNIT_CLASSES = (\"TransformerBlock\",)\n"})
+    EXPECT_NE(e.text.find(line), std::string::npos) << line;
+  EXPECT_EQ(repeated_unit_classes(m), std::vector<std::string>{"TransformerBlock"});
+  p.offload.activations_ratio = 0.5;
+  EXPECT_FALSE(export_fsdp2_script(p, m).expressible());
+  p.offload.activations_ratio = 0;
+  p.offload.params = true;  // alone: CPUOffloadPolicy moves all three
+  EXPECT_FALSE(export_fsdp2_script(p, m).expressible());
+  p.offload.grads = p.offload.optimizer = true;
+  EXPECT_TRUE(export_fsdp2_script(p, m).expressible());
+  p.checkpointing.units = {0, 1};  // the embedding too: not a unit class the script wraps
+  EXPECT_FALSE(export_fsdp2_script(p, m).expressible());
 }
 
 }  // namespace

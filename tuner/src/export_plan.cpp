@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "text.h"
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/profiles/knobs.h"
@@ -22,9 +23,22 @@ Export export_plan(const Plan& plan) {
   return e;
 }
 
+bool expressible_by(const std::string& tool, const Plan& plan, const ModelProfile& model, const ClusterProfile& cluster) {
+  if (tool.empty() || tool == "zeroplan") return true;
+  const int per_node = std::max(1, cluster.devices_per_node);
+  const int nodes = (plan.world_size + per_node - 1) / per_node;
+  if (tool == "deepspeed") return export_deepspeed(plan, model).expressible();
+  if (tool == "fsdp2") return export_fsdp2_script(plan, model).expressible();
+  if (tool == "accelerate")
+    return export_accelerate_fsdp(plan, model, nodes).expressible() || export_accelerate_fsdp2(plan, model, nodes).expressible();
+  if (tool == "fairscale") return export_fairscale(plan, model, per_node).expressible();
+  return false;
+}
+
 std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node) {
   return {export_plan(plan), export_deepspeed(plan, model), export_accelerate_fsdp(plan, model, nodes),
-          export_accelerate_fsdp2(plan, model, nodes), export_fairscale(plan, model, devices_per_node)};
+          export_accelerate_fsdp2(plan, model, nodes), export_fsdp2_script(plan, model),
+          export_fairscale(plan, model, devices_per_node)};
 }
 
 }  // namespace zeroplan::tuner

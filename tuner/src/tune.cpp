@@ -1,6 +1,8 @@
 // The search: enumerate, evaluate every candidate in a pool of threads, rank, explain.
 #include "zeroplan/tuner/tune.h"
 
+#include "zeroplan/tuner/exports.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -201,7 +203,31 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
     owned = make_simulator(model, r.cluster);
     ev = owned.get();
   }
+  // --for TOOL: a candidate whose plan the tool cannot express is not simulated, and no fitted variant it
+  // cannot express (a partial activation offload, a subset of checkpointed units) is ranked.
+  const auto expressible = [&](const Plan& p) { return expressible_by(constraints.for_tool, p, model, r.cluster); };
+  if (!constraints.for_tool.empty()) {
+    const std::string why = "not expressible by " + constraints.for_tool;
+    std::vector<Candidate> kept;
+    for (Candidate& c : space.candidates) {
+      if (!expressible(c.plan)) {
+        ++r.rejections.invalid[why];
+        continue;
+      }
+      c.fit_activations = false;  // no tool here offloads a share of the activations
+      kept.push_back(std::move(c));
+    }
+    space.candidates = std::move(kept);
+  }
   std::vector<Outcome> outcomes = evaluate_all(space.candidates, model, *ev, r.limits, options);
+  if (!constraints.for_tool.empty()) {
+    for (Outcome& o : outcomes) {
+      if (o.status == Status::fits && !expressible(o.plan)) {
+        o.status = Status::error;
+        o.error = fmt::format("the variant that fits is not expressible by {}", constraints.for_tool);
+      }
+    }
+  }
 
   std::vector<int> fitting;
   std::vector<int> misses;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/plan.h"
 
@@ -34,9 +35,25 @@ Export export_accelerate_fsdp(const Plan& plan, const ModelProfile& model, int n
 // Accelerate config for FSDP2 (fsdp_version: 2, fsdp_reshard_after_forward, ...).
 Export export_accelerate_fsdp2(const Plan& plan, const ModelProfile& model, int nodes);
 
+// A plain-PyTorch training script, train_fsdp2.py, run under torchrun with the user's model factory
+// (FILE.py:FACTORY -> model, make_batch, loss_fn): fully_shard on each module of the profile's repeated
+// unit classes then on the root (stage 3 resharding after forward as the plan says, stage 2 not), with
+// MixedPrecisionPolicy(param_dtype, reduce_dtype) for 16-bit plans and CPUOffloadPolicy when the plan
+// offloads parameters, gradients and the optimizer; DistributedDataParallel at stage 0, with
+// ZeroRedundancyOptimizer at stage 1; checkpoint_wrapper (non-reentrant) on those modules when the plan
+// checkpoints exactly them; the plan's optimizer, micro batch and accumulation; --record writes a
+// RunRecord through zeroplan.record for `compare`.
+Export export_fsdp2_script(const Plan& plan, const ModelProfile& model);
+// The unit types that repeat in the profile (the layers FSDP wraps one by one), or wrap_class alone.
+std::vector<std::string> repeated_unit_classes(const ModelProfile& model);
+
 // A Python snippet wrapping a model and optimizer with fairscale (OSS, ShardedDataParallel,
 // FullyShardedDataParallel, OffloadModel, SlowMoDistributedDataParallel) with the plan's arguments.
 Export export_fairscale(const Plan& plan, const ModelProfile& model, int devices_per_node);
+
+// True when `tool` ("deepspeed", "fsdp2", "accelerate", "fairscale", "zeroplan", "" = any) can express
+// the plan: its export writes a config (Export::expressible; accelerate: FSDP1 or FSDP2).
+bool expressible_by(const std::string& tool, const Plan& plan, const ModelProfile& model, const ClusterProfile& cluster);
 
 // All of the above, in that order.
 std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node);
