@@ -45,6 +45,18 @@ void print_ranking(const tuner::TuneResult& r) {
                                     plan.offload.optimizer ? " +off.optim" : "",
                                     plan.offload.activations_ratio > 0 ? fmt::format(" +off.act {:.2f}", plan.offload.activations_ratio) : "",
                                     plan.micro_batch, plan.microbatches);
+    // Every knob two ranked plans may differ in, so no two rows read alike: dtype, 16-bit broadcasts,
+    // resharding, checkpointing, pipeline stages, OffloadModel.
+    const Precision& pr = plan.precision;
+    knobs += " " + (pr.param_dtype == pr.compute_dtype ? pr.param_dtype : pr.param_dtype + "/" + pr.compute_dtype);
+    if (pr.broadcast_fp16) knobs += " +bcast16";
+    if (plan.zero_stage == 3 && !plan.reshard_after_forward) knobs += " no-reshard";
+    if (plan.checkpointing.mode == Checkpointing::Mode::all) knobs += " ckpt all";
+    if (plan.checkpointing.mode == Checkpointing::Mode::units)
+      knobs += fmt::format(" ckpt {} units", plan.checkpointing.units.size());
+    if (plan.checkpoint_offload) knobs += " +ckpt.off";
+    if (plan.pipeline_stages > 1) knobs += fmt::format(" pp {} {}", plan.pipeline_stages, plan.pipeline.schedule);
+    if (plan.offload_model.enabled) knobs += fmt::format(" offload_model {} slices", plan.offload_model.slices);
     if (rp.equivalents > 0) knobs += fmt::format(" (+{} same-prediction variants)", rp.equivalents);
     fmt::print(stderr, "  {:>2}  {:>11.6f}  {:>10.1f}  {:>12}  {:>12}  {:<14} {}\n", ++i, p.step_time_s, p.samples_per_s,
                gib(p.device.total_bytes()), gib(p.host.total_bytes()), p.bound, knobs);

@@ -221,7 +221,7 @@ std::string calibration_label(const ClusterProfile& cluster) {
       else if (cluster.provenance.count("calibration")) cite = cluster.provenance.at("calibration").citation;
     }
   }
-  if (terms.empty()) return fmt::format("{} uncalibrated (datasheet and microbenchmark numbers only)", cluster.name);
+  if (terms.empty()) return fmt::format("{} uncalibrated (no calibration terms: zeroplan calibrate fits them)", cluster.name);
   std::string what = cite.substr(0, cite.find(" ("));
   if (const auto c = cite.find("commit "); c != std::string::npos)
     what += ", " + cite.substr(c, cite.find_first_of(";),", c) - c);
