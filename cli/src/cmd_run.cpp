@@ -59,6 +59,7 @@ struct RunArgs {
   int ranks_per_node = 0;         // 0: the launcher's LOCAL_WORLD_SIZE
   std::string checkpoint_dir, resume;
   int checkpoint_every = 0;
+  int checkpoint_keep = 0;
   std::vector<std::string> argv;  // the full command line, for the launcher
 };
 
@@ -101,6 +102,9 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
     throw ExitError(kBadInput, fmt::format("--warmup {} must be below --steps {}", o.warmup_steps, o.steps));
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_every = a.checkpoint_every;
+  o.checkpoint_keep = a.checkpoint_keep;
+  if (o.checkpoint_keep > 0 && o.checkpoint_dir.empty())
+    throw ExitError(kBadInput, fmt::format("--checkpoint-keep {} needs --checkpoint-dir", o.checkpoint_keep));
   o.resume_dir = a.resume;
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
     throw ExitError(kBadInput, fmt::format("--checkpoint-every {} needs --checkpoint-dir", o.checkpoint_every));
@@ -220,6 +224,7 @@ int run_python(const RunArgs& a, const Globals& g, const std::string& spec) {
   if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
   if (!a.checkpoint_dir.empty()) argv.insert(argv.end(), {"--checkpoint-dir", a.checkpoint_dir});
   if (a.checkpoint_every > 0) argv.insert(argv.end(), {"--checkpoint-every", std::to_string(a.checkpoint_every)});
+  if (a.checkpoint_keep > 0) argv.insert(argv.end(), {"--checkpoint-keep", std::to_string(a.checkpoint_keep)});
   if (!a.resume.empty()) argv.insert(argv.end(), {"--resume", a.resume});
   if (a.device_memory_limit > 0) argv.insert(argv.end(), {"--device-memory-limit", std::to_string(a.device_memory_limit)});
   exec::LaunchOptions lo;
@@ -361,6 +366,10 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--checkpoint-every", a->checkpoint_every,
                  "Steps between checkpoints (counted from the training's step 0, across resumes)")
       ->check(non_negative());
+  app.add_option("--checkpoint-keep", a->checkpoint_keep,
+                 "Keep the newest N checkpoints of --checkpoint-dir, removing older ones after each save (0: all); "
+                 "a save interrupted earlier (a step folder without its manifest) is removed at the start")
+      ->check(number_in(0, 1e9));
   app.add_option("--resume", a->resume,
                  "Continue from the newest checkpoint in this folder (its step, states and data order; at stages "
                  "1-3 on any number of ranks)");

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   }
 
   std::string where = "zeroplan";
-  // The one map from error types to exit codes (the README's table), for every subcommand: ExitError
+  // The one map from error types to exit codes (the table in docs/2-subcommands.md), for every subcommand: ExitError
   // carries its own; a run that started and failed is 3; an input the schema, executor, simulator or
   // rendezvous refuses is 1. Most derived types first.
   try {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "zeroplan/exec/run.h"
 #include "zeroplan/config.h"
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/counting_allocator.h"
@@ -221,6 +222,8 @@ PYBIND11_MODULE(_C, m) {
     add_times_at_dtype(profile, parse_document<ModelProfile>(other_json, "profile at another dtype"));
     return to_json_string(profile);
   });
+  m.def("prune_checkpoints", &zeroplan::exec::prune_checkpoints, py::arg("dir"), py::arg("newest"), py::arg("keep"),
+        "Checkpoint retention (zeroplan/exec/run.h): interrupted saves, and all but the newest `keep`.");
   m.def("default_plan", [](int world_size, int global_batch) {
     return zeroplan::to_json_string(zeroplan::Plan::default_ddp(world_size, global_batch));
   });

@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     t.add_argument("--device", default="cpu")
     t.add_argument("--checkpoint-dir", default="")
     t.add_argument("--checkpoint-every", type=int, default=0)
+    t.add_argument("--checkpoint-keep", type=int, default=0)
     t.add_argument("--resume", default="")
     t.add_argument("--device-memory-limit", type=int, default=0)
     t.add_argument("-o", "--output", default="", help="the rank's RunResult (default: the launcher's folder)")
@@ -69,7 +70,7 @@ def _train(a) -> int:
     _die_with_launcher()
     from zeroplan._train import train
     result = train(a.python, a.plan, a.steps, a.warmup, device=a.device, threads=a.threads,
-                   checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, resume=a.resume,
+                   checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, checkpoint_keep=a.checkpoint_keep, resume=a.resume,
                    memory_limit=a.device_memory_limit)
     out = a.output
     if not out and os.environ.get("ZEROPLAN_OUTPUT_DIR"):

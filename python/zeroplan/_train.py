@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from . import _C
 from ._capture import map_tensors
 from ._engine import wrap
 from ._errors import ZeroplanError
@@ -47,7 +48,8 @@ def _cpu_times():
 
 
 def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "cpu", threads: int = 0,
-          checkpoint_dir: str = "", checkpoint_every: int = 0, resume: str = "", memory_limit: int = 0) -> dict:
+          checkpoint_dir: str = "", checkpoint_every: int = 0, resume: str = "", memory_limit: int = 0,
+          checkpoint_keep: int = 0) -> dict:
     if threads > 0:
         torch.set_num_threads(threads)
     model, make_batch, loss_fn = load_factory(spec)
@@ -57,6 +59,8 @@ def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "
     rank, world = engine.session.rank, engine.session.world_size
     mb, m = engine.plan["micro_batch"], engine.plan["microbatches"]
     first = engine.load_checkpoint(resume) if resume else 0
+    if checkpoint_dir and rank == 0:  # what an interrupted save left goes before this run saves
+        _C.prune_checkpoints(checkpoint_dir, -1, 0)
     # The steps' random streams (Dropout) seeded as `run` seeds them: the plan's seed, the rank, the first step.
     torch.manual_seed((int(engine.plan.get("seed", 0)) * 0x9E3779B97F4A7C15 + rank * 0x100000001B3 + first) % 2**64)
     result = {"rank": rank, "backend": "gloo" if device == "cpu" else "nccl", "device": device,
@@ -94,6 +98,8 @@ def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "
         done = first + s + 1
         if checkpoint_dir and ((checkpoint_every > 0 and done % checkpoint_every == 0) or s + 1 == steps):
             engine.save_checkpoint(checkpoint_dir)
+            if rank == 0:
+                _C.prune_checkpoints(checkpoint_dir, engine._step, checkpoint_keep)
     (machine0, own0), wall0 = cpu0 if cpu0 else (_cpu_times(), time.perf_counter())
     machine1, own1 = _cpu_times()
     result["cpu_wall_s"] = time.perf_counter() - wall0

@@ -24,7 +24,7 @@ sys.exit(0 if a == b[k:k + len(a)] else 1)
 PY
 }
 
-"$zp" -q run --nproc 2 "${gpt[@]}" --steps 4 -o full.json || fail "uninterrupted run"
+"$zp" -q run --nproc 2 "${gpt[@]}" --steps 5 -o full.json || fail "uninterrupted run"
 set +e
 ZEROPLAN_FAULT_KILL_IN_SAVE=4 "$zp" -q run --nproc 2 "${gpt[@]}" --steps 4 --checkpoint-dir ck --checkpoint-every 2 \
   2>killed.txt
@@ -36,6 +36,20 @@ cat killed.txt
 [ ! -e ck/step-4/manifest.json ] || fail "step 4 has a manifest though a rank died saving it"
 "$zp" -q run --nproc 2 "${gpt[@]}" --steps 2 --resume ck -o resumed.json || fail "resume from step 2"
 same_losses resumed.json 2 full.json
+
+# Retention: --checkpoint-keep 2 keeps the newest two checkpoints, and what interrupted saves left (step 4
+# of the killed run above, a stray step-1 folder without a manifest) is removed at the start.
+mkdir -p ck/step-1 && touch ck/step-1/rank0.pt
+"$zp" -q run --nproc 2 "${gpt[@]}" --steps 3 --resume ck --checkpoint-dir ck --checkpoint-every 1 --checkpoint-keep 2 \
+  -o kept.json || fail "resume with --checkpoint-keep 2"
+left=$(cd ck && ls -d step-* | sort -V | tr '\n' ' ')
+[ "$left" = "step-4 step-5 " ] || fail "--checkpoint-keep 2 left: $left (expected step-4 step-5)"
+[ -f ck/step-4/manifest.json ] && [ -f ck/step-5/manifest.json ] || fail "the kept checkpoints have no manifest"
+same_losses kept.json 2 full.json
+set +e
+"$zp" -q run --nproc 2 "${gpt[@]}" --steps 2 --checkpoint-keep 2 2>keep.txt; code=$?
+set -e
+[ "$code" -eq 1 ] && grep -q "checkpoint-keep 2 needs --checkpoint-dir" keep.txt || fail "--checkpoint-keep without a folder: exit $code, $(cat keep.txt)"
 
 # The README's commands: 2 ranks -> 1 rank.
 "$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --steps 15 -o full15.json || fail "15 steps"

@@ -71,9 +71,13 @@ class CliTest(unittest.TestCase):
     def test_run_python(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "run.json")
+            ck = os.path.join(tmp, "ck")
+            os.makedirs(os.path.join(ck, "step-0"))  # an interrupted save's leftover: removed at the start
             r = run("run", "--python", f"{MODELS}:gpt2", "--nproc", "2", "--global-batch", "4", "--set", "zero_stage=3",
-                    "--set", "micro_batch=1", "--set", "microbatches=2", "--steps", "3", "--warmup", "1", "-o", out)
+                    "--set", "micro_batch=1", "--set", "microbatches=2", "--steps", "3", "--warmup", "1", "-o", out,
+                    "--checkpoint-dir", ck, "--checkpoint-every", "1", "--checkpoint-keep", "2")
             self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(sorted(os.listdir(ck)), ["step-2", "step-3"])  # the newest two checkpoints
             with open(out) as f:
                 rec = json.load(f)
             self.assertEqual(rec["plan"]["zero_stage"], 3)

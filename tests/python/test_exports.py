@@ -74,7 +74,7 @@ class ExportsTest(unittest.TestCase):
             # zeroplan predicts its own executor, whose stage 3 may hold the next layer's gathered parameters
             # beside the current one's when the prefetch is issued early (how early follows the probe's
             # timings); FSDP2 held one layer fewer here. So: never under by more than 10%, never over by more
-            # than one layer's parameters plus 5% (README "Exports that run as they are").
+            # than one layer's parameters plus 5% (docs/2-subcommands.md, tune --for).
             with open(profile) as f:
                 layer = max(u["bytes_param"] for u in json.load(f)["units"])
             for rank in (0, 1):

@@ -141,6 +141,39 @@ std::int64_t newest_checkpoint(const std::string& dir) {
   return best;
 }
 
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t newest, int keep) {
+  std::error_code ec;
+  std::vector<std::string> removed;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::regex name("step-([0-9]{1,18})");
+  std::vector<std::pair<std::int64_t, fs::path>> complete, partial;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string base = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(base, m, name)) continue;
+    const std::int64_t step = std::stoll(m[1].str());
+    (fs::exists(e.path() / "manifest.json") ? complete : partial).emplace_back(step, e.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  std::sort(partial.begin(), partial.end());
+  std::vector<std::pair<std::int64_t, fs::path>> gone;
+  for (const auto& p : partial)
+    if (newest < 0 || p.first < newest) gone.push_back(p);
+  if (keep > 0 && static_cast<int>(complete.size()) > keep)
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < complete.size(); ++i)
+      if (complete[i].first != newest) gone.push_back(complete[i]);
+  std::sort(gone.begin(), gone.end());
+  for (const auto& [step, path] : gone) {
+    // The manifest first: a folder half removed is never taken for a checkpoint.
+    fs::remove(path / "manifest.json", ec);
+    fs::remove_all(path, ec);
+    if (ec) throw ExecError(detail::format("checkpoint: cannot remove {}: {}", path.string(), ec.message()));
+    removed.push_back(path.string());
+  }
+  if (!removed.empty()) sync_folder(dir);
+  return removed;
+}
+
 namespace pieces {
 
 Checkpoint::Checkpoint(Ctx& c, ParamResidency& params, OptimizerStep& opt, Precision& precision)

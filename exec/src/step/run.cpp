@@ -69,6 +69,8 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   Executor executor(model, options.plan, comm, *device, recorder, exec_options);
   // A resumed run continues the training: the checkpoint's states, and its step for the data.
   const std::int64_t first_step = options.resume_dir.empty() ? 0 : executor.load_checkpoint(options.resume_dir);
+  // What an interrupted save left (a step folder without its manifest) goes before this run saves.
+  if (!options.checkpoint_dir.empty() && comm.rank() == 0) prune_checkpoints(options.checkpoint_dir, -1, 0);
   // The random streams the steps draw from (Dropout's masks, attention dropout) seeded from the plan's
   // seed, the rank and the step the run starts at: the same command gives the same losses on the same
   // machine, each rank its own masks (torch's default generator otherwise starts wherever the process
@@ -128,6 +130,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
       device_peak = std::max(device_peak, device->peak_bytes());
       host_peak = std::max(host_peak, device->host_pool().peak_bytes());
       executor.save_checkpoint(options.checkpoint_dir, first_step + s + 1);
+      if (comm.rank() == 0) prune_checkpoints(options.checkpoint_dir, first_step + s + 1, options.checkpoint_keep);
       device->reset_peak();
       device->host_pool().reset_peak();
     }

@@ -41,6 +41,7 @@ struct RunOptions {
   // into checkpoint_dir; resume_dir: start from its newest checkpoint (its step, states and data order).
   std::string checkpoint_dir;
   int checkpoint_every = 0;
+  int checkpoint_keep = 0;          // keep the newest N checkpoints of checkpoint_dir (0: all)
   std::string resume_dir;
 };
 
@@ -49,6 +50,11 @@ struct RunOptions {
 std::string checkpoint_refusal(const RunOptions& options);
 // The newest step of `dir` that has a checkpoint (step-<N>/manifest.json), -1 when none (checkpoint.cpp).
 std::int64_t newest_checkpoint(const std::string& dir);
+// Retention in `dir` (checkpoint.cpp), by rank 0 only: removes the step folders without a manifest (saves
+// that were interrupted) older than `newest` (every one when newest < 0, at a run's start) and, when
+// keep > 0, every checkpoint but the newest `keep`. Returns the folders removed, oldest first. Never removes
+// the checkpoint of step `newest`.
+std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t newest, int keep);
 
 struct RunResult {
   int rank = 0;
