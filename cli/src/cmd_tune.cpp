@@ -1,6 +1,7 @@
 // zeroplan tune: search every strategy knob for the fastest plan that fits, explain the choice, write
 // the reports and the exports (DeepSpeed, Accelerate FSDP, fairscale).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <memory>
 
@@ -55,7 +56,13 @@ void print_ranking(const tuner::TuneResult& r) {
     if (plan.checkpointing.mode == Checkpointing::Mode::units)
       knobs += fmt::format(" ckpt {} units", plan.checkpointing.units.size());
     if (plan.checkpoint_offload) knobs += " +ckpt.off";
-    if (plan.pipeline_stages > 1) knobs += fmt::format(" pp {} {}", plan.pipeline_stages, plan.pipeline.schedule);
+    if (plan.pipeline_stages > 1) {
+      const PipelineBalance& b = plan.pipeline.balance;
+      knobs += fmt::format(" pp {} {}", plan.pipeline_stages, plan.pipeline.schedule);
+      if (plan.pipeline.checkpoint != "never") knobs += " pipe-ckpt " + plan.pipeline.checkpoint;
+      if (b.mode == PipelineBalance::Mode::memory) knobs += " balance memory";
+      if (b.mode == PipelineBalance::Mode::units) knobs += fmt::format(" balance [{}]", fmt::join(b.units, ","));
+    }
     if (plan.offload_model.enabled) knobs += fmt::format(" offload_model {} slices", plan.offload_model.slices);
     if (rp.equivalents > 0) knobs += fmt::format(" (+{} same-prediction variants)", rp.equivalents);
     fmt::print(stderr, "  {:>2}  {:>11.6f}  {:>10.1f}  {:>12}  {:>12}  {:<14} {}\n", ++i, p.step_time_s, p.samples_per_s,
