@@ -50,13 +50,17 @@ int run_profile(const ProfileArgs& a, const Globals& g) {
     if (!in) throw ExitError(kBadInput, fmt::format("--analytic-config {}: cannot open", a.analytic_config));
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto kv = parse_key_values(a.sets, "--opt");
-    for (const auto& [k, v] : kv)
-      if (k != "attention")
-        throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic-config (options: attention=flash|unfused; "
-                                               "the sizes come from the config)", k));
+    for (const auto& [k, v] : kv) {
+      if (k != "attention" && k != "units")
+        throw ExitError(kBadInput, fmt::format("--opt {}: not an option of --analytic-config (options: attention=flash|unfused, "
+                                               "units=block|sub-block; the sizes come from the config)", k));
+      if (k == "units" && v != "block" && v != "sub-block")
+        throw ExitError(kBadInput, fmt::format("--opt units={}: expected block or sub-block", v));
+    }
     profile = analytic_from_hf_config(text, a.analytic_config, a.options.batch, a.seq.value_or(0),
                                       a.dtype_given ? a.options.dtype : "bf16",
-                                      kv.contains("attention") && kv.at("attention") == "flash");
+                                      kv.contains("attention") && kv.at("attention") == "flash",
+                                      kv.contains("units") && kv.at("units") == "sub-block");
   } else if (!a.analytic.empty() && a.analytic != "gpt") {
     // Llama-family (Llama, Mistral, Qwen2) and MPT decoders.
     AnalyticDecoderOptions o;

@@ -57,6 +57,14 @@ class AnalyticTest(unittest.TestCase):
                     r = run("profile", "--analytic-config", path, "--seq", "256", "-o", out)
                     self.assertEqual(r.returncode, 0, r.stderr)
                     self.assertEqual(params(out), count(config))
+                    # each layer as its attention and MLP units: the same parameters, two units per layer
+                    split = os.path.join(tmp, f"{name}.sub.json")
+                    r = run("profile", "--analytic-config", path, "--seq", "256", "--opt", "units=sub-block", "-o", split)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    self.assertEqual(params(split), count(config))
+                    with open(split) as f:
+                        names = [u["name"] for u in json.load(f)["units"]]
+                    self.assertEqual(names[1:3], ["block0.attn", "block0.mlp"])
                     # the simulator takes it: one step of stage 3 on 8 H100s
                     r = run("simulate", "--model", out, "--cluster", "h100-sxm-80gb", "--world-size", "8",
                             "--global-batch", "8", "--set", "zero_stage=3", "--json")

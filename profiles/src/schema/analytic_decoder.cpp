@@ -204,7 +204,8 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& o) {
 }
 
 ModelProfile analytic_from_hf_config(const std::string& text, const std::string& origin, int batch, std::int64_t seq,
-                                     const std::string& dtype, bool flash_attention) {
+                                     const std::string& dtype, bool flash_attention,
+                                     bool sub_blocks) {
   nlohmann::json c;
   try {
     c = nlohmann::json::parse(text);
@@ -232,6 +233,7 @@ ModelProfile analytic_from_hf_config(const std::string& text, const std::string&
     o.dtype = dtype;
     o.tied_embeddings = c.value("tie_word_embeddings", true);
     o.flash_attention = flash_attention;
+    o.sub_blocks = sub_blocks;
     o.name = name;
     if (o.seq > need("n_positions") || (c.contains("n_inner") && c["n_inner"].is_number() &&
                                         c["n_inner"].get<std::int64_t>() != 4 * o.hidden))
@@ -248,6 +250,7 @@ ModelProfile analytic_from_hf_config(const std::string& text, const std::string&
   o.batch = batch;
   o.dtype = dtype;
   o.flash_attention = flash_attention;
+  o.sub_blocks = sub_blocks;
   o.name = name;
   o.source = "analytic:" + type + " from " + origin;
   if (type == "llama" || type == "mistral" || type == "qwen2") {

@@ -135,8 +135,10 @@ ModelProfile analytic_decoder(const AnalyticDecoderOptions& options);
 // A Hugging Face config.json's model (LlamaConfig, MistralConfig, Qwen2Config: family llama; MptConfig:
 // mpt; GPT2Config: gpt), at `batch`, `seq` (0: the config's max_position_embeddings / n_positions /
 // max_seq_len, capped at 4096) and `dtype`. `origin` names the file in errors; a config of another
-// model_type is refused with the list of those read.
+// model_type is refused with the list of those read. `sub_blocks`: each layer as its attention and MLP
+// units (the families' sub_blocks).
 ModelProfile analytic_from_hf_config(const std::string& config_json, const std::string& origin, int batch,
-                                     std::int64_t seq, const std::string& dtype, bool flash_attention);
+                                     std::int64_t seq, const std::string& dtype, bool flash_attention,
+                                     bool sub_blocks = false);
 
 }  // namespace zeroplan
