@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <thread>
+#include <tuple>
 
 #include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/fidelity.h"
@@ -16,7 +18,8 @@
 namespace zeroplan::sim {
 namespace {
 
-// A term's field, the range the search keeps it in, and whether it moves on a log scale.
+// A term: the schema's field (cluster.h calibration_fields), the narrower range the search keeps it in
+// (within the valid one), and whether it moves on a log scale.
 struct Term {
   const char* name;
   double Calibration::*field;
@@ -24,19 +27,25 @@ struct Term {
   bool log;
 };
 
-const Term kTerms[] = {
-    {"compute_time_scale", &Calibration::compute_time_scale, 0.1, 10, true},
-    {"comm_time_scale", &Calibration::comm_time_scale, 0.1, 10, true},
-    {"gemm_efficiency_scale", &Calibration::gemm_efficiency_scale, 0.2, 2, true},
-    {"gemm_half_dim", &Calibration::gemm_half_dim, 0, 4096, false},
-    {"attention_efficiency_scale", &Calibration::attention_efficiency_scale, 0.2, 3, true},
-    {"memory_bw_scale", &Calibration::memory_bw_scale, 0.1, 2, true},
-    {"kernel_gap_s", &Calibration::kernel_gap_s, 0, 1e-4, false},
-    {"compute_with_comm_slowdown", &Calibration::compute_with_comm_slowdown, 1, 3, false},
-};
+const std::vector<Term>& terms_table() {
+  static const std::vector<Term> terms = [] {
+    const std::map<std::string, std::tuple<double, double, bool>> search = {
+        {"compute_time_scale", {0.1, 10, true}},     {"comm_time_scale", {0.1, 10, true}},
+        {"gemm_efficiency_scale", {0.2, 2, true}},   {"gemm_half_dim", {0, 4096, false}},
+        {"attention_efficiency_scale", {0.2, 3, true}}, {"memory_bw_scale", {0.1, 2, true}},
+        {"kernel_gap_s", {0, 1e-4, false}},          {"compute_with_comm_slowdown", {1, 3, false}}};
+    std::vector<Term> v;
+    for (const CalibrationField& f : calibration_fields()) {
+      const auto& [lo, hi, log] = search.at(f.name);
+      v.push_back({f.name, f.field, lo, hi, log});
+    }
+    return v;
+  }();
+  return terms;
+}
 
 const Term& term(std::string_view name) {
-  for (const Term& t : kTerms)
+  for (const Term& t : terms_table())
     if (name == t.name) return t;
   throw SimError(fmt::format("calibrate: unknown term \"{}\" (terms: {})", name, fmt::join(calibration_term_names(), ", ")));
 }
@@ -79,7 +88,7 @@ std::vector<double> predict_all(const std::vector<CalibrationRow>& rows, const s
 const std::vector<std::string>& calibration_term_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (const Term& t : kTerms) v.emplace_back(t.name);
+    for (const Term& t : terms_table()) v.emplace_back(t.name);
     return v;
   }();
   return names;

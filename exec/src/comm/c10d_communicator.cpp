@@ -358,8 +358,6 @@ class C10dCommunicator final : public Communicator {
           send = acc;
         }
       }
-      in = out = recv = acc = send = at::Tensor();
-      ring.reset();
     };
     std::function<void()> after;
     if (divide) after = [out, n]() mutable { out.div_(n); };

@@ -6,7 +6,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <set>
-#include <tuple>
 
 #include <fmt/format.h>
 
@@ -15,6 +14,20 @@
 #include "zeroplan/profiles/json_io.h"
 
 namespace zeroplan {
+
+const std::vector<CalibrationField>& calibration_fields() {
+  static const std::vector<CalibrationField> fields = {
+      {"compute_time_scale", &Calibration::compute_time_scale, 0, 0, true},
+      {"comm_time_scale", &Calibration::comm_time_scale, 0, 0, true},
+      {"gemm_efficiency_scale", &Calibration::gemm_efficiency_scale, 1e-3, 10, false},
+      {"gemm_half_dim", &Calibration::gemm_half_dim, 0, 1e6, false},
+      {"attention_efficiency_scale", &Calibration::attention_efficiency_scale, 1e-3, 10, false},
+      {"memory_bw_scale", &Calibration::memory_bw_scale, 1e-3, 10, false},
+      {"kernel_gap_s", &Calibration::kernel_gap_s, 0, 1, false},
+      {"compute_with_comm_slowdown", &Calibration::compute_with_comm_slowdown, 1, 100, false},
+  };
+  return fields;
+}
 
 namespace {
 
@@ -339,20 +352,9 @@ ojson to_ordered_json(const ClusterProfile& c) {
   j["allocator_overhead_factor"] = c.allocator_overhead_factor;
   if (c.calibration != Calibration{}) {
     // Only the factors that are not neutral: every number written needs its provenance.
-    const Calibration& k = c.calibration;
-    const Calibration neutral;
     ojson cal = ojson::object();
-    auto put = [&](const char* key, double v, double none) {
-      if (v != none) cal[key] = v;
-    };
-    put("compute_time_scale", k.compute_time_scale, neutral.compute_time_scale);
-    put("comm_time_scale", k.comm_time_scale, neutral.comm_time_scale);
-    put("gemm_efficiency_scale", k.gemm_efficiency_scale, neutral.gemm_efficiency_scale);
-    put("gemm_half_dim", k.gemm_half_dim, neutral.gemm_half_dim);
-    put("attention_efficiency_scale", k.attention_efficiency_scale, neutral.attention_efficiency_scale);
-    put("memory_bw_scale", k.memory_bw_scale, neutral.memory_bw_scale);
-    put("kernel_gap_s", k.kernel_gap_s, neutral.kernel_gap_s);
-    put("compute_with_comm_slowdown", k.compute_with_comm_slowdown, neutral.compute_with_comm_slowdown);
+    for (const CalibrationField& f : calibration_fields())
+      if (c.calibration.*f.field != Calibration{}.*f.field) cal[f.name] = c.calibration.*f.field;
     j["calibration"] = cal;
   }
   if (c.core_contention.measured()) {
@@ -470,19 +472,11 @@ void validate(const ClusterProfile& c) {
     cluster_error("allocator_overhead_factor must be in [1, 10] (got " + num(c.allocator_overhead_factor) + ")");
   if (!(c.probe_other_load_cores >= 0 || c.probe_other_load_cores == -1))
     cluster_error("probe_other_load_cores must be >= 0, or -1 when unknown (got " + num(c.probe_other_load_cores) + ")");
-  if (!(c.calibration.compute_time_scale > 0))
-    cluster_error("calibration.compute_time_scale must be > 0 (got " + num(c.calibration.compute_time_scale) + ")");
-  if (!(c.calibration.comm_time_scale > 0))
-    cluster_error("calibration.comm_time_scale must be > 0 (got " + num(c.calibration.comm_time_scale) + ")");
-  for (const auto& [field, v, lo, hi] :
-       {std::tuple{"gemm_efficiency_scale", c.calibration.gemm_efficiency_scale, 1e-3, 10.0},
-        std::tuple{"gemm_half_dim", c.calibration.gemm_half_dim, 0.0, 1e6},
-        std::tuple{"attention_efficiency_scale", c.calibration.attention_efficiency_scale, 1e-3, 10.0},
-        std::tuple{"memory_bw_scale", c.calibration.memory_bw_scale, 1e-3, 10.0},
-        std::tuple{"kernel_gap_s", c.calibration.kernel_gap_s, 0.0, 1.0},
-        std::tuple{"compute_with_comm_slowdown", c.calibration.compute_with_comm_slowdown, 1.0, 100.0}}) {
-    if (!(v >= lo && v <= hi))
-      cluster_error(fmt::format("calibration.{} must be in [{}, {}] (got {})", field, lo, hi, num(v)));
+  for (const CalibrationField& f : calibration_fields()) {
+    const double v = c.calibration.*f.field;
+    if (f.positive && !(v > 0)) cluster_error(fmt::format("calibration.{} must be > 0 (got {})", f.name, num(v)));
+    if (!f.positive && !(v >= f.lo && v <= f.hi))
+      cluster_error(fmt::format("calibration.{} must be in [{}, {}] (got {})", f.name, f.lo, f.hi, num(v)));
   }
   for (const auto& [field, v] : {std::pair{"compute_ranks_slowdown", c.core_contention.compute_ranks_slowdown},
                                  std::pair{"compute_with_comm_slowdown", c.core_contention.compute_with_comm_slowdown},
@@ -513,14 +507,7 @@ void validate(const ClusterProfile& c) {
 
 void read_value(const nlohmann::json& j, Calibration& cal, const std::string& path) {
   ObjectReader r(j, path);
-  r.opt("compute_time_scale", cal.compute_time_scale);
-  r.opt("comm_time_scale", cal.comm_time_scale);
-  r.opt("gemm_efficiency_scale", cal.gemm_efficiency_scale);
-  r.opt("gemm_half_dim", cal.gemm_half_dim);
-  r.opt("attention_efficiency_scale", cal.attention_efficiency_scale);
-  r.opt("memory_bw_scale", cal.memory_bw_scale);
-  r.opt("kernel_gap_s", cal.kernel_gap_s);
-  r.opt("compute_with_comm_slowdown", cal.compute_with_comm_slowdown);
+  for (const CalibrationField& f : calibration_fields()) r.opt(f.name, cal.*f.field);
   r.finish();
 }
 

@@ -170,6 +170,16 @@ struct Calibration {
   bool operator==(const Calibration&) const = default;
 };
 
+// Every Calibration field once, in file order, with its valid range: what the reader, the writer (only the
+// fields not at their default) and validate() go through, and what `zeroplan calibrate` fits by name.
+struct CalibrationField {
+  const char* name;
+  double Calibration::*field;
+  double lo, hi;     // valid range; open at lo when `positive` (the time scales: any value > 0)
+  bool positive;
+};
+const std::vector<CalibrationField>& calibration_fields();
+
 // How the ranks of a node that shares its cores (shares_cores) slow each other and themselves down,
 // measured by `zeroplan probe` (1 everywhere: not measured). Each factor is a time ratio, >= 1 when there
 // is contention (a measured ratio below 1 is noise and recorded as 1).
