@@ -3,6 +3,7 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(Boost 1.74 REQUIRED)  # Boost.Graph is header-only for what the simulator uses
 find_package(Threads REQUIRED)
+find_package(CLI11 REQUIRED)  # the command line (cli/), torch-free itself
 if(ZEROPLAN_BUILD_TESTS)
   find_package(GTest REQUIRED)
   find_package(benchmark REQUIRED)
@@ -19,7 +20,6 @@ set(ZEROPLAN_HAVE_CUPTI 0)
 set(ZEROPLAN_TORCH_VERSION "")
 
 if(ZEROPLAN_WITH_TORCH)
-  find_package(CLI11 REQUIRED)
   # ZEROPLAN_TORCH_FROM=<python>: build against the torch already installed in that Python (a GPU machine
   # with a CUDA torch and no network, scripts/gpu-check.sh) instead of the wheel pinned in .venv; the pin
   # is then not enforced, and the torch version goes into zeroplan/config.h and every document's

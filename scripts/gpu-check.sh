@@ -138,14 +138,15 @@ check "CLI11 headers" header_in CLI/CLI.hpp
 check "GoogleTest headers" header_in gtest/gtest.h
 check "Google Benchmark headers" header_in benchmark/benchmark.h
 check "gloo headers (ProcessGroupGloo.hpp includes them)" header_in gloo/config.h
-check "a Python that imports torch ($python)" "$python" -c "import torch"
-check "torch built with CUDA" "$python" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"
-check_gpu "a CUDA device visible to torch" "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+# One import of torch (two seconds each on a small machine) answers every torch question below.
+torch_facts=$("$python" -W ignore -c "import torch; print(torch.__version__, torch.version.cuda or 'cpu', int(torch.cuda.is_available()))" 2>/dev/null | tail -1)
+read -r torch_version torch_cuda torch_gpus <<<"${torch_facts:-none none 0}"
+check "a Python that imports torch ($python)" test "$torch_version" != none
+check "torch built with CUDA" bash -c '[ "$1" != cpu ] && [ "$1" != none ]' _ "$torch_cuda"
+check_gpu "a CUDA device visible to torch" test "$torch_gpus" = 1
 check_gpu "nvidia-smi" have nvidia-smi
 check "CUDA toolkit (nvcc; gates the CUDA code paths)" bash -c 'command -v nvcc || [ -x /usr/local/cuda/bin/nvcc ]'
 
-torch_version=$("$python" -W ignore -c "import torch; print(torch.__version__)" 2>/dev/null || echo "none")
-torch_cuda=$("$python" -W ignore -c "import torch; print(torch.version.cuda or 'cpu')" 2>/dev/null || echo "none")
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
 gpu=${gpu:-none}
 say "torch $torch_version (CUDA $torch_cuda) from $python"
@@ -363,7 +364,7 @@ if ((dry_run)); then
   say "step summary                      (reads every prediction and comparison into $out/summary.md)"
   # A configure into a scratch folder, when it is cheap here (a Python with torch and CMake present).
   # (GPU_CHECK_NO_CONFIGURE=1 leaves it out: the dry-run test configures once, not once per case.)
-  if [ -z "${GPU_CHECK_NO_CONFIGURE:-}" ] && have cmake && "$python" -c "import torch" >/dev/null 2>&1; then
+  if [ -z "${GPU_CHECK_NO_CONFIGURE:-}" ] && have cmake && [ "$torch_version" != none ]; then
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
     if cmake -S "$root" -B "$scratch" -G Ninja "-DZEROPLAN_TORCH_FROM=$python" -DZEROPLAN_BUILD_TESTS=OFF \

@@ -55,7 +55,7 @@ struct Args {
   bool allow_approximate_averaging = false;
 };
 
-std::string gib(double bytes);  // "12.3 MiB" (the report's unit; the name is historical)
+std::string mib(double bytes);  // "12.3 MiB" (the report's unit)
 void say(const Globals& g, const std::string& line);
 std::string describe(const Plan& p);  // "stage 3, reshard, offload params, micro batch 2 x 2"
 std::string percent(double v);        // "12.3%", "n/a" for NaN

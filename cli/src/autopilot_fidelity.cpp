@@ -122,7 +122,7 @@ std::vector<Block> fidelity_section(const std::vector<Trial>& grid, const fs::pa
   for (const Trial& t : grid) {
     if (!t.ran) {
       table.push_back({t.label, describe(t.plan), fmt::format("{:.4f}", t.prediction.step_time_s), "failed", "",
-                       gib(double(t.prediction.device.peak_bytes)), "", "", "", t.failure});
+                       mib(double(t.prediction.device.peak_bytes)), "", "", "", t.failure});
       continue;
     }
     const DevicePeak peak = device_peak(*t.record);
@@ -141,7 +141,7 @@ std::vector<Block> fidelity_section(const std::vector<Trial>& grid, const fs::pa
     }
     table.push_back({t.label, describe(t.plan), fmt::format("{:.4f}", row.predicted_time_s), measured,
                      fmt::format("{:+.1f}%", 100 * relative_error(row.predicted_time_s, row.measured_time_s)),
-                     gib(row.predicted_peak_bytes), gib(row.measured_peak_bytes),
+                     mib(row.predicted_peak_bytes), mib(row.measured_peak_bytes),
                      fmt::format("{:+.1f}%", 100 * relative_error(row.predicted_peak_bytes, row.measured_peak_bytes)),
                      peak.at, source});
   }

@@ -30,11 +30,11 @@ Block trials_table(const std::vector<Trial>& trials) {
       const double em = mp ? relative_error(predicted_peak, *mp) : 0;
       rows.push_back({t.label, describe(t.plan), fmt::format("{:.4f}", t.prediction.step_time_s),
                       fmt::format("{:.4f}", t.record->step_time_median_s), fmt::format("{:+.1f}%", 100 * et),
-                      gib(predicted_peak), mp ? gib(*mp) : "", fmt::format("{:+.1f}%", 100 * em),
+                      mib(predicted_peak), mp ? mib(*mp) : "", fmt::format("{:+.1f}%", 100 * em),
                       t.comparison ? t.comparison->verdict : ""});
     } else {
       rows.push_back({t.label, describe(t.plan), fmt::format("{:.4f}", t.prediction.step_time_s), "failed", "",
-                      gib(predicted_peak), "", "", "run failed: " + t.failure});
+                      mib(predicted_peak), "", "", "run failed: " + t.failure});
     }
   }
   return Block::table({"plan", "knobs", "predicted step s", "measured step s", "error", "predicted peak",
@@ -87,7 +87,7 @@ std::vector<Block> document(const ReportInput& in) {
   d.push_back(Block::paragraph(fmt::format(
       "Device budget per rank: **{}** ({} bytes), enforced in the runs with `--device-memory-limit`. The default "
       "plan (DDP, no offload) is predicted to need {}.",
-      gib(double(in.budget_bytes)), in.budget_bytes, gib(double(in.default_need_bytes)))));
+      mib(double(in.budget_bytes)), in.budget_bytes, mib(double(in.default_need_bytes)))));
   d.push_back(Block::paragraph("Every prediction below is the simulator's (labelled *predicted*); every measured "
                                "figure comes from the run in this folder."));
   d.push_back(trials_table(in.trials));

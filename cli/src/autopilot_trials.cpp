@@ -58,7 +58,7 @@ std::string last_line(const fs::path& file) {
 
 }  // namespace
 
-std::string gib(double bytes) { return fmt::format("{:.1f} MiB", bytes / double(1 << 20)); }
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / double(1 << 20)); }
 
 void say(const Globals& g, const std::string& line) {
   if (!g.quiet) fmt::print(stderr, "[autopilot] {}\n", line);
@@ -280,8 +280,8 @@ void run_trial(Trial& t, const fs::path& dir, const RunSetup& r, std::int64_t li
   }
   const std::int64_t peak = device_peak(*t.record).bytes;
   say(r.g, fmt::format("    step {:.4f} s measured vs {:.4f} s predicted; device peak {} measured vs {} predicted",
-                       t.record->step_time_median_s, t.prediction.step_time_s, gib(double(peak)),
-                       gib(double(t.prediction.device.peak_bytes))));
+                       t.record->step_time_median_s, t.prediction.step_time_s, mib(double(peak)),
+                       mib(double(t.prediction.device.peak_bytes))));
 }
 
 ClusterProfile one_device_per_node(const ClusterProfile& c, int nproc) {

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -41,8 +42,8 @@ struct Globals {
 using Action = std::function<int()>;
 using Registrar = Action (*)(CLI::App& app, const Globals& globals);
 
-// Lines listing the registered models (with presets) and shipped cluster profiles, for --help.
-std::string registry_footer();
+// Bytes as "12.34 GiB", for the console tables.
+std::string gib(std::int64_t bytes);
 
 // "k=v,k2=v2" or repeated "k=v" -> map; throws ExitError(kBadInput) naming the bad item.
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,

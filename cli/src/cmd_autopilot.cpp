@@ -200,8 +200,8 @@ int run_autopilot(Args& a, const Globals& g) {
   Prediction ddp_pred = sim::simulate(profile, cluster, ddp);
   std::int64_t budget = a.budget_bytes > 0 ? a.budget_bytes
                                            : static_cast<std::int64_t>(a.budget_fraction * double(ddp_pred.device.total_bytes()));
-  say(g, fmt::format("3/5 device budget {} per rank (the default DDP plan is predicted to need {})", gib(budget),
-                     gib(ddp_pred.device.total_bytes())));
+  say(g, fmt::format("3/5 device budget {} per rank (the default DDP plan is predicted to need {})", mib(budget),
+                     mib(ddp_pred.device.total_bytes())));
   ClusterProfile budgeted = cluster;
   budgeted.device.mem_bytes = budget;
   budgeted.provenance["device.mem_bytes"] = Provenance{"estimate", "zeroplan autopilot budget"};

@@ -19,8 +19,6 @@ struct SimulateArgs {
   bool explain = false;
 };
 
-std::string gib(std::int64_t bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
-
 void print_pool(const char* name, const PoolPeak& p) {
   fmt::print(stderr, "  peak {:<6} {:>12} + allocator overhead {:>10} of {:>12}  {}\n", name,
              gib(p.peak_bytes), gib(p.allocator_overhead_bytes), gib(p.capacity_bytes),

@@ -29,8 +29,6 @@ struct TuneArgs {
   bool compare_granularity = false;
 };
 
-std::string gib(std::int64_t bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
-
 void print_ranking(const tuner::TuneResult& r) {
   fmt::print(stderr, "tune: {} on {} x {} ({} ranks), global batch {}: {} candidates, {} simulated, {} fit\n",
              r.model.name, r.nodes_used, r.cluster.name, r.world_size, r.constraints.global_batch, r.candidates,

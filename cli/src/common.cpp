@@ -9,28 +9,10 @@
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/json_io.h"
-#include "zeroplan/profiles/zoo.h"
 
 namespace zeroplan::cli {
 
-std::string registry_footer() {
-  std::string out = "Models (--model NAME [--preset P] [--opt k=v]):\n";
-  for (const auto& m : zoo::registered_models()) {
-    out += fmt::format("  {:<10} {}\n", m.name, m.description);
-    if (!m.presets.empty()) {
-      std::string presets;
-      for (const auto& [name, _] : m.presets) presets += (presets.empty() ? "" : ", ") + name;
-      out += fmt::format("  {:<10}   presets: {}\n", "", presets);
-    }
-  }
-  out += "Cluster profiles (--cluster NAME[:NODES] or FILE):\n";
-  try {
-    for (const auto& c : list_shipped_clusters()) out += fmt::format("  {:<16} {}\n", c.name, c.description);
-  } catch (const std::exception& e) {
-    out += fmt::format("  (none found: {})\n", e.what());
-  }
-  return out;
-}
+std::string gib(std::int64_t bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
 
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,
                                                     const std::string& what) {

@@ -1,6 +1,7 @@
 #include "python_bridge.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -20,6 +20,7 @@ cat >"$tmp/bin/python" <<PY
 if [ "\${1:-}" = -c ] || { [ "\${1:-}" = -W ] && [ "\${3:-}" = -c ]; }; then
   code=\${!#}
   case "\$code" in
+    *torch.__version__*torch.version.cuda*torch.cuda.is_available*) echo "9.9.9+cu999 99.9 1"; exit 0 ;;
     *torch.__version__*) echo "9.9.9+cu999"; exit 0 ;;
     *torch.version.cuda*) echo "99.9"; exit 0 ;;
     *torch*) exit 0 ;;

@@ -31,10 +31,10 @@ const std::vector<CalibrationField>& calibration_fields() {
 
 namespace {
 
-constexpr const char* kWhere = "cluster";
+constexpr const char* kClusterWhere = "cluster";
 constexpr int kMaxExtendsDepth = 8;
 
-[[noreturn]] void cluster_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void cluster_error(const std::string& message) { fail(kClusterWhere, message); }
 
 ojson write_device(const DeviceSpec& d) {
   ojson j;
@@ -520,7 +520,7 @@ void read_value(const nlohmann::json& j, CoreContention& cc, const std::string& 
 }
 
 void read_resolved_cluster(const nlohmann::json& j, ClusterProfile& c) {
-  ObjectReader r(j, kWhere);
+  ObjectReader r(j, kClusterWhere);
   check_schema(r, kClusterSchema);
   c = ClusterProfile{};
   r.req("name", c.name);

@@ -11,9 +11,9 @@ namespace zeroplan {
 
 namespace {
 
-constexpr const char* kWhere = "comparison";
+constexpr const char* kComparisonWhere = "comparison";
 
-[[noreturn]] void comparison_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void comparison_error(const std::string& message) { fail(kComparisonWhere, message); }
 
 ojson write_metric(const Metric& m) {
   ojson j;
@@ -26,7 +26,7 @@ ojson write_metric(const Metric& m) {
   return j;
 }
 
-ojson write_unit(const UnitComparison& u) {
+ojson write_unit_comparison(const UnitComparison& u) {
   ojson j;
   j["name"] = u.name;
   j["metrics"] = write_array(u.metrics, write_metric);
@@ -150,7 +150,7 @@ ojson to_ordered_json(const Comparison& c) {
   j["tolerance"] = c.tolerance;
   j["verdict"] = c.verdict;
   j["metrics"] = write_array(c.metrics, write_metric);
-  j["units"] = write_array(c.units, write_unit);
+  j["units"] = write_array(c.units, write_unit_comparison);
   j["largest_error_sources"] = c.largest_error_sources;
   j["warnings"] = c.warnings;
   if (c.price) j["price"] = write_price(*c.price);
@@ -189,7 +189,7 @@ void validate(const Comparison& c) {
 void to_json(nlohmann::json& j, const Comparison& c) { j = to_plain(to_ordered_json(c)); }
 
 void from_json(const nlohmann::json& j, Comparison& c) {
-  ObjectReader r(j, kWhere);
+  ObjectReader r(j, kComparisonWhere);
   check_schema(r, kComparisonSchema);
   c = Comparison{};
   r.req("predicted", c.predicted);

@@ -9,7 +9,7 @@ namespace zeroplan {
 
 namespace {
 
-constexpr const char* kWhere = "model_profile";
+constexpr const char* kModelWhere = "model_profile";
 
 ojson write_figure(const Figure& f) {
   ojson j;
@@ -49,7 +49,7 @@ ojson write_op(const UnitOp& o) {
   return j;
 }
 
-ojson write_unit(const UnitProfile& u) {
+ojson write_unit_profile(const UnitProfile& u) {
   ojson j;
   j["name"] = u.name;
   j["type"] = u.type;
@@ -115,13 +115,13 @@ ojson to_ordered_json(const ModelProfile& m) {
   j["input_shape"] = m.input_shape;
   j["profiled_batches"] = m.profiled_batches;
   if (!m.notes.empty()) j["notes"] = m.notes;
-  j["units"] = write_array(m.units, write_unit);
+  j["units"] = write_array(m.units, write_unit_profile);
   return j;
 }
 
 namespace {
 
-[[noreturn]] void model_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void model_error(const std::string& message) { fail(kModelWhere, message); }
 
 // Bounds that keep every sum the simulator makes finite and every count in range: a figure (bytes,
 // seconds, FLOPs per unit) at most 1e18, a unit repeated at most 1e6 times, at most 1e6 units expanded,
@@ -377,11 +377,11 @@ void validate(const ModelProfile& m) {
 }
 
 void to_json(nlohmann::json& j, const Figure& f) { j = to_plain(write_figure(f)); }
-void to_json(nlohmann::json& j, const UnitProfile& u) { j = to_plain(write_unit(u)); }
+void to_json(nlohmann::json& j, const UnitProfile& u) { j = to_plain(write_unit_profile(u)); }
 void to_json(nlohmann::json& j, const ModelProfile& m) { j = to_plain(to_ordered_json(m)); }
 
 void from_json(const nlohmann::json& j, ModelProfile& m) {
-  ObjectReader r(j, kWhere);
+  ObjectReader r(j, kModelWhere);
   check_schema(r, kModelProfileSchema);
   m = ModelProfile{};
   r.req("name", m.name);

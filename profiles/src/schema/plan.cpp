@@ -10,10 +10,10 @@ namespace zeroplan {
 
 namespace {
 
-constexpr const char* kWhere = "plan";
+constexpr const char* kPlanWhere = "plan";
 constexpr std::int64_t kMaxPrefetchBytes = 1000000000000000;  // 1e15 bytes
 
-[[noreturn]] void plan_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void plan_error(const std::string& message) { fail(kPlanWhere, message); }
 
 bool is_dtype(const std::string& d) { return d == "fp32" || d == "fp16" || d == "bf16"; }
 
@@ -511,6 +511,6 @@ void validate(const Plan& p, const ModelProfile& model) {
 
 void to_json(nlohmann::json& j, const Plan& p) { j = to_plain(to_ordered_json(p)); }
 
-void from_json(const nlohmann::json& j, Plan& p) { read_value(j, p, kWhere); }
+void from_json(const nlohmann::json& j, Plan& p) { read_value(j, p, kPlanWhere); }
 
 }  // namespace zeroplan

@@ -8,9 +8,9 @@ namespace zeroplan {
 
 namespace {
 
-constexpr const char* kWhere = "prediction";
+constexpr const char* kPredictionWhere = "prediction";
 
-[[noreturn]] void prediction_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void prediction_error(const std::string& message) { fail(kPredictionWhere, message); }
 
 ojson write_item(const ResidentItem& r) {
   ojson j;
@@ -30,7 +30,7 @@ ojson write_pool(const PoolPeak& p) {
   return j;
 }
 
-ojson write_unit(const UnitTiming& u) {
+ojson write_unit_timing(const UnitTiming& u) {
   ojson j;
   j["name"] = u.name;
   j["fwd_start_s"] = u.fwd_start_s;
@@ -40,7 +40,7 @@ ojson write_unit(const UnitTiming& u) {
   return j;
 }
 
-ojson write_stage(const StagePrediction& s) {
+ojson write_stage_prediction(const StagePrediction& s) {
   ojson j;
   j["first_unit"] = s.first_unit;
   j["units"] = s.units;
@@ -133,9 +133,9 @@ ojson to_ordered_json(const Prediction& p) {
   j["device"] = write_pool(p.device);
   j["host"] = write_pool(p.host);
   j["resource_busy_s"] = p.resource_busy_s;
-  j["units"] = write_array(p.units, write_unit);
+  j["units"] = write_array(p.units, write_unit_timing);
   if (!p.stages.empty()) {  // pipelined plans only
-    j["stages"] = write_array(p.stages, write_stage);
+    j["stages"] = write_array(p.stages, write_stage_prediction);
     j["bubble_fraction"] = p.bubble_fraction;
   }
   j["trace_path"] = p.trace_path;
@@ -188,7 +188,7 @@ void validate(const Prediction& p) {
 void to_json(nlohmann::json& j, const Prediction& p) { j = to_plain(to_ordered_json(p)); }
 
 void from_json(const nlohmann::json& j, Prediction& p) {
-  ObjectReader r(j, kWhere);
+  ObjectReader r(j, kPredictionWhere);
   check_schema(r, kPredictionSchema);
   p = Prediction{};
   r.req("model", p.model);

@@ -11,9 +11,9 @@ namespace zeroplan {
 
 namespace {
 
-constexpr const char* kWhere = "run_record";
+constexpr const char* kRunRecordWhere = "run_record";
 
-[[noreturn]] void record_error(const std::string& message) { fail(kWhere, message); }
+[[noreturn]] void record_error(const std::string& message) { fail(kRunRecordWhere, message); }
 
 // Losses may be NaN or infinite (an fp16 overflow step): written as null, read back as NaN.
 struct Losses {
@@ -69,7 +69,7 @@ ojson write_peak(const RankPeak& p) {
   return j;
 }
 
-ojson write_unit(const UnitPhaseTime& u) {
+ojson write_unit_phase_time(const UnitPhaseTime& u) {
   ojson j;
   j["name"] = u.name;
   j["fwd_s"] = u.fwd_s;
@@ -77,7 +77,7 @@ ojson write_unit(const UnitPhaseTime& u) {
   return j;
 }
 
-ojson write_stage(const RunStage& s) {
+ojson write_run_stage(const RunStage& s) {
   ojson j;
   j["stage"] = s.stage;
   j["first_unit"] = s.first_unit;
@@ -208,11 +208,11 @@ ojson to_ordered_json(const RunRecord& r) {
   j["losses"] = write_losses(r.losses);
   if (!r.loss_scales.empty()) j["loss_scales"] = r.loss_scales;
   if (!r.loss_scales.empty() || !r.skipped_steps.empty()) j["skipped_steps"] = r.skipped_steps;
-  j["units"] = write_array(r.units, write_unit);
+  j["units"] = write_array(r.units, write_unit_phase_time);
   if (!r.lr_gains.empty()) j["lr_gains"] = r.lr_gains;
   j["fallbacks"] = r.fallbacks;
   j["trace_paths"] = r.trace_paths;
-  if (!r.stages.empty()) j["stages"] = write_array(r.stages, write_stage);
+  if (!r.stages.empty()) j["stages"] = write_array(r.stages, write_run_stage);
   if (!r.stages.empty() || r.bubble_fraction != 0) j["bubble_fraction"] = r.bubble_fraction;
   if (!r.offloaded_activations.empty()) j["offloaded_activations"] = write_array(r.offloaded_activations, write_offloaded);
   j["plan"] = to_ordered_json(r.plan);
@@ -306,7 +306,7 @@ void to_json(nlohmann::json& j, const OffloadedActivations& o) { j = to_plain(wr
 void from_json(const nlohmann::json& j, OffloadedActivations& o) { read_value(j, o, "offloaded_activations[]"); }
 
 void from_json(const nlohmann::json& j, RunRecord& rec) {
-  ObjectReader r(j, kWhere);
+  ObjectReader r(j, kRunRecordWhere);
   check_schema(r, kRunRecordSchema);
   rec = RunRecord{};
   r.req("model", rec.model);

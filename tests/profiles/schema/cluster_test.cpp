@@ -203,13 +203,7 @@ TEST(Cluster, StrictKeys) {
                "cluster: schema is string \"zeroplan.plan/1\", expected \"zeroplan.cluster/1\"");
 }
 
-struct Rule {
-  const char* name;
-  std::function<void(ClusterProfile&)> mutate;
-  const char* message;
-};
-
-class ClusterRule : public ::testing::TestWithParam<Rule> {};
+class ClusterRule : public ::testing::TestWithParam<testing::Rule<ClusterProfile>> {};
 
 TEST_P(ClusterRule, MessageIsExact) {
   ClusterProfile c = a100();
@@ -223,7 +217,7 @@ CollectiveFit fit() {
   return CollectiveFit{"all_gather", "gloo", "ring", "inter_node", {2}, 1e-4, 1e-9, 0.1, 0, 1 << 20, "", {}};
 }
 
-const Rule kRules[] = {
+const testing::Rule<ClusterProfile> kClusterRules[] = {
     {"Name", [](ClusterProfile& c) { c.name.clear(); }, "cluster: name is empty"},
     {"Nodes", [](ClusterProfile& c) { c.nodes = 0; }, "cluster: nodes must be >= 1 (got 0)"},
     {"DevicesPerNode", [](ClusterProfile& c) { c.devices_per_node = 0; }, "cluster: devices_per_node must be >= 1 (got 0)"},
@@ -392,8 +386,8 @@ const Rule kRules[] = {
      "cluster: no provenance for device.peak_flops.tf32"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, ClusterRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, ClusterRule, ::testing::ValuesIn(kClusterRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<ClusterProfile>>& info) { return std::string(info.param.name); });
 
 TEST(Cluster, GpuTimeModelIsOptional) {
   // Without the per-op GPU model (every cluster file written before it) nothing of it is written.

@@ -64,13 +64,7 @@ TEST(Comparison, StrictKeys) {
                "comparison.metrics[0]: unknown key \"rel_err\" (did you mean \"rel_error\"?)");
 }
 
-struct Rule {
-  const char* name;
-  std::function<void(Comparison&)> mutate;
-  const char* message;
-};
-
-class ComparisonRule : public ::testing::TestWithParam<Rule> {};
+class ComparisonRule : public ::testing::TestWithParam<testing::Rule<Comparison>> {};
 
 TEST_P(ComparisonRule, MessageIsExact) {
   Comparison c = sample_comparison();
@@ -80,7 +74,7 @@ TEST_P(ComparisonRule, MessageIsExact) {
   expect_error([&] { j.get<Comparison>(); }, GetParam().message);
 }
 
-const Rule kRules[] = {
+const testing::Rule<Comparison> kComparisonRules[] = {
     {"Tolerance", [](Comparison& c) { c.tolerance = 0; }, "comparison: tolerance must be > 0 (got 0.0)"},
     {"MetricName", [](Comparison& c) { c.metrics[1].name.clear(); }, "comparison: metrics[1].name is empty"},
     {"MetricUnique", [](Comparison& c) { c.metrics[1].name = "step_time_s"; },
@@ -97,8 +91,8 @@ const Rule kRules[] = {
      "comparison: verdict \"fail\" but the gating metrics at tolerance 0.2 give \"pass\""},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, ComparisonRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, ComparisonRule, ::testing::ValuesIn(kComparisonRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<Comparison>>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zeroplan

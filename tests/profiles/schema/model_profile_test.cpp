@@ -180,13 +180,7 @@ TEST(ModelProfile, StrictKeys) {
                "model_profile: schema is string \"zeroplan.model_profile/2\", expected \"zeroplan.model_profile/1\"");
 }
 
-struct Rule {
-  const char* name;
-  std::function<void(ModelProfile&)> mutate;
-  const char* message;
-};
-
-class ModelRule : public ::testing::TestWithParam<Rule> {};
+class ModelRule : public ::testing::TestWithParam<testing::Rule<ModelProfile>> {};
 
 TEST_P(ModelRule, MessageIsExact) {
   ModelProfile m = sample_model();
@@ -196,7 +190,7 @@ TEST_P(ModelRule, MessageIsExact) {
   expect_error([&] { j.get<ModelProfile>(); }, GetParam().message);
 }
 
-const Rule kRules[] = {
+const testing::Rule<ModelProfile> kModelProfileRules[] = {
     {"Name", [](ModelProfile& m) { m.name.clear(); }, "model_profile: name is empty"},
     {"Source", [](ModelProfile& m) { m.source.clear(); }, "model_profile: source is empty"},
     {"Dtype", [](ModelProfile& m) { m.dtype = "int8"; },
@@ -256,8 +250,8 @@ const Rule kRules[] = {
      "model_profile: units[2] (head).borrowed[0].params 1001 is not in 1..1000 (the parameters of embed)"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, ModelRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, ModelRule, ::testing::ValuesIn(kModelProfileRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<ModelProfile>>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zeroplan

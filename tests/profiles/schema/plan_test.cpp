@@ -107,15 +107,7 @@ TEST(Plan, WrongSchemaAndTypes) {
       "<string>: plan.precision.loss_scale: expected \"none\", \"dynamic\" or a number, got boolean true");
 }
 
-// Each validation rule, with its exact message.
-struct Rule {
-  const char* name;
-  std::function<void(Plan&)> mutate;
-  const char* message;
-  bool survives_json = true;  // false when the JSON form cannot express the broken state
-};
-
-class PlanRule : public ::testing::TestWithParam<Rule> {};
+class PlanRule : public ::testing::TestWithParam<testing::Rule<Plan>> {};
 
 TEST_P(PlanRule, MessageIsExact) {
   Plan p = Plan::default_ddp(2, 8);
@@ -127,7 +119,7 @@ TEST_P(PlanRule, MessageIsExact) {
   expect_error([&] { j.get<Plan>(); }, GetParam().message);
 }
 
-const Rule kRules[] = {
+const testing::Rule<Plan> kPlanRules[] = {
     {"BatchIdentity",
      [](Plan& p) {
        p.global_batch = 33;
@@ -383,8 +375,8 @@ const Rule kRules[] = {
      "plan: buckets.allgather_bucket_bytes must be >= 1 (got 0)"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, PlanRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, PlanRule, ::testing::ValuesIn(kPlanRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<Plan>>& info) { return std::string(info.param.name); });
 
 TEST(Plan, ValidCombinations) {
   Plan p = Plan::default_ddp(8, 64);

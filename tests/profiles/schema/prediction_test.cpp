@@ -37,13 +37,7 @@ TEST(Prediction, NestedPlanIsStrict) {
                "prediction.device.resident[0]: unknown key \"categry\" (did you mean \"category\"?)");
 }
 
-struct Rule {
-  const char* name;
-  std::function<void(Prediction&)> mutate;
-  const char* message;
-};
-
-class PredictionRule : public ::testing::TestWithParam<Rule> {};
+class PredictionRule : public ::testing::TestWithParam<testing::Rule<Prediction>> {};
 
 TEST_P(PredictionRule, MessageIsExact) {
   Prediction p = sample_prediction();
@@ -53,7 +47,7 @@ TEST_P(PredictionRule, MessageIsExact) {
   expect_error([&] { j.get<Prediction>(); }, GetParam().message);
 }
 
-const Rule kRules[] = {
+const testing::Rule<Prediction> kPredictionRules[] = {
     {"Plan", [](Prediction& p) { p.plan.zero_stage = 5; }, "plan: zero_stage must be 0, 1, 2 or 3 (got 5)"},
     {"Model", [](Prediction& p) { p.model.clear(); }, "prediction: model is empty"},
     {"Cluster", [](Prediction& p) { p.cluster.clear(); }, "prediction: cluster is empty"},
@@ -88,8 +82,8 @@ const Rule kRules[] = {
     {"UnitTime", [](Prediction& p) { p.units[1].bwd_s = -1; }, "prediction: units[1].bwd_s must be >= 0 (got -1.0)"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, PredictionRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, PredictionRule, ::testing::ValuesIn(kPredictionRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<Prediction>>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zeroplan

@@ -73,13 +73,7 @@ TEST(RunRecord, StrictKeys) {
   expect_error([&] { k.get<RunRecord>(); }, "run_record.losses[1]: expected a number, got string \"nan\"");
 }
 
-struct Rule {
-  const char* name;
-  std::function<void(RunRecord&)> mutate;
-  const char* message;
-};
-
-class RunRecordRule : public ::testing::TestWithParam<Rule> {};
+class RunRecordRule : public ::testing::TestWithParam<testing::Rule<RunRecord>> {};
 
 TEST_P(RunRecordRule, MessageIsExact) {
   RunRecord r = sample_run_record();
@@ -89,7 +83,7 @@ TEST_P(RunRecordRule, MessageIsExact) {
   expect_error([&] { j.get<RunRecord>(); }, GetParam().message);
 }
 
-const Rule kRules[] = {
+const testing::Rule<RunRecord> kRunRecordRules[] = {
     {"Plan", [](RunRecord& r) { r.plan.micro_batch = 3; },
      "plan: global_batch 68 != micro_batch 3 x microbatches 2 x world_size 2 (= 12)"},
     {"Model", [](RunRecord& r) { r.model.clear(); }, "run_record: model is empty"},
@@ -120,8 +114,8 @@ const Rule kRules[] = {
      "run_record: units[0]: negative time (fwd_s -1.0, bwd_s 0.002)"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Rules, RunRecordRule, ::testing::ValuesIn(kRules),
-                         [](const ::testing::TestParamInfo<Rule>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Rules, RunRecordRule, ::testing::ValuesIn(kRunRecordRules),
+                         [](const ::testing::TestParamInfo<testing::Rule<RunRecord>>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace zeroplan

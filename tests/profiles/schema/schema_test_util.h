@@ -25,6 +25,16 @@ inline void expect_error(const std::function<void()>& fn, const std::string& mes
   }
 }
 
+// One validation rule of a document: how to break a valid sample, and the exact message it gives.
+// survives_json is false when the JSON form cannot express the broken state.
+template <class Doc>
+struct Rule {
+  const char* name;
+  std::function<void(Doc&)> mutate;
+  const char* message;
+  bool survives_json = true;
+};
+
 // Expects a SchemaError whose what() contains `part`.
 inline void expect_error_containing(const std::function<void()>& fn, const std::string& part) {
   try {
