@@ -48,169 +48,198 @@ struct Running {
   throw DeadlockError("simulate: deadlock");
 }
 
-}  // namespace
+// One run of the event loop over a graph: the state the steps share, and the steps as member functions.
+class EventLoop {
+ public:
+  explicit EventLoop(const TaskGraph& g)
+      : g_(g),
+        tasks_(g.tasks()),
+        n_(static_cast<std::uint32_t>(g.tasks().size())),
+        n_res_(static_cast<std::uint32_t>(g.resources().size())),
+        n_groups_(static_cast<std::uint32_t>(g.groups().size())),
+        queue_(detail::Csr::build(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; },
+                                  [](std::uint32_t i) { return i; })),
+        succ_(detail::Csr::build(n_, static_cast<std::uint32_t>(g.deps().size()),
+                                 [&](std::uint32_t i) { return g.deps()[i].second; },
+                                 [&](std::uint32_t i) { return g.deps()[i].first; })),
+        members_(detail::Csr::build(n_groups_, n_res_, [&](std::uint32_t r) { return g.resources()[r].group; },
+                                    [](std::uint32_t r) { return r; }, kNone)),
+        pending_(n_, 0),
+        mem_(g),
+        head_(n_res_, 0),
+        run_(n_res_),
+        group_count_(n_groups_, 0),
+        group_dirty_(n_groups_, 0),
+        since_aligned_(n_res_, 0.0),
+        skew_source_(n_res_, 0) {
+    for (const auto& d : g.deps()) ++pending_[d.first];
+    out_.start_s.assign(n_, -1.0);
+    out_.end_s.assign(n_, -1.0);
+    out_.resources.resize(n_res_);
+    for (ResourceId r = 0; r < n_res_; ++r) out_.resources[r].name = g.resources()[r].name;
+    for (const Resource& res : g.resources())
+      if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
+  }
 
-SimResult run(const TaskGraph& g, bool check_cycles) {
-  if (check_cycles) check_acyclic(g);
-  const auto& tasks = g.tasks();
-  const auto& deps = g.deps();
-  const auto n = static_cast<std::uint32_t>(tasks.size());
-  const auto n_res = static_cast<std::uint32_t>(g.resources().size());
-  const auto n_groups = static_cast<std::uint32_t>(g.groups().size());
-
-  const auto queue = detail::Csr::build(n_res, n, [&](std::uint32_t i) { return tasks[i].resource; },
-                                        [](std::uint32_t i) { return i; });
-  const auto succ = detail::Csr::build(n, static_cast<std::uint32_t>(deps.size()),
-                                       [&](std::uint32_t i) { return deps[i].second; },
-                                       [&](std::uint32_t i) { return deps[i].first; });
-  const auto members = detail::Csr::build(n_groups, n_res, [&](std::uint32_t r) { return g.resources()[r].group; },
-                                          [](std::uint32_t r) { return r; }, kNone);
-  std::vector<std::uint32_t> pending(n, 0);
-  for (const auto& d : deps) ++pending[d.first];
-
-  SimResult out;
-  out.start_s.assign(n, -1.0);
-  out.end_s.assign(n, -1.0);
-  out.resources.resize(n_res);
-  for (ResourceId r = 0; r < n_res; ++r) out.resources[r].name = g.resources()[r].name;
-
-  detail::PoolTracker mem(g);
-  mem.start_resident();
-  std::vector<std::uint32_t> head(n_res, 0);
-  std::vector<Running> run(n_res);
-  std::vector<std::uint32_t> group_count(n_groups, 0);
-  std::vector<char> group_dirty(n_groups, 0);
-  std::uint32_t n_running = 0;
-  std::uint32_t n_done = 0;
-  double now = 0;
-  // Rank skew: per source resource, its busy seconds since the ranks were last aligned.
-  std::vector<double> since_aligned(n_res, 0.0);
-  std::vector<char> skew_source(n_res, 0);
-  for (const Resource& res : g.resources())
-    if (res.skew_source != kNone) skew_source[res.skew_source] = 1;
-  auto busy_since_aligned = [&](ResourceId src) {
-    const TaskId t = run[src].task;
-    return since_aligned[src] + (t != kNone ? now - out.start_s[t] : 0.0);
-  };
-  auto join_group = [&](ResourceId r) {
-    run[r].in_group = true;
-    if (const GroupId gr = g.resources()[r].group; gr != kNone) {
-      ++group_count[gr];
-      group_dirty[gr] = 1;
+  SimResult run() {
+    mem_.start_resident();
+    start_ready();
+    rerate();
+    while (n_running_ > 0) {
+      double next = std::numeric_limits<double>::infinity();
+      for (ResourceId r = 0; r < n_res_; ++r) {
+        if (run_[r].task == kNone) continue;
+        next = std::min(next, run_[r].in_group ? run_[r].finish : run_[r].work_from);
+      }
+      now_ = next;
+      ++out_.events;
+      // Skewed tasks whose ranks have all arrived begin their work (and take their share of the group).
+      for (ResourceId r = 0; r < n_res_; ++r) {
+        Running& x = run_[r];
+        if (x.task == kNone || x.in_group || x.work_from > now_) continue;
+        x.last = now_;
+        x.finish = now_ + x.remaining;
+        join_group(r);
+      }
+      for (ResourceId r = 0; r < n_res_; ++r) {
+        if (run_[r].task != kNone && run_[r].in_group && run_[r].finish <= now_) complete(r);
+      }
+      start_ready();
+      rerate();
     }
-  };
+    if (n_done_ != n_) report_deadlock(g_, queue_, head_, out_.end_s, now_);
+    out_.makespan_s = now_;
+    out_.pools = mem_.results();
+    return std::move(out_);
+  }
 
-  // Completes the task running on r at `now`: frees, successors, resource bookkeeping.
-  auto complete = [&](ResourceId r) {
-    Running& x = run[r];
+ private:
+  // Rank skew: a source resource's busy seconds since the ranks were last aligned.
+  double busy_since_aligned(ResourceId src) const {
+    const TaskId t = run_[src].task;
+    return since_aligned_[src] + (t != kNone ? now_ - out_.start_s[t] : 0.0);
+  }
+
+  void join_group(ResourceId r) {
+    run_[r].in_group = true;
+    if (const GroupId gr = g_.resources()[r].group; gr != kNone) {
+      ++group_count_[gr];
+      group_dirty_[gr] = 1;
+    }
+  }
+
+  // Completes the task running on r at now: frees, successors, resource bookkeeping.
+  void complete(ResourceId r) {
+    Running& x = run_[r];
     const TaskId t = x.task;
-    out.end_s[t] = now;
-    out.resources[r].busy_s += now - out.start_s[t];
-    out.resources[r].work_s += tasks[t].duration_s;
-    ++out.resources[r].tasks;
+    out_.end_s[t] = now_;
+    out_.resources[r].busy_s += now_ - out_.start_s[t];
+    out_.resources[r].work_s += tasks_[t].duration_s;
+    ++out_.resources[r].tasks;
     x.task = kNone;
-    --n_running;
-    ++n_done;
-    if (const GroupId gr = g.resources()[r].group; gr != kNone && x.in_group) {
-      --group_count[gr];
-      group_dirty[gr] = 1;
+    --n_running_;
+    ++n_done_;
+    if (const GroupId gr = g_.resources()[r].group; gr != kNone && x.in_group) {
+      --group_count_[gr];
+      group_dirty_[gr] = 1;
     }
     x.in_group = false;
-    const Resource& res = g.resources()[r];
+    const Resource& res = g_.resources()[r];
     if (res.skew_source != kNone) {
       // The source idle: this rank waited for the collective, as every rank did: aligned again.
-      if (run[res.skew_source].task == kNone) since_aligned[res.skew_source] = 0.0;
-    } else if (skew_source[r]) {
-      since_aligned[r] += now - out.start_s[t];
+      if (run_[res.skew_source].task == kNone) since_aligned_[res.skew_source] = 0.0;
+    } else if (skew_source_[r]) {
+      since_aligned_[r] += now_ - out_.start_s[t];
     }
-    mem.on_end(t, now);
-    for (std::uint32_t s : succ.row(t)) --pending[s];
-  };
-  auto start = [&](ResourceId r, TaskId t) {
-    ++head[r];
-    const Resource& res = g.resources()[r];
-    const double wait = res.skew_source != kNone && tasks[t].duration_s > 0
+    mem_.on_end(t, now_);
+    for (std::uint32_t s : succ_.row(t)) --pending_[s];
+  }
+
+  void start(ResourceId r, TaskId t) {
+    ++head_[r];
+    const Resource& res = g_.resources()[r];
+    const double wait = res.skew_source != kNone && tasks_[t].duration_s > 0
                             ? res.skew_fraction * busy_since_aligned(res.skew_source)
                             : 0.0;
-    run[r] = {t, 1.0, tasks[t].duration_s, now, now + wait + tasks[t].duration_s, now + wait, false};
-    out.start_s[t] = now;
-    mem.on_start(t, now);
-    ++n_running;
+    run_[r] = {t, 1.0, tasks_[t].duration_s, now_, now_ + wait + tasks_[t].duration_s, now_ + wait, false};
+    out_.start_s[t] = now_;
+    mem_.on_start(t, now_);
+    ++n_running_;
     if (wait <= 0) join_group(r);
-  };
-  auto ready_head = [&](ResourceId r) -> TaskId {
-    if (run[r].task != kNone || head[r] >= queue.row(r).size()) return kNone;
-    const TaskId t = queue.row(r)[head[r]];
-    return pending[t] == 0 ? t : kNone;
-  };
+  }
+
+  TaskId ready_head(ResourceId r) const {
+    if (run_[r].task != kNone || head_[r] >= queue_.row(r).size()) return kNone;
+    const TaskId t = queue_.row(r)[head_[r]];
+    return pending_[t] == 0 ? t : kNone;
+  }
+
   // Start what can start. Tasks too short to move the clock (zero duration) run to completion first,
   // before any longer task starts at this instant, so an instant never shows memory they would free.
-  auto start_ready = [&] {
+  void start_ready() {
     for (bool again = true; again;) {
       again = false;
-      for (ResourceId r = 0; r < n_res; ++r) {
+      for (ResourceId r = 0; r < n_res_; ++r) {
         const TaskId t = ready_head(r);
-        if (t == kNone || now + tasks[t].duration_s > now) continue;
+        if (t == kNone || now_ + tasks_[t].duration_s > now_) continue;
         start(r, t);
         complete(r);
         again = true;
       }
     }
-    for (ResourceId r = 0; r < n_res; ++r) {
+    for (ResourceId r = 0; r < n_res_; ++r) {
       if (const TaskId t = ready_head(r); t != kNone) start(r, t);
     }
-  };
-  // Re-rate the running tasks of groups whose membership changed at `now` (progress-rate sharing).
-  auto rerate = [&] {
-    for (GroupId gr = 0; gr < n_groups; ++gr) {
-      if (!group_dirty[gr]) continue;
-      group_dirty[gr] = 0;
-      const double share = std::min(1.0, g.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count[gr]));
-      for (std::uint32_t r : members.row(gr)) {
-        Running& x = run[r];
+  }
+
+  // Re-rate the running tasks of groups whose membership changed at now (progress-rate sharing).
+  void rerate() {
+    for (GroupId gr = 0; gr < n_groups_; ++gr) {
+      if (!group_dirty_[gr]) continue;
+      group_dirty_[gr] = 0;
+      const double share = std::min(1.0, g_.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count_[gr]));
+      for (std::uint32_t r : members_.row(gr)) {
+        Running& x = run_[r];
         if (x.task == kNone) continue;
         if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
-        const double contended = g.resources()[r].contended_rate;
-        const double others = static_cast<double>(group_count[gr]) - 1.0;
+        const double contended = g_.resources()[r].contended_rate;
+        const double others = static_cast<double>(group_count_[gr]) - 1.0;
         const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
-        x.remaining = std::max(0.0, x.remaining - x.rate * (now - std::max(x.last, x.work_from)));
-        x.last = now;
+        x.remaining = std::max(0.0, x.remaining - x.rate * (now_ - std::max(x.last, x.work_from)));
+        x.last = now_;
         x.rate = rate;
-        x.finish = std::max(now, x.work_from) + x.remaining / rate;
+        x.finish = std::max(now_, x.work_from) + x.remaining / rate;
       }
     }
-  };
-
-  start_ready();
-  rerate();
-  while (n_running > 0) {
-    double next = std::numeric_limits<double>::infinity();
-    for (ResourceId r = 0; r < n_res; ++r) {
-      if (run[r].task == kNone) continue;
-      next = std::min(next, run[r].in_group ? run[r].finish : run[r].work_from);
-    }
-    now = next;
-    ++out.events;
-    // Skewed tasks whose ranks have all arrived begin their work (and take their share of the group).
-    for (ResourceId r = 0; r < n_res; ++r) {
-      Running& x = run[r];
-      if (x.task == kNone || x.in_group || x.work_from > now) continue;
-      x.last = now;
-      x.finish = now + x.remaining;
-      join_group(r);
-    }
-    for (ResourceId r = 0; r < n_res; ++r) {
-      if (run[r].task != kNone && run[r].in_group && run[r].finish <= now) complete(r);
-    }
-    start_ready();
-    rerate();
   }
-  if (n_done != n) report_deadlock(g, queue, head, out.end_s, now);
-  out.makespan_s = now;
-  out.pools = mem.results();
-  return out;
+
+  const TaskGraph& g_;
+  const std::vector<Task>& tasks_;
+  const std::uint32_t n_, n_res_, n_groups_;
+  const detail::Csr queue_;    // per resource, its tasks in the order added
+  const detail::Csr succ_;     // per task, the tasks that depend on it
+  const detail::Csr members_;  // per group, its resources
+  std::vector<std::uint32_t> pending_;  // per task, its unfinished dependencies
+  detail::PoolTracker mem_;
+  std::vector<std::uint32_t> head_;  // per resource, the index of its next task
+  std::vector<Running> run_;         // per resource, what runs on it
+  std::vector<std::uint32_t> group_count_;
+  std::vector<char> group_dirty_;
+  std::vector<double> since_aligned_;
+  std::vector<char> skew_source_;
+  std::uint32_t n_running_ = 0;
+  std::uint32_t n_done_ = 0;
+  double now_ = 0;
+  SimResult out_;
+};
+
+}  // namespace
+
+SimResult run(const TaskGraph& g, bool check_cycles) {
+  if (check_cycles) check_acyclic(g);
+  return EventLoop(g).run();
 }
 
 }  // namespace zeroplan::sim

@@ -19,14 +19,10 @@ using ojson = nlohmann::ordered_json;
 // it or none, so 1; DeepSpeed accepts a ratio below 1 only at stage 3 (checked where it is written).
 double offload_ratio(const Plan&) { return 1.0; }
 
-}  // namespace
-
-Export export_deepspeed(const Plan& p, const ModelProfile& model) {
-  Export e;
-  e.tool = "DeepSpeed";
-  e.file = "ds_config.json";
-  auto& no = e.unsupported;
-
+// What DeepSpeed cannot express of the plan (empty: the config runs it). `partition` gets the pipeline's
+// partition_method when the plan has stages.
+std::vector<std::string> deepspeed_gaps(const Plan& p, const ModelProfile& model, std::string& partition) {
+  std::vector<std::string> no;
   if (p.offload_model.enabled) no.emplace_back("fairscale OffloadModel (layer-by-layer slices) has no DeepSpeed equivalent");
   if (p.localsgd())
     no.emplace_back("LocalSGD / SlowMo: DeepSpeed's engine reduces gradients across all ranks every step; it has no periodic "
@@ -52,7 +48,6 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   if (p.precision.param_dtype == "fp16" && p.precision.loss_scale.mode == LossScale::Mode::none)
     no.emplace_back("fp16 without loss scaling: DeepSpeed's fp16 mode always scales the loss");
   // Pipelines: DeepSpeed's PipelineEngine (1F1B, ZeRO 0-1), its layers split by PipelineModule.
-  std::string partition;
   if (p.pipeline_stages > 1) {
     if (p.zero_stage >= 2)
       no.push_back(fmt::format("DeepSpeed's PipelineEngine runs ZeRO stages 0-1 only (plan: stage {}): it accumulates "
@@ -68,38 +63,15 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
                                "and \"type:\" methods balance other weights",
                                fmt::join(balance, ","), fmt::join(uniform, ",")));
   }
-  const double ratio = offload_ratio(p);
-  if (p.offload.optimizer && ratio < 1 && p.zero_stage != 3)
-    no.push_back(fmt::format("offload_optimizer ratio {} < 1 needs ZeRO stage 3 (plan: stage {})", ratio, p.zero_stage));
-  if (!e.expressible()) return e;
+  if (p.offload.optimizer && offload_ratio(p) < 1 && p.zero_stage != 3)
+    no.push_back(fmt::format("offload_optimizer ratio {} < 1 needs ZeRO stage 3 (plan: stage {})", offload_ratio(p), p.zero_stage));
+  return no;
+}
 
-  // Batch identity, as DeepSpeed asserts it.
-  const int dp = p.data_parallel_size();  // DeepSpeed: world / pipeline stages
-  const std::int64_t train_batch = static_cast<std::int64_t>(p.micro_batch) * p.microbatches * dp;
-  if (train_batch != p.global_batch)  // validate(plan) guarantees it: a broken invariant
-    throw std::logic_error(fmt::format("ds_config: train_batch_size {} != micro {} x accumulation {} x data-parallel {}",
-                                       p.global_batch, p.micro_batch, p.microbatches, dp));
-
-  const int grad_bytes = exports::dtype_bytes(p.precision.reduce_dtype);
-  const int param_bytes = exports::dtype_bytes(p.precision.param_dtype);
-  const std::int64_t unit = std::max<std::int64_t>(1, exports::largest_unit_params(model));
-  std::int64_t reduce_bucket = 0;
-  if (p.zero_stage <= 1) reduce_bucket = p.buckets.all_reduce_bucket_bytes / grad_bytes;
-  else if (p.zero_stage == 2) reduce_bucket = p.buckets.reduce_buffer_elems;
-  else reduce_bucket = unit;  // stage 3 reduce-scatters one unit at a time
-
-  ojson j;
-  j["train_batch_size"] = train_batch;
-  j["train_micro_batch_size_per_gpu"] = p.micro_batch;
-  j["gradient_accumulation_steps"] = p.microbatches;
-  j["gradient_clipping"] = 0.0;
-  j["prescale_gradients"] = false;
-  j["gradient_predivide_factor"] = 1.0;
-  j["steps_per_print"] = 100;
-  j["wall_clock_breakdown"] = false;
-  j["communication_data_type"] = p.precision.fp32_reduce_scatter ? std::string("fp32") : p.precision.reduce_dtype;
+// "optimizer" (or, for SGD, the client optimizer the user passes, in a note).
+void optimizer_section(const Plan& p, ojson& j, std::vector<std::string>& notes) {
   if (p.optimizer.name == "sgd") {
-    e.notes.push_back(fmt::format("DeepSpeed has no built-in SGD: pass torch.optim.SGD(params, lr={}, momentum={}, "
+    notes.push_back(fmt::format("DeepSpeed has no built-in SGD: pass torch.optim.SGD(params, lr={}, momentum={}, "
                                   "weight_decay={}) as the client optimizer to deepspeed.initialize",
                                   p.optimizer.lr, p.optimizer.momentum, p.optimizer.weight_decay));
     j["zero_allow_untested_optimizer"] = true;
@@ -113,6 +85,10 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
     j["optimizer"] = {{"type", p.optimizer.name == "adamw" ? "AdamW" : "Adam"}, {"params", params}};
     j["zero_allow_untested_optimizer"] = false;
   }
+}
+
+// "fp16" and "bf16": zeroplan's dynamic loss scale as DeepSpeed's.
+void precision_section(const Plan& p, ojson& j) {
   const bool fp16 = p.precision.param_dtype == "fp16";
   ojson f16;
   f16["enabled"] = fp16;
@@ -125,7 +101,17 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   f16["min_loss_scale"] = 1;
   j["fp16"] = f16;
   j["bf16"] = {{"enabled", p.precision.param_dtype == "bf16"}};
+}
 
+// "zero_optimization": the stage, the buckets (in elements), the offloads and stage 3's residency.
+ojson zero_section(const Plan& p, const ModelProfile& model) {
+  const int grad_bytes = exports::dtype_bytes(p.precision.reduce_dtype);
+  const int param_bytes = exports::dtype_bytes(p.precision.param_dtype);
+  const std::int64_t unit = std::max<std::int64_t>(1, exports::largest_unit_params(model));
+  std::int64_t reduce_bucket = 0;
+  if (p.zero_stage <= 1) reduce_bucket = p.buckets.all_reduce_bucket_bytes / grad_bytes;
+  else if (p.zero_stage == 2) reduce_bucket = p.buckets.reduce_buffer_elems;
+  else reduce_bucket = unit;  // stage 3 reduce-scatters one unit at a time
   ojson z;
   z["stage"] = p.zero_stage;
   z["contiguous_gradients"] = p.flat_params;
@@ -138,7 +124,7 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   ojson oo;
   oo["device"] = p.offload.optimizer ? "cpu" : "none";
   oo["pin_memory"] = p.offload.optimizer;
-  oo["ratio"] = ratio;
+  oo["ratio"] = offload_ratio(p);
   oo["buffer_count"] = 4;
   oo["fast_init"] = false;
   z["offload_optimizer"] = oo;
@@ -159,8 +145,11 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
     z["sub_group_size"] = 1000000000;
     z["stage3_gather_16bit_weights_on_model_save"] = false;
   }
-  j["zero_optimization"] = z;
+  return z;
+}
 
+// "activation_checkpointing": where the checkpoints live (the checkpointed units are in the model code).
+ojson activation_checkpointing_section(const Plan& p) {
   ojson ac;
   ac["partition_activations"] = false;
   ac["cpu_checkpointing"] = p.checkpoint_offload;
@@ -168,29 +157,70 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   ac["number_checkpoints"] = nullptr;
   ac["synchronize_checkpoint_boundary"] = false;
   ac["profile"] = false;
-  j["activation_checkpointing"] = ac;
+  return ac;
+}
+
+// What the user does around the config: checkpointing in the model, the pipeline module, the launch.
+std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& model, const std::string& partition,
+                                         std::int64_t train_batch) {
+  const int dp = p.data_parallel_size();
+  std::vector<std::string> notes;
   if (p.checkpointing.mode != Checkpointing::Mode::none)
-    e.notes.push_back(fmt::format("activation checkpointing ({}) lives in the model code: wrap those units' forward in "
+    notes.push_back(fmt::format("activation checkpointing ({}) lives in the model code: wrap those units' forward in "
                                   "deepspeed.checkpointing.checkpoint{}",
                                   exports::checkpointing_text(p.checkpointing),
                                   p.checkpoint_offload ? " (cpu_checkpointing keeps each checkpointed input on the host)" : ""));
   if (!p.flat_params && p.zero_stage >= 1)
-    e.notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
+    notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
   if (p.pipeline_stages > 1) {
-    e.notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
+    notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
                                   "partition_method=\"{}\", loss_fn=loss_fn, activation_checkpoint_interval={}) over the "
                                   "{} units, then engine.train_batch() runs gradient_accumulation_steps {} microbatches "
                                   "through the stages (1F1B)",
                                   p.pipeline_stages, partition, p.checkpointing.mode == Checkpointing::Mode::all ? 1 : 0,
                                   model.expanded_unit_count(), p.microbatches));
-    e.notes.push_back(fmt::format("launch with {} ranks ({} stages x data-parallel {}): train_batch_size {} = micro {} x "
+    notes.push_back(fmt::format("launch with {} ranks ({} stages x data-parallel {}): train_batch_size {} = micro {} x "
                                   "gradient_accumulation_steps {} x data-parallel {}",
                                   p.world_size, p.pipeline_stages, dp, train_batch, p.micro_batch, p.microbatches, dp));
   } else {
-    e.notes.push_back(fmt::format("launch with {} ranks: train_batch_size {} = micro {} x gradient_accumulation_steps {} x world {}",
+    notes.push_back(fmt::format("launch with {} ranks: train_batch_size {} = micro {} x gradient_accumulation_steps {} x world {}",
                                   p.world_size, train_batch, p.micro_batch, p.microbatches, p.world_size));
   }
+  return notes;
+}
+
+}  // namespace
+
+Export export_deepspeed(const Plan& p, const ModelProfile& model) {
+  Export e;
+  e.tool = "DeepSpeed";
+  e.file = "ds_config.json";
+  std::string partition;
+  e.unsupported = deepspeed_gaps(p, model, partition);
+  if (!e.expressible()) return e;
+
+  // Batch identity, as DeepSpeed asserts it.
+  const int dp = p.data_parallel_size();  // DeepSpeed: world / pipeline stages
+  const std::int64_t train_batch = static_cast<std::int64_t>(p.micro_batch) * p.microbatches * dp;
+  if (train_batch != p.global_batch)  // validate(plan) guarantees it: a broken invariant
+    throw std::logic_error(fmt::format("ds_config: train_batch_size {} != micro {} x accumulation {} x data-parallel {}",
+                                       p.global_batch, p.micro_batch, p.microbatches, dp));
+  ojson j;
+  j["train_batch_size"] = train_batch;
+  j["train_micro_batch_size_per_gpu"] = p.micro_batch;
+  j["gradient_accumulation_steps"] = p.microbatches;
+  j["gradient_clipping"] = 0.0;
+  j["prescale_gradients"] = false;
+  j["gradient_predivide_factor"] = 1.0;
+  j["steps_per_print"] = 100;
+  j["wall_clock_breakdown"] = false;
+  j["communication_data_type"] = p.precision.fp32_reduce_scatter ? std::string("fp32") : p.precision.reduce_dtype;
+  optimizer_section(p, j, e.notes);
+  precision_section(p, j);
+  j["zero_optimization"] = zero_section(p, model);
+  j["activation_checkpointing"] = activation_checkpointing_section(p);
+  for (std::string& note : deepspeed_notes(p, model, partition, train_batch)) e.notes.push_back(std::move(note));
   e.text = j.dump(2) + "\n";
   return e;
 }

@@ -46,13 +46,7 @@ ojson ranked_json(const RankedPlan& r) {
   return j;
 }
 
-}  // namespace
-
-std::string tune_json(const TuneResult& r) {
-  ojson j;
-  j["schema"] = kTuneSchema;
-  j["model"] = r.model.name;
-  j["cluster"] = r.cluster.name;
+ojson constraints_json(const TuneResult& r) {
   ojson c;
   c["global_batch"] = r.constraints.global_batch;
   c["world_size"] = r.constraints.world_size;
@@ -67,11 +61,10 @@ std::string tune_json(const TuneResult& r) {
   c["fixed"] = fixed;
   c["allow_approximate_averaging"] = r.constraints.allow_approximate_averaging;
   c["optimizer"] = r.constraints.optimizer;
-  j["constraints"] = c;
-  j["world_size"] = r.world_size;
-  j["nodes_used"] = r.nodes_used;
-  j["limits"] = {{"device_bytes", r.limits.device_bytes}, {"host_bytes", r.limits.host_bytes}};
-  j["notes"] = r.notes;
+  return c;
+}
+
+ojson counts_json(const TuneResult& r) {
   ojson counts;
   counts["candidates"] = r.candidates;
   counts["invalid"] = r.rejections.invalid_total();
@@ -82,8 +75,10 @@ std::string tune_json(const TuneResult& r) {
   counts["fitting"] = r.fitting;
   counts["simulations"] = r.simulations;
   counts["bound_prunes"] = r.bound_prunes;
-  j["counts"] = counts;
+  return counts;
+}
 
+ojson rejections_json(const TuneResult& r) {
   ojson rej;
   ojson inv = ojson::object();
   for (const auto& [k, v] : r.rejections.invalid) inv[k] = v;
@@ -102,22 +97,10 @@ std::string tune_json(const TuneResult& r) {
     closest.push_back(e);
   }
   rej["closest"] = closest;
-  j["rejections"] = rej;
+  return rej;
+}
 
-  ojson ranking = ojson::array();
-  for (const RankedPlan& p : r.ranking) ranking.push_back(ranked_json(p));
-  j["ranking"] = ranking;
-  ojson pareto = ojson::array();
-  for (const RankedPlan& p : r.pareto) {
-    ojson e;
-    e["candidate"] = p.candidate;
-    e["device_peak_bytes"] = p.prediction.device.total_bytes();
-    e["samples_per_s"] = p.prediction.samples_per_s;
-    e["summary"] = report::summary(p.plan);
-    pareto.push_back(e);
-  }
-  j["pareto"] = pareto;
-
+ojson default_json(const TuneResult& r) {
   const DefaultCheck& d = r.default_plan;
   ojson dj;
   dj["valid"] = d.valid;
@@ -131,8 +114,11 @@ std::string tune_json(const TuneResult& r) {
   dj["host_available_bytes"] = d.host_available_bytes;
   if (d.simulated) dj["metrics"] = metrics(d.prediction);
   if (d.valid) dj["plan"] = plan_json(d.plan);
-  j["default"] = dj;
+  return dj;
+}
 
+// The explanation: per comparison (runner-up, default) the knob steps between the plans and its lines.
+ojson why_json(const TuneResult& r) {
   ojson ex = ojson::array();
   for (const PlanComparison& pc : r.explanation.comparisons) {
     ojson e;
@@ -159,8 +145,10 @@ std::string tune_json(const TuneResult& r) {
     e["lines"] = pc.lines;
     ex.push_back(e);
   }
-  j["why"] = ex;
+  return ex;
+}
 
+ojson exports_json(const TuneResult& r) {
   ojson exports = ojson::array();
   if (const RankedPlan* best = r.best()) {
     for (const Export& x : export_all(best->plan, r.model, r.nodes_used, r.cluster.devices_per_node)) {
@@ -173,7 +161,39 @@ std::string tune_json(const TuneResult& r) {
       exports.push_back(e);
     }
   }
-  j["exports"] = exports;
+  return exports;
+}
+
+}  // namespace
+
+std::string tune_json(const TuneResult& r) {
+  ojson j;
+  j["schema"] = kTuneSchema;
+  j["model"] = r.model.name;
+  j["cluster"] = r.cluster.name;
+  j["constraints"] = constraints_json(r);
+  j["world_size"] = r.world_size;
+  j["nodes_used"] = r.nodes_used;
+  j["limits"] = {{"device_bytes", r.limits.device_bytes}, {"host_bytes", r.limits.host_bytes}};
+  j["notes"] = r.notes;
+  j["counts"] = counts_json(r);
+  j["rejections"] = rejections_json(r);
+  ojson ranking = ojson::array();
+  for (const RankedPlan& p : r.ranking) ranking.push_back(ranked_json(p));
+  j["ranking"] = ranking;
+  ojson pareto = ojson::array();
+  for (const RankedPlan& p : r.pareto) {
+    ojson e;
+    e["candidate"] = p.candidate;
+    e["device_peak_bytes"] = p.prediction.device.total_bytes();
+    e["samples_per_s"] = p.prediction.samples_per_s;
+    e["summary"] = report::summary(p.plan);
+    pareto.push_back(e);
+  }
+  j["pareto"] = pareto;
+  j["default"] = default_json(r);
+  j["why"] = why_json(r);
+  j["exports"] = exports_json(r);
   return j.dump(2) + "\n";
 }
 

@@ -12,8 +12,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <future>
 #include <mutex>
 #include <set>
@@ -23,6 +21,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "gloo_ring.h"
 
 namespace zeroplan::exec {
 namespace {
@@ -52,78 +51,6 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(B& pg, at::Tensor& out, at::T
 }
 
 class C10dCommunicator;
-
-// One thread that runs jobs in the order submitted: the steps of Gloo reduce-scatters, each of which
-// waits for a receive before it adds and sends on, off the caller's thread. A job's captures are released
-// before its future is made ready, so the waiting thread holds the last references to what it handed.
-class JobThread {
- public:
-  JobThread() : state_(std::make_shared<State>()) {
-    thread_ = std::thread([s = state_] { run(*s); });
-  }
-  ~JobThread() {
-    bool busy = false;
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      state_->stop = true;
-      busy = state_->busy;
-    }
-    state_->cv.notify_all();
-    // A job still running waits on a peer that may be gone: it ends at its timeout, on its own.
-    if (busy) thread_.detach();
-    else thread_.join();
-  }
-  JobThread(const JobThread&) = delete;
-  JobThread& operator=(const JobThread&) = delete;
-
-  std::future<void> submit(std::function<void()> job) {
-    std::promise<void> done;
-    std::future<void> f = done.get_future();
-    {
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      state_->jobs.emplace_back(std::move(job), std::move(done));
-    }
-    state_->cv.notify_all();
-    return f;
-  }
-
- private:
-  struct State {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::deque<std::pair<std::function<void()>, std::promise<void>>> jobs;
-    bool stop = false;
-    bool busy = false;
-  };
-  static void run(State& s) {
-    for (;;) {
-      std::pair<std::function<void()>, std::promise<void>> job;
-      {
-        std::unique_lock<std::mutex> lock(s.mutex);
-        s.cv.wait(lock, [&] { return s.stop || !s.jobs.empty(); });
-        if (s.stop) return;
-        job = std::move(s.jobs.front());
-        s.jobs.pop_front();
-        s.busy = true;
-      }
-      std::exception_ptr error;
-      try {
-        job.first();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      job.first = nullptr;  // its tensors go before the waiter wakes
-      {
-        std::lock_guard<std::mutex> lock(s.mutex);
-        s.busy = false;
-      }
-      if (error) job.second.set_exception(error);
-      else job.second.set_value();
-    }
-  }
-  std::shared_ptr<State> state_;
-  std::thread thread_;
-};
 
 class C10dWork final : public Work {
  public:
@@ -322,45 +249,20 @@ class C10dCommunicator final : public Communicator {
     fallbacks_.insert(fallback);
   }
 
-  // Gloo's reduce_scatter_single all-reduces a full-size clone: 2(N-1)/N of the buffer on the wire per
-  // rank and a full-size temporary. This is a ring instead, as NCCL runs it: N-1 steps, each sending one
-  // chunk to the next rank and adding the chunk received from the previous one to this rank's own
-  // ((N-1)/N of the buffer sent per rank), on a second process group of the same ranks driven by one
-  // thread of its own (each step waits for its receive), so the caller goes on computing. Buffers: the
-  // chunk received, and with more than two ranks the running sum sent on, made here and freed at the
-  // wait (where the simulator frees them). Two ranks sum a + b as the all-reduce did, bit for bit.
+  // Gloo reduce-scatters run as a ring (gloo_ring.h) on a second process group of the same ranks, driven
+  // by one thread of its own (each step waits for its receive), so the caller goes on computing.
   std::unique_ptr<Work> ring_reduce_scatter(at::Tensor out, at::Tensor in, bool divide, std::size_t bytes) {
     if (!ring_) {
       ring_comm_ = std::shared_ptr<Communicator>(duplicate());  // collective: every rank's first reduce-scatter
-      ring_ = std::make_unique<JobThread>();
+      ring_ = std::make_unique<detail::JobThread>();
     }
-    const int n = world_, r = rank_;
-    const std::int64_t chunk = out.numel();
-    at::Tensor recv = at::empty({chunk}, in.options());
-    at::Tensor acc = n > 2 ? at::empty({chunk}, in.options()) : at::Tensor();
-    std::vector<at::Tensor> handed{recv};
-    if (acc.defined()) handed.push_back(acc);
+    detail::RingBuffers buffers = detail::ring_buffers(out, world_);
+    std::vector<at::Tensor> handed{buffers.recv};
+    if (buffers.acc.defined()) handed.push_back(buffers.acc);
     std::string what = fmt::format("reduce_scatter #{} ({} bytes)", ++sequence_, bytes);
-    auto job = [ring = ring_comm_, in, out, recv, acc, n, r, chunk, sent = ring_bytes_sent_]() mutable {
-      auto part = [&](int k) { return in.narrow(0, ((k % n) + n) % n * chunk, chunk); };
-      at::Tensor send = part(r - 1);
-      for (int step = 0; step + 1 < n; ++step) {
-        auto s = ring->send(send, (r + 1) % n, kRingTag);
-        auto got = ring->recv(recv, (r + n - 1) % n, kRingTag);
-        got->wait();
-        s->wait();
-        sent->fetch_add(static_cast<std::int64_t>(send.nbytes()));
-        // The chunk received is the running sum of chunk r - step - 2; the last step's is this rank's.
-        if (step + 2 == n) {
-          at::add_out(out, part(r - step - 2), recv);
-        } else {
-          at::add_out(acc, part(r - step - 2), recv);
-          send = acc;
-        }
-      }
-    };
+    auto job = detail::ring_reduce_scatter_job(ring_comm_, in, out, buffers, rank_, world_, ring_bytes_sent_);
     std::function<void()> after;
-    if (divide) after = [out, n]() mutable { out.div_(n); };
+    if (divide) after = [out, n = world_]() mutable { out.div_(n); };
     return std::make_unique<C10dWork>(this, std::move(what), ring_->submit(std::move(job)), std::move(after), handed);
   }
 
@@ -399,9 +301,8 @@ class C10dCommunicator final : public Communicator {
   std::set<std::string> fallbacks_;
   // Gloo reduce-scatters: the ring's process group, its thread (declared after the group: destroyed
   // first) and the bytes its sends put on the wire.
-  static constexpr int kRingTag = 0x5a52;
   std::shared_ptr<Communicator> ring_comm_;
-  std::unique_ptr<JobThread> ring_;
+  std::unique_ptr<detail::JobThread> ring_;
   std::shared_ptr<std::atomic<std::int64_t>> ring_bytes_sent_ = std::make_shared<std::atomic<std::int64_t>>(0);
 };
 

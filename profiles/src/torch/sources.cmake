@@ -13,6 +13,10 @@ add_library(zeroplan_profiles
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/counting_allocator.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/flops.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/profiler.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/devices.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/measure.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/timing.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/stats.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/cuda.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/src/torch/profiler/host_heap.cpp
 )

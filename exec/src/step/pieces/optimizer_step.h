@@ -1,0 +1,41 @@
+// The executor's pieces (pieces.h lists them): OptimizerStep (optimizer_step.cpp).
+#pragma once
+
+#include "context.h"
+#include "param_residency.h"
+#include "grad_sync.h"
+#include "precision.h"
+
+namespace zeroplan::exec::pieces {
+
+class OptimizerStep {
+ public:
+  OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Precision& precision);
+  // Steps this rank's shard with the learning rate x lr_scale and brings the updated parameters to where
+  // the units compute; false when the step was skipped (non-finite gradients): parameters and optimizer
+  // state untouched.
+  bool step(double lr_scale = 1.0);
+  std::int64_t stepped_numel() const { return stepped_; }
+  // Checkpoints (checkpoint.cpp): the master shard (undefined without one) and the optimizer.
+  torch::Tensor& master() { return master_; }
+  FlatOptimizer& optimizer() { return *optimizer_; }
+
+ private:
+  bool step_master_by_unit(double lr_scale);  // 16-bit gradients into the fp32 master, one unit at a time
+  void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
+  void master_to_params();  // the updated master rounded into the compute copy (stages 0 and 3)
+  Ctx& c_;
+  ParamResidency& params_;
+  GradSync& grads_;
+  Precision& precision_;
+  int stage_ = 0;
+  bool separate_master_ = false;  // a master shard apart from the parameters: fp32 beside 16-bit
+                                  // params, or offload.optimizer with parameters on the device
+  std::int64_t stepped_ = 0;
+  torch::Tensor master_;          // the master shard, on the host with offload.optimizer
+  torch::Tensor host_grad_;       // offload.optimizer: host copy of the gradient shard for the step
+  std::unique_ptr<FlatOptimizer> optimizer_;
+  std::vector<std::vector<int>> gather_buckets_;  // stages 1-2: units per all-gather (allgather_buckets)
+};
+
+}  // namespace zeroplan::exec::pieces
