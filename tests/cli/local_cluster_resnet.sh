@@ -12,7 +12,7 @@ ls "$out"/cache/zeroplan/probe-*.json >/dev/null
 "$zp" -q profile --model gpt --preset gpt2-tiny --batch 2 --repeats 1 -o "$out/gpt.json"
 "$zp" -q simulate --model "$out/gpt.json" --cluster local --world-size 2 --global-batch 8 -o "$out/p.json"
 grep -q '"cluster"' "$out/p.json"
-"$zp" -q autopilot --model resnet --preset resnet-tiny --cluster local --steps 3 --warmup 1 --verify 2 -o "$out/ap"
+"$zp" -q autopilot --model resnet --preset resnet-tiny --cluster local --steps 3 --warmup 1 --verify 1 -o "$out/ap"
 grep -q 'Model: `resnet` resnet-tiny' "$out/ap/report.md"
 test -s "$out/ap/report.html"
 # report.html is real HTML (issue #11): tables, headings and inline SVG figures, not the Markdown in <pre>.
