@@ -58,6 +58,16 @@ const Subcommand* find_subcommand(const std::string& name) {
   return nullptr;
 }
 
+Registrar torch_free_registrar(const Subcommand& sub) {
+  const std::string name = sub.name;
+  if (name == "simulate") return add_simulate;
+  if (name == "tune") return add_tune;
+  if (name == "compare") return add_compare;
+  if (name == "calibrate") return add_calibrate;
+  if (name == "plan") return add_plan;
+  return nullptr;
+}
+
 int print_failure(const std::string& where, const Failure& failure) {
   fmt::print(stderr, "{}: {}\n", where, failure.message);
   return failure.code;

@@ -22,6 +22,8 @@ struct Subcommand {
 // Every subcommand, in `zeroplan --help` order.
 std::span<const Subcommand> subcommands();
 const Subcommand* find_subcommand(const std::string& name);
+// The registrar of a torch-free subcommand (simulate, tune, compare, calibrate, plan), or nullptr.
+Registrar torch_free_registrar(const Subcommand& sub);
 
 // What a failure prints (one line) and exits with.
 struct Failure {

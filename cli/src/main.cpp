@@ -20,16 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Registrar registrar(const Subcommand& sub) {
-  const std::string name = sub.name;
-  if (name == "simulate") return add_simulate;
-  if (name == "tune") return add_tune;
-  if (name == "compare") return add_compare;
-  if (name == "calibrate") return add_calibrate;
-  if (name == "plan") return add_plan;
-  return nullptr;
-}
-
 // The subcommand a command line names (global flags may come first), or "" for none.
 std::string subcommand_of(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -77,6 +67,6 @@ int main(int argc, char** argv) {
   const Subcommand* known = find_subcommand(sub);
   // Served here: a torch-free subcommand that does not ask for help (--help lists the models, which only
   // the torch half knows). An unknown word goes to the torch half too, which refuses it as ever.
-  if (known != nullptr && !known->torch && !asks_for_help(argc, argv)) return run_app(argc, argv, AppSpec{registrar, ""});
+  if (known != nullptr && !known->torch && !asks_for_help(argc, argv)) return run_app(argc, argv, AppSpec{torch_free_registrar, ""});
   hand_to_torch_half(argv, sub);
 }

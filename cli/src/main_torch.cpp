@@ -43,17 +43,14 @@ std::string registry_footer() {
   return out;
 }
 
+// Every subcommand: the torch-free ones (app.cpp) and those that need torch.
 Registrar registrar(const Subcommand& sub) {
+  if (const Registrar r = torch_free_registrar(sub)) return r;
   const std::string name = sub.name;
   if (name == "profile") return add_profile;
   if (name == "probe") return add_probe;
-  if (name == "simulate") return add_simulate;
-  if (name == "tune") return add_tune;
   if (name == "run") return add_run;
-  if (name == "compare") return add_compare;
-  if (name == "calibrate") return add_calibrate;
   if (name == "autopilot") return add_autopilot;
-  if (name == "plan") return add_plan;
   return nullptr;
 }
 

@@ -72,33 +72,26 @@ void merge_times(const RunOptions& options, const Ranks& ranks, std::size_t step
   }
 }
 
-// Unit times: each figure the largest over the ranks that measured the unit.
-void merge_units(const Ranks& ranks, RunRecord& rec) {
-  // Units in rank 0's order; each figure the largest over the ranks that measured the unit.
-  for (const UnitPhaseTime& u0 : ranks[0]->units) {
-    UnitPhaseTime u = u0;
-    for (const RunResult* r : ranks) {
-      for (const UnitPhaseTime& x : r->units) {
-        if (x.name != u.name) continue;
-        u.fwd_s = std::max(u.fwd_s, x.fwd_s);
-        u.bwd_s = std::max(u.bwd_s, x.bwd_s);
-      }
+// Unit `name`'s times: each figure the largest over the ranks that measured the unit.
+UnitPhaseTime merged_unit(const std::string& name, const Ranks& ranks) {
+  UnitPhaseTime u{name, 0.0, 0.0};
+  for (const RunResult* r : ranks) {
+    for (const UnitPhaseTime& x : r->units) {
+      if (x.name != name) continue;
+      u.fwd_s = std::max(u.fwd_s, x.fwd_s);
+      u.bwd_s = std::max(u.bwd_s, x.bwd_s);
     }
-    rec.units.push_back(std::move(u));
   }
-  // Units each rank ran that rank 0 did not (pipeline stages), in rank order: stage-major ranks, so model order.
+  return u;
+}
+
+// Units in rank 0's order, then those each rank ran that rank 0 did not (pipeline stages), in rank order:
+// stage-major ranks, so model order.
+void merge_units(const Ranks& ranks, RunRecord& rec) {
   for (const RunResult* r : ranks) {
     for (const UnitPhaseTime& x : r->units) {
       if (std::any_of(rec.units.begin(), rec.units.end(), [&](const UnitPhaseTime& u) { return u.name == x.name; })) continue;
-      UnitPhaseTime u = x;
-      for (const RunResult* o : ranks) {
-        for (const UnitPhaseTime& y : o->units) {
-          if (y.name != u.name) continue;
-          u.fwd_s = std::max(u.fwd_s, y.fwd_s);
-          u.bwd_s = std::max(u.bwd_s, y.bwd_s);
-        }
-      }
-      rec.units.push_back(std::move(u));
+      rec.units.push_back(merged_unit(x.name, ranks));
     }
   }
 }
