@@ -7,10 +7,4 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${ZEROPLAN_BUILD_DIR:-build}
 cd "$root"
 cmake --build "$build_dir" -j "${ZEROPLAN_JOBS:-$(nproc)}"   # the tests and benchmarks
-# A build folder's first ctest has no timing data, and CTest would start the tests in their listed order:
-# seed it with tests/ctest-costs.txt (CTest's own cost-data format: name, runs, seconds, from a full run
-# on the 2-core development machine) so the longest start first and the two cores finish together.
-# Regenerate from a full run's log: every test of 0.3 s or more as "name 1 seconds", then a line "---".
-costs="$build_dir/Testing/Temporary/CTestCostData.txt"
-if [ ! -s "$costs" ]; then mkdir -p "$(dirname "$costs")" && cp tests/ctest-costs.txt "$costs"; fi
 ctest --test-dir "$build_dir" --output-on-failure -j "${ZEROPLAN_TEST_JOBS:-2}" --timeout 600 "$@"

@@ -13,16 +13,17 @@
 namespace zeroplan::cli {
 namespace {
 
+// Every subcommand, in `zeroplan --help` order.
 constexpr std::array<Subcommand, 9> kSubcommands{{
-    {"profile", "Measure a model unit by unit (or derive it analytically) -> ModelProfile", true},
-    {"probe", "Measure this machine -> ClusterProfile", true},
-    {"simulate", "Simulate one training step of a Plan -> Prediction", false},
-    {"tune", "Search every strategy knob for the fastest plan that fits -> ranked Plans", false},
-    {"run", "Train with a Plan on real ranks (c10d: Gloo on CPU, NCCL on CUDA) -> RunRecord", true},
-    {"compare", "Predicted vs measured -> Comparison", false},
-    {"calibrate", "Fit the cluster file's time-model terms to measured runs -> calibrated ClusterProfile", false},
-    {"autopilot", "Profile, probe, tune, run and compare on this machine in one command", true},
-    {"plan", "Describe the Plan: --fields lists every knob (range, default, simulate / tune / run)", false},
+    {"profile", "Measure a model unit by unit (or derive it analytically) -> ModelProfile", nullptr},
+    {"probe", "Measure this machine -> ClusterProfile", nullptr},
+    {"simulate", "Simulate one training step of a Plan -> Prediction", add_simulate},
+    {"tune", "Search every strategy knob for the fastest plan that fits -> ranked Plans", add_tune},
+    {"run", "Train with a Plan on real ranks (c10d: Gloo on CPU, NCCL on CUDA) -> RunRecord", nullptr},
+    {"compare", "Predicted vs measured -> Comparison", add_compare},
+    {"calibrate", "Fit the cluster file's time-model terms to measured runs -> calibrated ClusterProfile", add_calibrate},
+    {"autopilot", "Profile, probe, tune, run and compare on this machine in one command", nullptr},
+    {"plan", "Describe the Plan: --fields lists every knob (range, default, simulate / tune / run)", add_plan},
 }};
 
 // The shared map, for the exception in flight: ExitError carries its own code; an input the schema or
@@ -50,21 +51,9 @@ std::string first_line(const std::string& text) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
-std::span<const Subcommand> subcommands() { return kSubcommands; }
-
 const Subcommand* find_subcommand(const std::string& name) {
   for (const auto& s : kSubcommands)
     if (name == s.name) return &s;
-  return nullptr;
-}
-
-Registrar torch_free_registrar(const Subcommand& sub) {
-  const std::string name = sub.name;
-  if (name == "simulate") return add_simulate;
-  if (name == "tune") return add_tune;
-  if (name == "compare") return add_compare;
-  if (name == "calibrate") return add_calibrate;
-  if (name == "plan") return add_plan;
   return nullptr;
 }
 

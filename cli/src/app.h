@@ -7,7 +7,6 @@
 #pragma once
 
 #include <optional>
-#include <span>
 #include <string>
 
 #include "cli.h"
@@ -17,13 +16,11 @@ namespace zeroplan::cli {
 struct Subcommand {
   const char* name;
   const char* help;
-  bool torch;  // needs the torch half (zeroplan-torch)
+  Registrar torch_free;  // its registrar when it needs no torch (served by zeroplan itself), else nullptr
 };
-// Every subcommand, in `zeroplan --help` order.
-std::span<const Subcommand> subcommands();
 const Subcommand* find_subcommand(const std::string& name);
 // The registrar of a torch-free subcommand (simulate, tune, compare, calibrate, plan), or nullptr.
-Registrar torch_free_registrar(const Subcommand& sub);
+inline Registrar torch_free_registrar(const Subcommand& sub) { return sub.torch_free; }
 
 // What a failure prints (one line) and exits with.
 struct Failure {

@@ -67,6 +67,6 @@ int main(int argc, char** argv) {
   const Subcommand* known = find_subcommand(sub);
   // Served here: a torch-free subcommand that does not ask for help (--help lists the models, which only
   // the torch half knows). An unknown word goes to the torch half too, which refuses it as ever.
-  if (known != nullptr && !known->torch && !asks_for_help(argc, argv)) return run_app(argc, argv, AppSpec{torch_free_registrar, ""});
+  if (known != nullptr && known->torch_free != nullptr && !asks_for_help(argc, argv)) return run_app(argc, argv, AppSpec{torch_free_registrar, ""});
   hand_to_torch_half(argv, sub);
 }

@@ -14,6 +14,11 @@ std::string torch_dtype(const std::string& d) {
   return d == "bf16" ? "torch.bfloat16" : d == "fp16" ? "torch.float16" : "torch.float32";
 }
 
+// The snippet scales the loss (GradScaler) for fp16 compute or when the plan scales it.
+bool scales_loss(const Plan& p) {
+  return p.precision.compute_dtype == "fp16" || p.precision.loss_scale.mode != LossScale::Mode::none;
+}
+
 std::string optimizer_ctor(const Plan& p) {
   const Optimizer& o = p.optimizer;
   if (o.name == "sgd")
@@ -222,7 +227,7 @@ std::string checkpoint_lines(const Plan& p) {
 // backward per micro batch, under no_sync but the last where the wrapper has one.
 std::string train_step(const Plan& p, bool no_sync) {
   const bool mixed = p.precision.compute_dtype != "fp32";
-  const bool fp16 = p.precision.compute_dtype == "fp16" || p.precision.loss_scale.mode != LossScale::Mode::none;
+  const bool fp16 = scales_loss(p);
   const std::string dtype = torch_dtype(p.precision.compute_dtype);
   std::string s;
   if (p.pipeline_stages > 1) {
@@ -296,7 +301,7 @@ Export export_fairscale(const Plan& p, const ModelProfile& model, int devices_pe
   if (!e.expressible()) return e;
 
   const bool pipe = p.pipeline_stages > 1;
-  const bool fp16 = p.precision.compute_dtype == "fp16" || p.precision.loss_scale.mode != LossScale::Mode::none;
+  const bool fp16 = scales_loss(p);
   std::string s;
   s += fmt::format("# fairscale wrapping written by zeroplan tune for: {}\n", exports::plan_summary(p));
   if (pipe)

@@ -7,26 +7,14 @@
 #include <torch/version.h>
 #include <zeroplan/config.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
-#include <atomic>
-#include <barrier>
-#include <cmath>
-#include <functional>
-#include <numeric>
 #include <optional>
 #include <string>
-#include <mutex>
-#include <thread>
 
 #include "device.h"
 #include "internal.h"
-#include "zeroplan/profiles/counting_allocator.h"
 #include "zeroplan/profiles/errors.h"
-#include "zeroplan/profiles/flops.h"
 #include "zeroplan/profiles/host_heap.h"
-#include "zeroplan/profiles/saved_tensors.h"
 #include "zeroplan/profiles/trace.h"
 #include "zeroplan/profiles/zoo.h"
 
