@@ -1,7 +1,6 @@
 #include "zeroplan/exec/device.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +14,7 @@
 #include "zeroplan/config.h"
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/profiles/counting_allocator.h"
+#include "zeroplan/profiles/cuda_init.h"
 #include "zeroplan/profiles/host_allocator.h"
 
 #if ZEROPLAN_HAVE_CUDA
@@ -297,12 +297,8 @@ class CudaSideLane final : public SideLane {
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(c10::DeviceIndex index) : index_(index), host_(at::getHostAllocator(at::kCUDA)) {
-    // What `torch.cuda.init()` does in Python, which a C++ program must ask for: without it the context
-    // reports no pointer as pinned (is_pinned() is false for the caching host allocator's blocks; seen on
-    // the lent H100). The autograd engines' device threads are started here too (profiles' cuda.cpp says why).
-    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-    torch::autograd::Engine::get_base_engine().initialize_device_threads_pool();
-    torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
+    // What `torch.cuda.init()` does in Python, which a C++ program must ask for (cuda_init.h says why).
+    zeroplan::cuda_init();
     c10::cuda::set_device(index_);
   }
   std::string name() const override { return "cuda:" + std::to_string(index_); }

@@ -1,6 +1,7 @@
 // The CUDA side of the profiler: caching-allocator statistics, CUDA-event timing, CUPTI kernel time.
 // Compiled only with ZEROPLAN_HAVE_CUDA (and the CUPTI part with ZEROPLAN_HAVE_CUPTI).
 #include "device.h"
+#include "zeroplan/profiles/cuda_init.h"
 
 #if ZEROPLAN_HAVE_CUDA
 
@@ -10,7 +11,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <c10/core/AutogradState.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
 #include <atomic>
+#include <cstdio>
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
@@ -18,6 +24,65 @@
 #if ZEROPLAN_HAVE_CUPTI
 #include <cupti.h>
 #endif
+
+namespace zeroplan {
+
+namespace {
+
+// Reads an engine's per-device queue count (a protected member) for the note below.
+struct EnginePeek : torch::autograd::Engine {
+  static std::size_t device_queues(const torch::autograd::Engine& e) {
+    auto member = &EnginePeek::device_ready_queues_;
+    return (e.*member).size();
+  }
+};
+
+// One backward of a CUDA tensor on this thread; "" when it ran, else torch's message.
+std::string try_cuda_backward() {
+  try {
+    torch::AutoGradMode grad(true);
+    auto x = torch::ones({2}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
+    x.sum().backward();
+    return x.grad().defined() ? "" : "the gradient stayed undefined";
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+}
+
+// Whether backward must run on the calling thread: decided once, by trying.
+bool backward_needs_calling_thread() {
+  static const bool needed = [] {
+    const std::string first = try_cuda_backward();
+    if (first.empty()) return false;
+    auto& base = torch::autograd::Engine::get_base_engine();
+    const auto probe = torch::ones({1}, torch::TensorOptions().device(torch::kCUDA));
+    std::fprintf(stderr,
+                 "%s\n",
+                 fmt::format("zeroplan: note: a backward on CUDA failed in torch's autograd engine ({}); the engine "
+                             "holds {} CUDA queue(s), c10::cuda::device_count() {}, a new tensor's device {}; backward "
+                             "runs on the calling thread from now on (autograd multithreading off)",
+                             first.substr(0, first.find('\n')), EnginePeek::device_queues(base),
+                             static_cast<int>(c10::cuda::device_count()), probe.device().str())
+                     .c_str());
+    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+    const std::string second = try_cuda_backward();
+    if (!second.empty()) throw std::runtime_error("a backward on CUDA fails in torch's autograd engine: " + second);
+    return true;
+  }();
+  return needed;
+}
+
+}  // namespace
+
+void cuda_init() {
+  // Both once per process; harmless where they were not needed.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  torch::autograd::Engine::get_base_engine().initialize_device_threads_pool();
+  torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
+  if (backward_needs_calling_thread()) c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+}
+
+}  // namespace zeroplan
 
 namespace zeroplan::detail {
 
@@ -62,16 +127,6 @@ class CudaEventTimer final : public PhaseTimer {
 };
 
 }  // namespace
-
-void cuda_init() {
-  // torch.cuda.init(), as Python does (is_pinned() answers false before it), and the autograd engines'
-  // per-device threads started now that CUDA is up: on the lent H100 with torch 2.11 every backward of a
-  // C++ process failed with "device.index() < device_ready_queues_.size()", the engine holding no CUDA
-  // queue (README, the GPU kit). Both calls happen once per process; harmless where they were not needed.
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-  torch::autograd::Engine::get_base_engine().initialize_device_threads_pool();
-  torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
-}
 
 std::unique_ptr<MemoryMeter> make_cuda_memory_meter(int device_index) {
   cuda_init();

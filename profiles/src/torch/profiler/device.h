@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "zeroplan/profiles/cuda_init.h"
 #include "zeroplan/profiles/timer.h"
 
 namespace zeroplan::detail {
@@ -22,8 +23,6 @@ class MemoryMeter {
 };
 
 #if ZEROPLAN_HAVE_CUDA
-// What a C++ process must do before CUDA work that Python's torch.cuda.init() does (cuda.cpp).
-void cuda_init();
 // The caching allocator's allocated_bytes (aggregate pool) of one device.
 std::unique_ptr<MemoryMeter> make_cuda_memory_meter(int device_index);
 // CUDA events recorded on the current stream; stop_s() waits for the stop event.
