@@ -11,9 +11,10 @@ namespace zeroplan {
 // per-device threads, and checks once per process that a backward of a CUDA tensor runs. On the lent
 // H100 with torch 2.11 every backward of a C++ process failed on the engine's
 // "device.index() < device_ready_queues_.size()" assert; should that check fail, one note on stderr
-// names what the engine holds, and the calling thread's backward runs on that thread (autograd's
-// multithreading off, as torch.autograd.set_multithreading_enabled(False) does; the device's stream
-// semantics are unchanged). Call it on every thread that will run a backward on CUDA.
+// names what the engine holds. The calling thread's backward then runs on that thread (autograd's
+// multithreading off, as torch.autograd.set_multithreading_enabled(False) does; one device per process,
+// so nothing is lost, and the device's stream semantics are unchanged). Call it on every thread that
+// will run a backward on CUDA.
 void cuda_init();
 #endif
 

@@ -2,6 +2,7 @@
 // Compiled only with ZEROPLAN_HAVE_CUDA (and the CUPTI part with ZEROPLAN_HAVE_CUPTI).
 #include "device.h"
 #include "zeroplan/profiles/cuda_init.h"
+#include "zeroplan/profiles/saved_tensors.h"
 
 #if ZEROPLAN_HAVE_CUDA
 
@@ -37,12 +38,16 @@ struct EnginePeek : torch::autograd::Engine {
   }
 };
 
-// One backward of a CUDA tensor on this thread; "" when it ran, else torch's message.
+// One backward of a CUDA tensor on this thread, through the engine zeroplan's runs use (the saved-tensor
+// hooks' engine: a Scope installs it, saved_tensors.h); "" when it ran, else torch's message.
 std::string try_cuda_backward() {
   try {
     torch::AutoGradMode grad(true);
+    saved_tensors::Recorder recorder;
+    saved_tensors::Scope scope(recorder);
     auto x = torch::ones({2}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
-    x.sum().backward();
+    auto y = (x * x).sum();
+    torch::autograd::backward({y}, {torch::ones_like(y)});
     return x.grad().defined() ? "" : "the gradient stayed undefined";
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
@@ -54,14 +59,15 @@ bool backward_needs_calling_thread() {
   static const bool needed = [] {
     const std::string first = try_cuda_backward();
     if (first.empty()) return false;
-    auto& base = torch::autograd::Engine::get_base_engine();
+    const auto& base = torch::autograd::Engine::get_base_engine();
+    const auto& used = torch::autograd::Engine::get_default_engine();
     const auto probe = torch::ones({1}, torch::TensorOptions().device(torch::kCUDA));
     std::fprintf(stderr,
                  "%s\n",
-                 fmt::format("zeroplan: note: a backward on CUDA failed in torch's autograd engine ({}); the engine "
-                             "holds {} CUDA queue(s), c10::cuda::device_count() {}, a new tensor's device {}; backward "
+                 fmt::format("zeroplan: note: a backward on CUDA failed in torch's autograd engine ({}); torch's base "
+                             "engine holds {} CUDA queue(s), the engine in use {}, c10::cuda::device_count() {}, a new tensor's device {}; backward "
                              "runs on the calling thread from now on (autograd multithreading off)",
-                             first.substr(0, first.find('\n')), EnginePeek::device_queues(base),
+                             first.substr(0, first.find('\n')), EnginePeek::device_queues(base), EnginePeek::device_queues(used),
                              static_cast<int>(c10::cuda::device_count()), probe.device().str())
                      .c_str());
     c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
@@ -79,7 +85,10 @@ void cuda_init() {
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   torch::autograd::Engine::get_base_engine().initialize_device_threads_pool();
   torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
-  if (backward_needs_calling_thread()) c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  // Backward on the calling thread on CUDA always: one device per process, so the engine's device thread
+  // would only hand the work over; the check above names what the engine holds when its queues fail.
+  backward_needs_calling_thread();
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
 }  // namespace zeroplan
