@@ -237,7 +237,7 @@ step cuda-tests cuda_tests
 
 # 4. profiles on the GPU, and the cluster to simulate on: the GPU's shipped file, with this machine's host
 #    (the probe without collectives: one GPU) and the device memory nvidia-smi reports.
-step profile-gpt2-small "$zp" profile --model gpt --preset gpt2-small --seq 1024 --batch 4 --batches 2,4 \
+step profile-gpt2-small "$zp" profile --model gpt --preset gpt2-small --opt seq=1024 --batch 4 --batches 2,4 \
   --dtype bf16 --device cuda "${rounds[@]}" -o "$out/gpt2-small.json"
 step profile-resnet50 "$zp" profile --model resnet --preset resnet50 --batch 32 --batches 16,32 \
   --device cuda "${rounds[@]}" -o "$out/resnet50.json"
@@ -295,7 +295,7 @@ for entry in "${grid[@]}"; do
   # A plan's steps stop at its first failure (its row then says "not run"); the next plan still runs.
   step "simulate-$name" "$zp" simulate --model "$out/gpt2-small.json" --cluster "$cluster" --world-size 1 \
     --global-batch 4 "${precision[@]}" "${sets[@]}" -o "$out/prediction-$name.json" &&
-  step "run-$name" "$zp" run --device cuda --model gpt --preset gpt2-small --seq 1024 --global-batch 4 \
+  step "run-$name" "$zp" run --device cuda --model gpt --preset gpt2-small --opt seq=1024 --global-batch 4 \
     "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup "$warmup" -o "$out/run-$name.json" &&
   step "compare-$name" "$zp" compare --predicted "$out/prediction-$name.json" --measured "$out/run-$name.json" \
     -o "$out/comparison-$name.json" ||
