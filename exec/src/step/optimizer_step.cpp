@@ -92,6 +92,9 @@ bool OptimizerStep::step(double lr_scale) {
     if (!c_.host_optimizer()) {
       c_.dev.wait_compute();
       c_.rec.span(Lane::compute, "fp32 grads", t0, c_.rec.now_s(), "cast");
+    } else {
+      // On the host it is part of the optimizer's work, as the simulator's host step counts it.
+      c_.rec.span(Lane::optimizer, "fp32 grads", t0, c_.rec.now_s(), "optimizer");
     }
     params.push_back(master_);
     grads.push_back(g);

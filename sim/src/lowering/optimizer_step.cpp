@@ -131,7 +131,9 @@ TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, b
     const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
     grads32 = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer));
   }
-  const double s = host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(elems), c.plan.flat_params);
+  // The executor steps the host shard as one flat segment whatever flat_params says (DeepSpeed's CPU
+  // Adam also walks its flat partition): the flat rate.
+  const double s = host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(elems), true);
   const TaskId step = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_optimizer), {}, c.n_cat_optimizer));
   if (grads32 == kNone) return step;
   c.g.add_dep(step, grads32);
