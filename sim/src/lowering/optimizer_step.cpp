@@ -123,9 +123,13 @@ TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, b
     for (TaskId a : after) c.g.add_dep(t, a);
     return t;
   };
-  const double bw = c.cluster.host.memcpy_bw_bytes_per_s;
   // With a 16-bit model beside an fp32 master, the executor steps with an fp32 copy of the gradients: a
-  // zeroed buffer (written once), the gradients copied into it unit by unit.
+  // zeroed buffer (written once), the gradients copied into it unit by unit. Both passes run on the
+  // rank's threads, as the optimizer does: the probe's flat Adam step over a shard beyond the caches moves
+  // 14 bytes per parameter in memcpy terms (reads p, g, m, v; writes p, m, v), so its rate bounds the
+  // bandwidth they reach from below, at least the single-thread memcpy (on the lent H100's 16-core host
+  // the single-thread figure put gpt2-large's copy at 520 ms, 2.8x the whole measured optimizer phase).
+  const double bw = std::max(c.cluster.host.memcpy_bw_bytes_per_s, 14.0 * c.cluster.host.optimizer.adam.flat_params_per_s);
   TaskId grads32 = kNone;
   if (c.b.master > 0 && elems > 0) {
     const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
