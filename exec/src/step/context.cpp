@@ -140,5 +140,6 @@ torch::Tensor Ctx::dempty(std::int64_t n, torch::ScalarType t) const {
   return torch::empty({n}, torch::TensorOptions().dtype(t).device(dev.torch_device()));
 }
 torch::Tensor Ctx::hzeros(std::int64_t n, torch::ScalarType t) const { return dev.host_pool().zeros(n, t); }
+torch::Tensor Ctx::hempty(std::int64_t n, torch::ScalarType t) const { return dev.host_pool().empty(n, t); }
 
 }  // namespace zeroplan::exec::pieces

@@ -7,7 +7,7 @@
 // Stage 3 with offloaded parameters and a device optimizer steps a device copy of the shard.
 // OffloadModel (stage 0): parameters, gradients and state on the host, stepped there in place.
 // With 16-bit parameters and master_fp32 the master is an fp32 shard (on the host with offload.optimizer)
-// stepped with an fp32 copy of the gradients, then rounded into the 16-bit parameters (precision.cpp).
+// stepped unit by unit from an fp32 copy of that unit's gradient, then rounded into the 16-bit parameters.
 // Before the step the loss scale is taken out of the gradients; a step with non-finite gradients on some
 // rank is skipped on every rank, touching neither parameters nor optimizer state.
 #include <functional>
@@ -61,44 +61,33 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
   stepped_ = stage_ == 0 ? c.padded_total : c.shard_total;
 }
 
+void OptimizerStep::gradients_home() {
+  if (!host_grad_.defined()) return;
+  const double t0 = c_.rec.now_s();
+  for (int u = 0; u < c_.unit_count(); ++u) {
+    const UnitRT& U = c_.unit(u);
+    c_.dev.copy_d2h(host_grad_.narrow(0, U.shard_base, U.shard()), grads_.chunk(u));
+  }
+  c_.dev.wait_copies();
+  c_.rec.span(Lane::d2h, "d2h grads", t0, c_.rec.now_s(), "d2h");
+}
+
+torch::Tensor OptimizerStep::grad_of(int u) {
+  const UnitRT& U = c_.unit(u);
+  if (host_grad_.defined()) return host_grad_.narrow(0, U.shard_base, U.shard());
+  if (stage_ == 0) return grads_.chunk(u);  // all of the unit (OffloadModel: on the host)
+  if (c_.host_optimizer()) return grads_.shard().narrow(0, U.shard_base, U.shard());
+  return grads_.chunk(u);
+}
+
 bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
-  if (c_.dt.master && !c_.host_optimizer()) return step_master_by_unit(lr_scale);
+  gradients_home();
+  if (c_.dt.master) return step_master_by_unit(lr_scale);
   const bool offloaded_params = stage_ == 3 && c_.plan.offload.params;
-  if (host_grad_.defined()) {
-    const double t0 = c_.rec.now_s();
-    for (int u = 0; u < c_.unit_count(); ++u) {
-      const UnitRT& U = c_.unit(u);
-      c_.dev.copy_d2h(host_grad_.narrow(0, U.shard_base, U.shard()), grads_.chunk(u));
-    }
-    c_.dev.wait_copies();
-    c_.rec.span(Lane::d2h, "d2h grads", t0, c_.rec.now_s(), "d2h");
-  }
-  // This rank's final gradient of unit u where the optimizer reads it.
-  auto grad_of = [&](int u) {
-    const UnitRT& U = c_.unit(u);
-    if (host_grad_.defined()) return host_grad_.narrow(0, U.shard_base, U.shard());
-    if (stage_ == 0) return grads_.chunk(u);  // all of the unit (OffloadModel: on the host)
-    if (c_.host_optimizer()) return grads_.shard().narrow(0, U.shard_base, U.shard());
-    return grads_.chunk(u);
-  };
   std::vector<torch::Tensor> params, grads;
-  if (c_.dt.master) {
-    // fp32 gradients for the fp32 master, in the master's layout.
-    const double t0 = c_.rec.now_s();
-    torch::Tensor g = c_.host_optimizer() ? c_.hzeros(c_.shard_total) : c_.dempty(c_.shard_total);
-    for (int u = 0; u < c_.unit_count(); ++u) g.narrow(0, c_.unit(u).shard_base, c_.unit(u).shard()).copy_(grad_of(u));
-    if (!c_.host_optimizer()) {
-      c_.dev.wait_compute();
-      c_.rec.span(Lane::compute, "fp32 grads", t0, c_.rec.now_s(), "cast");
-    } else {
-      // On the host it is part of the optimizer's work, as the simulator's host step counts it.
-      c_.rec.span(Lane::optimizer, "fp32 grads", t0, c_.rec.now_s(), "optimizer");
-    }
-    params.push_back(master_);
-    grads.push_back(g);
-  } else if (stage_ == 0) {
+  if (stage_ == 0) {
     params.push_back(params_.flat());
     grads.push_back(grads_.full());
   } else if (c_.host_optimizer()) {
@@ -149,33 +138,40 @@ bool OptimizerStep::step(double lr_scale) {
   return true;
 }
 
-// 16-bit gradients beside an fp32 master on the device: the overflow check on the 16-bit gradients as they
+// 16-bit gradients beside an fp32 master, where the optimizer runs (the device, or the host with
+// offload.optimizer, the gradients copied home first): the overflow check on the 16-bit gradients as they
 // are, then unit by unit an fp32 copy of its gradient (unscaled in fp32, as GradScaler unscales) stepped
 // into its part of the master, freed before the next unit's: the ZeRO paper's 2 + 2 + 12 bytes per
 // parameter, not a full fp32 copy of every gradient besides (4 more per parameter at the step).
 bool OptimizerStep::step_master_by_unit(double lr_scale) {
   {
     std::vector<torch::Tensor> grads16;
-    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grads_.chunk(u));
+    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
     if (precision_.check(grads16)) {
       grads16.clear();
       grads_.release();
       return false;
     }
   }
-  const torch::Tensor inv = precision_.unscale_factor();
+  torch::Tensor inv = precision_.unscale_factor();
+  if (inv.defined()) inv = inv.to(master_.device());
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
   optimizer_->begin_step();
   for (int u = 0; u < c_.unit_count(); ++u) {
     const UnitRT& U = c_.unit(u);
     if (U.shard() == 0) continue;
-    torch::Tensor g = grads_.chunk(u).to(torch::kFloat32);
+    // On the host from the pool, where the host's bytes are counted (and pinned, on CUDA).
+    torch::Tensor g = c_.host_optimizer() ? c_.hempty(U.shard()).copy_(grad_of(u)) : grad_of(u).to(torch::kFloat32);
     if (inv.defined()) g.mul_(inv);
     optimizer_->step_range(0, U.shard_base, master_.narrow(0, U.shard_base, U.shard()), g, lr_scale);
   }
-  c_.dev.wait_compute();
-  c_.rec.span(Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  if (c_.host_optimizer()) {
+    c_.rec.span(Lane::optimizer, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  } else {
+    c_.dev.wait_compute();
+    c_.rec.span(Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  }
   grads_.release();
   if (stage_ == 1 || stage_ == 2) {
     sync_params();

@@ -123,25 +123,26 @@ TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, b
     for (TaskId a : after) c.g.add_dep(t, a);
     return t;
   };
-  // With a 16-bit model beside an fp32 master, the executor steps with an fp32 copy of the gradients: a
-  // zeroed buffer (written once), the gradients copied into it unit by unit. Both passes run on the
-  // rank's threads, as the optimizer does: the probe's flat Adam step over a shard beyond the caches moves
-  // 14 bytes per parameter in memcpy terms (reads p, g, m, v; writes p, m, v), so its rate bounds the
-  // bandwidth they reach from below, at least the single-thread memcpy (on the lent H100's 16-core host
-  // the single-thread figure put gpt2-large's copy at 520 ms, 2.8x the whole measured optimizer phase).
+  // With a 16-bit model beside an fp32 master, the executor steps unit by unit from an fp32 copy of that
+  // unit's gradient (step_master_by_unit): the largest unit's copy at a time, for the step. The copies run
+  // on the rank's threads, as the optimizer does: the probe's flat Adam step over a shard beyond the
+  // caches moves 14 bytes per parameter in memcpy terms (reads p, g, m, v; writes p, m, v), so its rate
+  // bounds the bandwidth they reach from below, at least the single-thread memcpy (on the lent H100's
+  // 16-core host the single-thread figure put gpt2-large's copy at 520 ms, 2.8x the whole measured
+  // optimizer phase).
   const double bw = std::max(c.cluster.host.memcpy_bw_bytes_per_s, 14.0 * c.cluster.host.optimizer.adam.flat_params_per_s);
   TaskId grads32 = kNone;
+  std::int64_t largest = 0;
+  for (const Unit& u : c.units) largest = std::max(largest, c.plan.zero_stage == 0 ? u.params : u.shard);
   if (c.b.master > 0 && elems > 0) {
-    const double s = static_cast<double>(elems) * (4.0 + (c.b.grad + 4.0) / 2.0) / bw;
+    const double s = static_cast<double>(elems) * (c.b.grad + 4.0) / 2.0 / bw;
     grads32 = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer));
   }
-  // The executor steps the host shard as one flat segment whatever flat_params says (DeepSpeed's CPU
-  // Adam also walks its flat partition): the flat rate.
   const double s = host_optimizer_time(c.cluster, c.plan.optimizer.name, static_cast<double>(elems), true);
   const TaskId step = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_optimizer), {}, c.n_cat_optimizer));
   if (grads32 == kNone) return step;
   c.g.add_dep(step, grads32);
-  c.g.alloc(grads32, c.host, elems * 4, MemCategory::buffers, c.label(c.n_grads), step);
+  c.g.alloc(grads32, c.host, largest * 4, MemCategory::buffers, c.label(c.n_grads), step);
   // The updated master rounded into the 16-bit parameters beside it on the host.
   if (params_on_host)
     c.g.add_task(c.host_opt, static_cast<double>(elems) * (4.0 + c.b.param) / 2.0 / bw, c.label(c.n_cast), {step},

@@ -184,6 +184,7 @@ class Ctx {
   torch::Tensor dzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
   torch::Tensor dempty(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
   torch::Tensor hzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
+  torch::Tensor hempty(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
 };
 
 }  // namespace zeroplan::exec::pieces

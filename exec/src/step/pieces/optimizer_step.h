@@ -22,6 +22,8 @@ class OptimizerStep {
 
  private:
   bool step_master_by_unit(double lr_scale);  // 16-bit gradients into the fp32 master, one unit at a time
+  void gradients_home();                      // offload.optimizer: the gradient shard copied to host_grad_
+  torch::Tensor grad_of(int u);               // this rank's final gradient of unit u where the step reads it
   void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
   void master_to_params();  // the updated master rounded into the compute copy (stages 0 and 3)
   Ctx& c_;
