@@ -46,9 +46,7 @@ void print_ranking(const tuner::TuneResult& r) {
                                     plan.micro_batch, plan.microbatches);
     // Every knob two ranked plans may differ in, so no two rows read alike: dtype, 16-bit broadcasts,
     // resharding, checkpointing, pipeline stages, OffloadModel.
-    const Precision& pr = plan.precision;
-    knobs += " " + (pr.param_dtype == pr.compute_dtype ? pr.param_dtype : pr.param_dtype + "/" + pr.compute_dtype);
-    if (pr.broadcast_fp16) knobs += " +bcast16";
+    knobs += " " + precision_name(plan.precision);
     if (plan.zero_stage == 3 && !plan.reshard_after_forward) knobs += " no-reshard";
     if (plan.checkpointing.mode == Checkpointing::Mode::all) knobs += " ckpt all";
     if (plan.checkpointing.mode == Checkpointing::Mode::units)

@@ -76,6 +76,23 @@ TEST(Space, OnlyListedKnobsVaryAndFixedValuesHold) {
   for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) EXPECT_EQ(cand.plan.zero_stage, 3);
 }
 
+// The precision preset fixes every precision knob: with --fix precision=fp32 no candidate broadcasts in
+// 16 bits or reduce-scatters in fp32, although both vary without it.
+TEST(Space, FixingThePrecisionFixesItsBroadcastAndReduceScatterToo) {
+  const ModelProfile m = small_gpt();
+  TuneConstraints c;
+  c.set_global_batch(32).set_knobs({"zero_stage", "broadcast_fp16", "fp32_reduce_scatter", "precision"});
+  bool broadcasts = false;
+  for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) broadcasts |= cand.plan.precision.broadcast_fp16;
+  EXPECT_TRUE(broadcasts);
+  c.fix("precision", "fp32");
+  EXPECT_FALSE(c.varies("broadcast_fp16"));
+  EXPECT_FALSE(c.varies("fp32_reduce_scatter"));
+  for (const Candidate& cand : enumerate_space(m, a100(1), c).candidates) {
+    EXPECT_EQ(precision_name(cand.plan.precision), "fp32");
+  }
+}
+
 // checkpoint_offload varies only where checkpointing is on: enumerated beside a fixed checkpointing, fitted
 // with a fitted one, never with none or OffloadModel.
 TEST(Space, CheckpointOffloadOnlyWhereCheckpointingIsOn) {

@@ -68,6 +68,9 @@ bool TuneConstraints::varies(std::string_view knob) const {
     throw std::logic_error(fmt::format("tune knob \"{}\" is not in the knob registry", knob));
   if (!knobs.empty() && !knobs.contains(std::string(knob))) return false;
   if (fixed.contains(std::string(knob))) return false;
+  // The precision preset names every precision knob: fixing it fixes the 16-bit broadcasts and the fp32
+  // reduce-scatter too (--fix precision=fp32 ranks no plan with broadcast_fp16).
+  if ((knob == "broadcast_fp16" || knob == "fp32_reduce_scatter") && fixed.contains("precision")) return false;
   for (const Knob* member : tune_knob_members(knob))
     if (fixes(member->name)) return false;
   return true;

@@ -67,8 +67,7 @@ std::string plan_summary(const Plan& p) {
   parts.push_back(fmt::format("zero_stage {}", p.zero_stage));
   if (p.zero_stage == 3) parts.push_back(p.reshard_after_forward ? "reshard_after_forward" : "no reshard");
   parts.push_back(fmt::format("world {}, micro_batch {} x {} microbatches", p.world_size, p.micro_batch, p.microbatches));
-  parts.push_back(p.precision.param_dtype == p.precision.compute_dtype ? p.precision.param_dtype
-                                                                        : p.precision.param_dtype + "/" + p.precision.compute_dtype);
+  parts.push_back(precision_name(p.precision));
   std::vector<std::string> off;
   if (p.offload.params) off.emplace_back("params");
   if (p.offload.grads) off.emplace_back("grads");

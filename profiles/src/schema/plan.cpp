@@ -111,6 +111,14 @@ ojson detail::write_checkpointing(const Checkpointing& c) {
 }
 
 // Readers of the sub-structures, found by ObjectReader through ADL.
+std::string precision_name(const Precision& p) {
+  std::string s = p.param_dtype == p.compute_dtype ? p.param_dtype : p.param_dtype + "/" + p.compute_dtype;
+  if (p.broadcast_fp16) s += " +bcast16";
+  if (p.fp32_reduce_scatter) s += " +fp32-rs";
+  if (p.param_dtype != "fp32" && !p.master_fp32) s += " no-master";
+  return s;
+}
+
 void read_value(const nlohmann::json& j, Offload& o, const std::string& path) {
   ObjectReader r(j, path);
   r.opt("params", o.params);

@@ -68,6 +68,11 @@ struct Precision {
   bool operator==(const Precision&) const = default;
 };
 
+// A precision's name from all its knobs, as tune's table and the reports show it: "fp32", "bf16",
+// "bf16/fp32" (parameters / compute), then " +bcast16" (broadcast_fp16), " +fp32-rs"
+// (fp32_reduce_scatter), " no-master" (16-bit parameters without an fp32 master).
+std::string precision_name(const Precision& p);
+
 struct Buckets {
   std::int64_t all_reduce_bucket_bytes = 25LL << 20;   // DDP bucket_cap_mb default 25 MiB
   std::int64_t reduce_buffer_elems = 1LL << 23;        // fairscale ShardedDDP reduce_buffer_size default

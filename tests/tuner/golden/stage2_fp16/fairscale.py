@@ -1,4 +1,4 @@
-# fairscale wrapping written by zeroplan tune for: zero_stage 2, world 8, micro_batch 4 x 1 microbatches, fp16
+# fairscale wrapping written by zeroplan tune for: zero_stage 2, world 8, micro_batch 4 x 1 microbatches, fp16 +fp32-rs
 # Launch 8 ranks (torchrun); each rank trains on micro batches of 4 samples, 1 per optimizer step.
 import torch
 import torch.distributed as dist
