@@ -10,6 +10,8 @@
 // stepped unit by unit from an fp32 copy of that unit's gradient, then rounded into the 16-bit parameters.
 // Before the step the loss scale is taken out of the gradients; a step with non-finite gradients on some
 // rank is skipped on every rank, touching neither parameters nor optimizer state.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "pieces.h"
@@ -80,6 +82,30 @@ torch::Tensor OptimizerStep::grad_of(int u) {
   return grads_.chunk(u);
 }
 
+// torch.nn.utils.clip_grad_norm_'s rule (DeepSpeed's gradient_clipping): factor min(1, max / (norm + 1e-6)).
+// The norm is over the model's every gradient once: a rank holding its data-parallel group's full gradient
+// (stage 0, all-reduced, identical on every member) counts 1/world of its squares, a rank holding a shard
+// all of them; the squares are summed over every rank (all pipeline stages).
+double OptimizerStep::clip_factor(const std::vector<torch::Tensor>& grads, double scale) {
+  const double max_norm = c_.plan.optimizer.max_grad_norm;
+  if (!(max_norm > 0)) return 1.0;
+  double squares = 0;
+  for (const torch::Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    const double n = at::linalg_vector_norm(g, 2, {}, false, torch::kFloat32).item<double>();
+    squares += n * n;
+  }
+  if (stage_ == 0 && c_.world > 1) squares /= c_.world;
+  Communicator* comm = c_.world_comm != nullptr ? c_.world_comm : &c_.comm;
+  if (comm->world_size() > 1) {
+    torch::Tensor t = torch::full({1}, squares, torch::TensorOptions().dtype(torch::kFloat64).device(c_.dev.torch_device()));
+    comm->all_reduce(t, ReduceOp::kSum)->wait();
+    squares = t.item<double>();
+  }
+  const double norm = std::sqrt(squares) * scale;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
 bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
@@ -118,6 +144,9 @@ bool OptimizerStep::step(double lr_scale) {
   }
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
+  if (const double clip = clip_factor(grads, 1.0); clip < 1.0) {
+    for (torch::Tensor& g : grads) g.mul_(clip);
+  }
   optimizer_->step(params, grads, lr_scale);
   c_.dev.wait_compute();
   c_.rec.span(c_.host_optimizer() ? Lane::optimizer : Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
@@ -157,6 +186,12 @@ bool OptimizerStep::step_master_by_unit(double lr_scale) {
   if (inv.defined()) inv = inv.to(master_.device());
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
+  double clip = 1.0;
+  if (c_.plan.optimizer.max_grad_norm > 0) {
+    std::vector<torch::Tensor> grads16;
+    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
+    clip = clip_factor(grads16, inv.defined() ? inv.item<double>() : 1.0);
+  }
   optimizer_->begin_step();
   for (int u = 0; u < c_.unit_count(); ++u) {
     const UnitRT& U = c_.unit(u);
@@ -164,6 +199,7 @@ bool OptimizerStep::step_master_by_unit(double lr_scale) {
     // On the host from the pool, where the host's bytes are counted (and pinned, on CUDA).
     torch::Tensor g = c_.host_optimizer() ? c_.hempty(U.shard()).copy_(grad_of(u)) : grad_of(u).to(torch::kFloat32);
     if (inv.defined()) g.mul_(inv);
+    if (clip < 1.0) g.mul_(clip);
     optimizer_->step_range(0, U.shard_base, master_.narrow(0, U.shard_base, U.shard()), g, lr_scale);
   }
   if (c_.host_optimizer()) {

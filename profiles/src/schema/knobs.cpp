@@ -210,6 +210,11 @@ std::vector<Knob> build() {
           .simulate(ignored),
       Entry("optimizer.weight_decay", T::number, ">= 0", "0", "weight decay", ZP_ASSIGN(optimizer.weight_decay))
           .alias("weight_decay").simulate(ignored),
+      Entry("optimizer.max_grad_norm", T::number, ">= 0; not with localsgd", "0",
+            "clip the gradients' global L2 norm to this before the step (clip_grad_norm_, DeepSpeed gradient_clipping; "
+            "0: off)",
+            ZP_ASSIGN(optimizer.max_grad_norm))
+          .alias("gradient_clipping").simulate(ignored),
       Entry("seed", T::integer, ">= 0", "0", "random seed of the model and data", ZP_ASSIGN(seed)).simulate(ignored),
   };
   std::vector<Knob> out;

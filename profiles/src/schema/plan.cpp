@@ -87,6 +87,7 @@ ojson write_optimizer(const Optimizer& o) {
   j["betas"] = o.betas;
   j["eps"] = o.eps;
   j["weight_decay"] = o.weight_decay;
+  if (o.max_grad_norm > 0) j["max_grad_norm"] = o.max_grad_norm;
   return j;
 }
 
@@ -225,6 +226,7 @@ void read_value(const nlohmann::json& j, Optimizer& o, const std::string& path) 
   r.opt("betas", o.betas);
   r.opt("eps", o.eps);
   r.opt("weight_decay", o.weight_decay);
+  r.opt("max_grad_norm", o.max_grad_norm);
   r.finish();
 }
 

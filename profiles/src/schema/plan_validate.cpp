@@ -170,6 +170,11 @@ void validate_optimizer(const Plan& p) {
   if (!(o.lr > 0)) plan_error("optimizer.lr must be > 0 (got " + num(o.lr) + ")");
   if (!(o.eps > 0)) plan_error("optimizer.eps must be > 0 (got " + num(o.eps) + ")");
   if (!(o.weight_decay >= 0)) plan_error("optimizer.weight_decay must be >= 0 (got " + num(o.weight_decay) + ")");
+  if (!(o.max_grad_norm >= 0)) plan_error("optimizer.max_grad_norm must be >= 0 (got " + num(o.max_grad_norm) + ")");
+  if (o.max_grad_norm > 0 && p.localsgd())
+    plan_error("optimizer.max_grad_norm " + num(o.max_grad_norm) + " with localsgd_frequency " + num(p.localsgd_frequency) +
+               ": each replica steps on its own gradients, so there is no one norm to clip; clip each replica's "
+               "gradients in your own loop");
   if (!(o.momentum >= 0 && o.momentum < 1))
     plan_error("optimizer.momentum must be in [0, 1) (got " + num(o.momentum) + ")");
   if (o.momentum != 0 && o.name != "sgd")

@@ -209,6 +209,25 @@ TEST(ExecutorThreadParity, SgdMomentumAndAdamWWithWeightDecay) {
   }
 }
 
+// optimizer.max_grad_norm: the global norm over every rank's shard (or its replicated full gradient) and the
+// same factor as torch.nn.utils.clip_grad_norm_ in one process, at every stage, microbatches, and with the
+// optimizer and gradients on the host; the clipping bites (the unclipped reference ends elsewhere).
+TEST(ExecutorThreadParity, GradientClippingEqualsClipGradNorm) {
+  ModelSpec m = mlp_odd();
+  m.optimizer.max_grad_norm = 0.05;
+  TrainResult ref = reference_run(m, make_plan(m, 1, {}), 6);
+  ModelSpec unclipped = m;
+  unclipped.optimizer.max_grad_norm = 0;
+  TrainResult free_run = reference_run(unclipped, make_plan(unclipped, 1, {}), 6);
+  EXPECT_GT((ref.params[0].second - free_run.params[0].second).abs().max().item<double>(), 1e-4);
+  for (const PlanSpec& s : {PlanSpec{0, 1}, PlanSpec{0, 4}, PlanSpec{1, 1}, PlanSpec{2, 2, false, false, true, true},
+                            PlanSpec{3, 1, true, true, true, true}}) {
+    auto runs = thread_run(m, make_plan(m, 2, s), 6, cpu_device());
+    expect_losses_close(global_losses(runs), ref.losses, "clipped " + s.label());
+    for (const auto& r : runs) expect_params_close(r.params, ref.params, "clipped " + s.label());
+  }
+}
+
 // Stages 1-2's all-gather buckets move bytes only: one gather per unit in place, a mix of in-place and
 // staged buckets, and the whole model staged in one give the same parameters bit for bit, in fp32, in
 // bf16 beside an fp32 master (rounded into the staging buffer) and with broadcast_fp16 (every bucket

@@ -145,6 +145,7 @@ inline TrainResult reference_run(const ModelSpec& m, const Plan& plan, int steps
       loss.backward();
       loss_sum += loss.item<double>();
     }
+    if (o.max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, o.max_grad_norm);
     opt->step();
     r.losses.push_back(loss_sum);
   }

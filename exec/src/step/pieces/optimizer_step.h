@@ -24,6 +24,9 @@ class OptimizerStep {
   bool step_master_by_unit(double lr_scale);  // 16-bit gradients into the fp32 master, one unit at a time
   void gradients_home();                      // offload.optimizer: the gradient shard copied to host_grad_
   torch::Tensor grad_of(int u);               // this rank's final gradient of unit u where the step reads it
+  // optimizer.max_grad_norm: what to multiply this rank's gradients by (1: no clipping), from the global
+  // L2 norm of every gradient of the model; `scale` takes `grads` to their true values.
+  double clip_factor(const std::vector<torch::Tensor>& grads, double scale);
   void sync_params();  // stages 1-2: every rank's updated chunks all-gathered into the full parameters
   void master_to_params();  // the updated master rounded into the compute copy (stages 0 and 3)
   Ctx& c_;
