@@ -39,8 +39,8 @@ class ExportsTest(unittest.TestCase):
             out = os.path.join(tmp, "tune")
             r = run("tune", "--model", profile, "--cluster", CLUSTER, "--world-size", "2", "--global-batch", "4",
                     "--for", "fsdp2", "--fix", "precision=fp32", "--fix", "zero_stage=3",
-                    "--fix", "reshard_after_forward=true", "--fix", "checkpointing=all", "--top-k", "1", "-o", out,
-                    env=env)
+                    "--fix", "reshard_after_forward=true", "--fix", "checkpointing=all",
+                    "--fix", "optimizer.max_grad_norm=1.0", "--top-k", "1", "-o", out, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
             script = os.path.join(out, "train_fsdp2.py")
             self.assertTrue(os.path.exists(script), os.listdir(out))
@@ -49,6 +49,7 @@ class ExportsTest(unittest.TestCase):
             self.assertIn('UNIT_CLASSES = ("LlamaDecoderLayer",)', text)
             self.assertIn("ZERO_STAGE = 3", text)
             self.assertIn("CHECKPOINT = True", text)
+            self.assertIn("MAX_GRAD_NORM = 1\n", text)  # clip_grad_norm_ over the DTensor shards, before each step
             record = os.path.join(tmp, "run.json")
             r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                                 "127.0.0.1", "--master-port", str(free_port()), script, "--model",

@@ -41,6 +41,7 @@ std::vector<std::pair<std::string, Plan>> cases() {
     p.checkpointing.mode = Checkpointing::Mode::units;
     p.checkpointing.units = {1};
     p.flat_params = true;
+    p.optimizer.max_grad_norm = 1.0;  // clip_grad_norm_ in the FSDP2 script, FSDP's own in fairscale's, DeepSpeed's gradient_clipping
     out.emplace_back("stage3_offload_bf16", p);
   }
   {  // ZeRO-2, fp16 with dynamic loss scale, fp32 reduce-scatter, no accumulation
@@ -50,6 +51,7 @@ std::vector<std::pair<std::string, Plan>> cases() {
     p.precision.reduce_dtype = "fp32";
     p.precision.fp32_reduce_scatter = true;
     p.precision.loss_scale.mode = LossScale::Mode::dynamic;
+    p.optimizer.max_grad_norm = 0.5;  // unscaled first, then OSS's clip_grad_norm
     out.emplace_back("stage2_fp16", p);
   }
   {  // ZeRO-1 with optimizer offload, AdamW

@@ -210,7 +210,7 @@ Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   j["train_batch_size"] = train_batch;
   j["train_micro_batch_size_per_gpu"] = p.micro_batch;
   j["gradient_accumulation_steps"] = p.microbatches;
-  j["gradient_clipping"] = 0.0;
+  j["gradient_clipping"] = p.optimizer.max_grad_norm;
   j["prescale_gradients"] = false;
   j["gradient_predivide_factor"] = 1.0;
   j["steps_per_print"] = 100;

@@ -223,6 +223,14 @@ std::string checkpoint_lines(const Plan& p) {
   return pre;
 }
 
+// optimizer.max_grad_norm before the step (after unscaling where a scaler scales the loss); `call` has a
+// {} for the norm.
+std::string clip_lines(const Plan& p, bool fp16, const char* call) {
+  if (!(p.optimizer.max_grad_norm > 0)) return "";
+  std::string s = fp16 ? "    scaler.unscale_(optimizer)\n" : "";
+  return s + "    " + fmt::format(fmt::runtime(call), p.optimizer.max_grad_norm) + "\n";
+}
+
 // The step: Pipe splits the batch into its chunks itself (one forward and one backward); otherwise one
 // backward per micro batch, under no_sync but the last where the wrapper has one.
 std::string train_step(const Plan& p, bool no_sync) {
@@ -238,8 +246,9 @@ std::string train_step(const Plan& p, bool no_sync) {
     const std::string fwd = "loss_fn(model(x.to(model.module.devices[0])), y.to(model.module.devices[-1]))";
     if (mixed) s += fmt::format("    with torch.autocast(\"cuda\", dtype={}):\n        loss = {}\n", dtype, fwd);
     else s += "    loss = " + fwd + "\n";
-    s += fp16 ? "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
-              : "    loss.backward()\n    optimizer.step()\n";
+    s += fp16 ? "    scaler.scale(loss).backward()\n" : "    loss.backward()\n";
+    s += clip_lines(p, fp16, "torch.nn.utils.clip_grad_norm_(model.parameters(), {})");
+    s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
     return s;
   }
   s += "\n\ndef train_step(batches):\n";
@@ -258,6 +267,11 @@ std::string train_step(const Plan& p, bool no_sync) {
     s += indent + "loss = loss_fn(model(x), y)\n";
   s += indent + (fp16 ? "scaler.scale(loss).backward()\n" : "loss.backward()\n");
   if (p.adascale) s += "    gain = optimizer.gain()  # add it to the scale-invariant step count the lr schedule follows\n";
+  // The norm over every shard: FSDP's own clip_grad_norm_, OSS's clip_grad_norm (stages 1-2), torch's for DDP.
+  s += clip_lines(p, fp16,
+                  p.zero_stage == 3                             ? "model.clip_grad_norm_({})"
+                  : p.zero_stage == 1 || p.zero_stage == 2      ? "optimizer.clip_grad_norm({})"
+                                                                : "torch.nn.utils.clip_grad_norm_(model.parameters(), {})");
   s += fp16 ? "    scaler.step(optimizer)\n    scaler.update()\n" : "    optimizer.step()\n";
   if (p.localsgd()) s += "    model.perform_slowmo(optimizer)\n";
   if (p.adascale) s += "    return gain\n";

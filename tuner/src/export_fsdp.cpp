@@ -43,6 +43,10 @@ void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
 std::string mixed_precision(const Plan& p) { return p.precision.param_dtype == "fp32" ? "'no'" : p.precision.param_dtype; }
 
 void common_notes(const Plan& p, Export& e) {
+  if (p.optimizer.max_grad_norm > 0)
+    e.notes.push_back(fmt::format("gradient clipping is set in code: accelerator.clip_grad_norm_(model.parameters(), {}) "
+                                  "before optimizer.step() (the norm over every shard)",
+                                  p.optimizer.max_grad_norm));
   if (p.microbatches > 1)
     e.notes.push_back(fmt::format("gradient accumulation is set in code: Accelerator(gradient_accumulation_plugin="
                                   "GradientAccumulationPlugin(num_steps={}, sync_each_batch={})) with a per-device batch of {}{}",

@@ -128,6 +128,8 @@ def main():
                     loss = loss_fn(call(wrapped, mb), mb) / MICROBATCHES
                     loss.backward()
                 total += loss.item()
+            if MAX_GRAD_NORM > 0:  # the global norm over every shard (DTensor gradients under fully_shard)
+                torch.nn.utils.clip_grad_norm_(wrapped.parameters(), MAX_GRAD_NORM)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if rec is not None:
@@ -236,7 +238,8 @@ Export export_fsdp2_script(const Plan& p, const ModelProfile& model) {
       "# The plan (zeroplan's Plan document below, for the record).\n"
       "WORLD_SIZE = {world}\nMICRO_BATCH = {micro}\nMICROBATCHES = {microbatches}\nZERO_STAGE = {stage}\n"
       "RESHARD_AFTER_FORWARD = {reshard}\nPARAM_DTYPE = {param}\nREDUCE_DTYPE = {reduce}\nOFFLOAD = {offload}\n"
-      "CHECKPOINT = {ckpt}\nUNIT_CLASSES = ({classes},)\nOPTIMIZER = {opt}\nMODEL_NAME = \"{name}\"\nPLAN = {plan}\n",
+      "CHECKPOINT = {ckpt}\nUNIT_CLASSES = ({classes},)\nOPTIMIZER = {opt}\nMAX_GRAD_NORM = {clip}\n"
+      "MODEL_NAME = \"{name}\"\nPLAN = {plan}\n",
       fmt::arg("summary", exports::plan_summary(p)),
       fmt::arg("how", p.zero_stage >= 2 ? "fully_shard on each unit, then on the root"
                       : p.zero_stage == 1 ? "DistributedDataParallel with ZeroRedundancyOptimizer"
@@ -246,7 +249,8 @@ Export export_fsdp2_script(const Plan& p, const ModelProfile& model) {
       fmt::arg("param", py_dtype(p.precision.param_dtype)),
       fmt::arg("reduce", reduce),
       fmt::arg("offload", py_bool(all)), fmt::arg("ckpt", py_bool(p.checkpointing.mode != Checkpointing::Mode::none)),
-      fmt::arg("classes", fmt::join(quoted, ", ")), fmt::arg("opt", opt), fmt::arg("name", model.name),
+      fmt::arg("classes", fmt::join(quoted, ", ")), fmt::arg("opt", opt),
+      fmt::arg("clip", fmt::format("{}", p.optimizer.max_grad_norm)), fmt::arg("name", model.name),
       fmt::arg("plan", fmt::format("json.loads(r'''{}''')", plan_json)));
   e.text += kBody;
   e.notes.push_back(fmt::format("torchrun --nproc-per-node {} train_fsdp2.py --model FILE.py:FACTORY: fully_shard per {} "

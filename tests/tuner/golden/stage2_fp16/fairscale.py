@@ -18,5 +18,7 @@ def train_step(batches):
         with torch.autocast("cuda", dtype=torch.float16):
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    optimizer.clip_grad_norm(0.5)
     scaler.step(optimizer)
     scaler.update()

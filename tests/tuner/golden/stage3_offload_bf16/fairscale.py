@@ -24,4 +24,5 @@ def train_step(batches):
     for k, (x, y) in enumerate(batches):
         loss = loss_fn(model(x), y)
         loss.backward()
+    model.clip_grad_norm_(1)
     optimizer.step()

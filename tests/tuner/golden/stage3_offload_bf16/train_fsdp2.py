@@ -32,6 +32,7 @@ OFFLOAD = True
 CHECKPOINT = True
 UNIT_CLASSES = ("TransformerBlock",)
 OPTIMIZER = {"name": "adam", "lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-08, "weight_decay": 0}
+MAX_GRAD_NORM = 1
 MODEL_NAME = "gpt-small"
 PLAN = json.loads(r'''{
   "schema": "zeroplan.plan/1",
@@ -95,7 +96,8 @@ PLAN = json.loads(r'''{
       0.999
     ],
     "eps": 1e-08,
-    "weight_decay": 0.0
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0
   },
   "seed": 0
 }
@@ -212,6 +214,8 @@ def main():
                     loss = loss_fn(call(wrapped, mb), mb) / MICROBATCHES
                     loss.backward()
                 total += loss.item()
+            if MAX_GRAD_NORM > 0:  # the global norm over every shard (DTensor gradients under fully_shard)
+                torch.nn.utils.clip_grad_norm_(wrapped.parameters(), MAX_GRAD_NORM)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if rec is not None:
