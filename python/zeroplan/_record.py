@@ -69,6 +69,11 @@ class record:  # noqa: N801 - used as a context manager, like torch.no_grad
         if plan is None and global_batch is None:
             raise ZeroplanError("bad_input", "record: give plan= (a Plan dict) or global_batch=")
         self.path = os.fspath(path)
+        # A wrapper that holds the torch optimizer in .optimizer (Accelerate's AcceleratedOptimizer, which skips
+        # the inner step while accumulating; DeepSpeed's): the hook goes on the inner one, which steps once per
+        # real step, and its state is what the optimizer holds.
+        while optimizer is not None and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer
         self.model, self.optimizer, self.plan = model, optimizer, plan
         self.global_batch, self.warmup_steps = global_batch, warmup_steps
         self.name = name or (_model_name(model) if model is not None else "python")
@@ -140,6 +145,9 @@ class record:  # noqa: N801 - used as a context manager, like torch.no_grad
         times = [max(r["times"][i] for r in everyone) for i in range(n)]
         plan = self.plan if self.plan is not None else json.loads(_C.default_plan(ranks, int(self.global_batch)))
         backend = dist.get_backend() if ranks > 1 else ("nccl" if self.device == "cuda" else "gloo")
+        if backend not in ("gloo", "nccl"):
+            # "undefined" for a group made without a backend name (Accelerate's on a CPU): the device's default.
+            backend = "nccl" if self.device == "cuda" else "gloo"
         device = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
         doc = {
             "schema": "zeroplan.run_record/1", "model": self.name, "plan": plan,
