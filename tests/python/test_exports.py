@@ -2,7 +2,8 @@
 train_fsdp2.py (fully_shard per LlamaDecoderLayer, checkpoint_wrapper, the plan's optimizer and batch), which
 trains the model for 3 steps on 2 Gloo ranks under torchrun (the loss falls), recorded by zeroplan.record, and
 `compare` finds each rank's device peak near zeroplan's prediction for the plan (see the test for how near); the
-same for `tune --for accelerate`'s accelerate_fsdp2.yaml under `accelerate launch` with a user's Accelerate loop."""
+same for `tune --for accelerate`'s accelerate_fsdp2.yaml under `accelerate launch` with a user's Accelerate loop,
+and `tune --for deepspeed`'s ds_config.json through deepspeed.initialize in a user's DeepSpeed loop."""
 import json
 import os
 import re
@@ -134,6 +135,54 @@ class ExportsTest(unittest.TestCase):
             for rank in (0, 1):
                 peak = metrics[f"device_peak_bytes.rank{rank}"]
                 print(f"Accelerate FSDP2 rank {rank}: device peak predicted {peak['predicted']:,.0f} B, measured "
+                      f"{peak['measured']:,.0f} B ({peak['rel_error']:+.1%})", file=sys.stderr)
+                self.assertLess(abs(peak["rel_error"]), 0.10)
+
+    def test_deepspeed_config_trains_the_llama_model_and_compares(self):
+        """`tune --for deepspeed` writes ds_config.json; a user's own DeepSpeed loop (deepspeed_train.py) passes it to
+        deepspeed.initialize as it is (DeepSpeed's own config parser; its CPU accelerator) and trains ZeRO-3 with
+        gradient clipping for 3 steps on 2 ranks under torchrun, recorded and compared."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"), ZEROPLAN_BUILD_DIR=BUILD)
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "llama.json")
+            r = run("-q", "profile", "--python", os.path.join(HERE, "models.py") + ":llama", "--batches", "2,4",
+                    "--batch", "2", "--threads", "1", "-o", profile, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            out = os.path.join(tmp, "tune")
+            r = run("tune", "--model", profile, "--cluster", CLUSTER, "--world-size", "2", "--global-batch", "4",
+                    "--for", "deepspeed", "--fix", "precision=fp32", "--fix", "zero_stage=3",
+                    "--fix", "checkpointing=none", "--fix", "optimizer.max_grad_norm=1.0",
+                    # On a CPU "device" DeepSpeed's offloaded states are ordinary CPU memory, which zeroplan.record
+                    # counts as the device's: no offload, so both sides count the same bytes.
+                    "--fix", "offload_optimizer=false", "--fix", "offload_params=false", "--fix", "offload_grads=false",
+                    "--fix", "offload_activations=0", "--top-k", "1", "-o", out, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            config = os.path.join(out, "ds_config.json")
+            with open(config) as f:
+                ds = json.load(f)
+            self.assertEqual(ds["zero_optimization"]["stage"], 3)
+            self.assertEqual(ds["gradient_clipping"], 1.0)
+            record = os.path.join(tmp, "run.json")
+            r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                                "127.0.0.1", "--master-port", str(free_port()), os.path.join(HERE, "deepspeed_train.py"),
+                                "--model", os.path.join(HERE, "models.py") + ":llama", "--config", config, "--plan",
+                                os.path.join(out, "plan.json"), "--steps", "3", "--record", record],
+                               capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", r.stdout, re.M)]
+            self.assertEqual(len(losses), 3, r.stdout)
+            self.assertLess(losses[-1], losses[0])
+            pred = os.path.join(tmp, "prediction.json")
+            r = run("-q", "simulate", "--model", profile, "--cluster", CLUSTER, "--plan", os.path.join(out, "plan.json"),
+                    "-o", pred, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            cmp = os.path.join(tmp, "comparison.json")
+            run("compare", "--predicted", pred, "--measured", record, "--model", profile, "-o", cmp, env=env)
+            with open(cmp) as f:
+                metrics = {m["name"]: m for m in json.load(f)["metrics"]}
+            for rank in (0, 1):
+                peak = metrics[f"device_peak_bytes.rank{rank}"]
+                print(f"DeepSpeed ZeRO-3 rank {rank}: device peak predicted {peak['predicted']:,.0f} B, measured "
                       f"{peak['measured']:,.0f} B ({peak['rel_error']:+.1%})", file=sys.stderr)
                 self.assertLess(abs(peak["rel_error"]), 0.10)
 

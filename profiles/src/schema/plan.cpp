@@ -87,7 +87,7 @@ ojson write_optimizer(const Optimizer& o) {
   j["betas"] = o.betas;
   j["eps"] = o.eps;
   j["weight_decay"] = o.weight_decay;
-  if (o.max_grad_norm > 0) j["max_grad_norm"] = o.max_grad_norm;
+  j["max_grad_norm"] = o.max_grad_norm;
   return j;
 }
 

@@ -66,6 +66,7 @@ const std::map<std::string, Case>& cases() {
       {"optimizer.betas", {{}, "0.8,0.95", J::array({0.8, 0.95})}},
       {"optimizer.eps", {{}, "1e-6", 1e-6}},
       {"optimizer.weight_decay", {{}, "0.1", 0.1}},
+      {"optimizer.max_grad_norm", {{}, "1.5", 1.5}},
       {"seed", {{}, "42", 42}},
   };
   return c;

@@ -90,7 +90,7 @@ struct Optimizer {
   double eps = 1e-8;
   double weight_decay = 0;
   // Clip the gradients' global L2 norm to this before the step (torch.nn.utils.clip_grad_norm_, DeepSpeed's
-  // gradient_clipping); 0: off. JSON: optional, written only when > 0.
+  // gradient_clipping); 0: off. JSON: optional (0 when absent).
   double max_grad_norm = 0;
 
   // Optimizer states per parameter: adam/adamw 2, sgd 1 with momentum, else 0.

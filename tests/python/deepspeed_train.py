@@ -1,0 +1,69 @@
+"""A user's own DeepSpeed training loop, the kind zeroplan's ds_config.json export is for:
+
+    torchrun --nproc-per-node 2 deepspeed_train.py --model models.py:llama --config tune/ds_config.json \
+        --plan tune/plan.json --steps 3 --record run.json
+
+The model factory of `zeroplan profile --python` (model, make_batch, loss_fn), deepspeed.initialize with the
+exported config as it is (DeepSpeed's own parser and its CPU accelerator here), one engine.backward and
+engine.step per micro batch (DeepSpeed accumulates to the config's gradient_accumulation_steps), zeroplan.record
+around the steps, a step ended by hand at each accumulation boundary. Rank r trains samples
+[r x per_rank, (r + 1) x per_rank) of each step's global batch, as zeroplan's executor does. Used by
+python.exports (tests/python/test_exports.py).
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from accelerate_train import call, load_factory, take  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--record")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    with open(a.config) as f:
+        config = json.load(f)
+    with open(a.plan) as f:
+        plan = json.load(f)
+    model, make_batch, loss_fn = load_factory(a.model)()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    micro, microbatches = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+    world, rank = engine.world_size, engine.global_rank
+    recording = contextlib.nullcontext(None)
+    if a.record:
+        import zeroplan
+        recording = zeroplan.record(a.record, model=model, plan=plan, name="llama")
+    per_rank = micro * microbatches
+    with recording as rec:
+        for step in range(a.steps):
+            batch = make_batch(per_rank * world)
+            total = 0.0
+            for k in range(microbatches):
+                mb = take(batch, rank * per_rank + k * micro, micro, engine.device)
+                loss = loss_fn(call(engine, mb), mb)
+                engine.backward(loss)
+                engine.step()
+                total += loss.item() / microbatches
+            if rec is not None:
+                rec.step()
+                rec.loss(total)
+            if rank == 0:
+                print(f"step {step} loss {total:.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
