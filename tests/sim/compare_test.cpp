@@ -265,6 +265,14 @@ TEST(Compare, HostOptimizerIsItsOwnPhase) {
   EXPECT_DOUBLE_EQ(metric(c, "phase.h2d_s").rel_error, 0);
   EXPECT_DOUBLE_EQ(metric(c, "phase.d2h_s").rel_error, 0);
   EXPECT_THROW(metric(c, "phase.comm_s"), std::runtime_error);  // neither side communicates
+  // OffloadModel steps on the host too (measured on the H100: its optimizer was counted as compute).
+  Plan om = Plan::default_ddp(2, 8);
+  om.offload_model.enabled = true;
+  p.plan = om;
+  r.plan = om;
+  const Comparison d = compare(p, r);
+  EXPECT_DOUBLE_EQ(metric(d, "phase.compute_s").measured, 0.08);
+  EXPECT_DOUBLE_EQ(metric(d, "phase.optimizer_s").measured, 0.025);
 }
 
 TEST(Compare, MicrobatchesMultiplyUnitTimes) {
