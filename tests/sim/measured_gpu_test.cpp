@@ -52,8 +52,8 @@ TEST(MeasuredH100, Gpt2LargeStepsAndPeaks) {
   for (const auto& [run, metrics] : runs) {
     SCOPED_TRACE(run);
     ASSERT_TRUE(metrics.contains("step_time_s"));
-    // OffloadModel's slices: its measured forward and backward took 2.4-3x the profile's unit times (the
-    // slices' copies inside the compute spans), under-predicted; 35% until that is modelled.
+    // OffloadModel: its measured forward and backward took 2.4-3x the profile's unit times (the slices'
+    // copies inside the compute spans) and its host step 30% more than predicted; 35% until modelled.
     EXPECT_LE(std::abs(metrics.at("step_time_s")), run == "run-om2.json" ? 0.35 : 0.30);
     ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
     EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.12);
