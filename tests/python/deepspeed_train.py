@@ -18,8 +18,16 @@ import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+import importlib  # noqa: E402
+
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
+
+# DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op at its first initialize (about 150 s of
+# this 2-core machine's test time, every fresh machine): without it DeepSpeed's collectives are torch.distributed's
+# (Gloo here), as on a machine where the op cannot build.
+# (The module by its name: the attribute deepspeed.comm.torch is the torch package.)
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from accelerate_train import call, load_factory, take  # noqa: E402
