@@ -61,8 +61,7 @@ void add_phases(const Prediction& p, const RunRecord& r, const CompareOptions& o
     if (measured.count("backward")) add("backward", bwd * chunks, measured.at("backward"));
   }
   if (p.resource_busy_s.empty()) return;
-  // The executor steps on the host with the optimizer offloaded and under OffloadModel (its host_optimizer()).
-  const bool host_opt = r.plan.offload.optimizer || r.plan.offload_model.enabled;
+  const bool host_opt = r.plan.optimizer_on_host();
   double compute = value_or_zero(measured, "forward") + value_or_zero(measured, "backward") +
                    value_or_zero(measured, "recompute") + value_or_zero(measured, "cast") +
                    value_or_zero(measured, "zero_grad");

@@ -173,25 +173,20 @@ bool OptimizerStep::step(double lr_scale) {
 // into its part of the master, freed before the next unit's: the ZeRO paper's 2 + 2 + 12 bytes per
 // parameter, not a full fp32 copy of every gradient besides (4 more per parameter at the step).
 bool OptimizerStep::step_master_by_unit(double lr_scale) {
-  {
-    std::vector<torch::Tensor> grads16;
-    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
-    if (precision_.check(grads16)) {
-      grads16.clear();
-      grads_.release();
-      return false;
-    }
+  std::vector<torch::Tensor> grads16;
+  for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
+  if (precision_.check(grads16)) {
+    grads16.clear();
+    grads_.release();
+    return false;
   }
   torch::Tensor inv = precision_.unscale_factor();
   if (inv.defined()) inv = inv.to(master_.device());
   c_.at("all", "optimizer");
   const double t0 = c_.rec.now_s();
-  double clip = 1.0;
-  if (c_.plan.optimizer.max_grad_norm > 0) {
-    std::vector<torch::Tensor> grads16;
-    for (int u = 0; u < c_.unit_count(); ++u) grads16.push_back(grad_of(u));
-    clip = clip_factor(grads16, inv.defined() ? inv.item<double>() : 1.0);
-  }
+  // (inv.item() waits for the device: only when clipping asks for the true norm.)
+  const double clip = c_.plan.optimizer.max_grad_norm > 0 ? clip_factor(grads16, inv.defined() ? inv.item<double>() : 1.0) : 1.0;
+  grads16.clear();
   optimizer_->begin_step();
   for (int u = 0; u < c_.unit_count(); ++u) {
     const UnitRT& U = c_.unit(u);

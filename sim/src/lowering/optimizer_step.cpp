@@ -64,6 +64,16 @@ void param_sync(Ctx& c, const std::vector<TaskId>& after) {
   }
 }
 
+namespace {
+// The elements of the largest unit the rank steps (stage 0: whole units, else shards): the fp32 copy of one
+// unit's gradient that step_master_by_unit holds at a time beside a 16-bit model.
+std::int64_t largest_step_unit(const Ctx& c) {
+  std::int64_t largest = 0;
+  for (const Unit& u : c.units) largest = std::max(largest, c.plan.zero_stage == 0 ? u.params : u.shard);
+  return largest;
+}
+}  // namespace
+
 void optimizer_step(Ctx& c, const GradSync& grads) {
   const TaskId gate = loss_scale_check(c, grads);
   const std::string& name = c.plan.optimizer.name;
@@ -81,15 +91,13 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     // An fp32 master steps unit by unit, each with an fp32 copy of that unit's 16-bit gradient (the
     // executor's step_master_by_unit): the largest unit's copy at a time, for the step.
     TaskId grads32 = kNone;
-    std::int64_t largest = 0;
-    for (const Unit& u : c.units) largest = std::max(largest, c.plan.zero_stage == 0 ? u.params : u.shard);
     if (c.b.master > 0) {
       grads32 = c.compute_task(device_copy_s(c, local, c.b.grad, 4), c.n_cast, -1, -1);
       c.g.add_dep(grads32, gate);
       for (const GradDone& d : grads.done) c.g.add_dep(grads32, d.task);
     }
     const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
-    if (grads32 != kNone) c.g.alloc(grads32, c.dev, largest * 4, MemCategory::buffers, c.label(c.n_grads), step);
+    if (grads32 != kNone) c.g.alloc(grads32, c.dev, largest_step_unit(c) * 4, MemCategory::buffers, c.label(c.n_grads), step);
     if (grads.shard_alloc() != kNone) c.g.set_free_at(grads.shard_alloc(), step);
     c.g.add_dep(step, gate);
     for (const GradDone& d : grads.done) c.g.add_dep(step, d.task);
@@ -132,8 +140,6 @@ TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, b
   // optimizer phase).
   const double bw = std::max(c.cluster.host.memcpy_bw_bytes_per_s, 14.0 * c.cluster.host.optimizer.adam.flat_params_per_s);
   TaskId grads32 = kNone;
-  std::int64_t largest = 0;
-  for (const Unit& u : c.units) largest = std::max(largest, c.plan.zero_stage == 0 ? u.params : u.shard);
   if (c.b.master > 0 && elems > 0) {
     const double s = static_cast<double>(elems) * (c.b.grad + 4.0) / 2.0 / bw;
     grads32 = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_cast), {}, c.n_cat_optimizer));
@@ -142,7 +148,7 @@ TaskId host_step(Ctx& c, std::int64_t elems, const std::vector<TaskId>& after, b
   const TaskId step = after_all(c.g.add_task(c.host_opt, s, c.label(c.n_optimizer), {}, c.n_cat_optimizer));
   if (grads32 == kNone) return step;
   c.g.add_dep(step, grads32);
-  c.g.alloc(grads32, c.host, largest * 4, MemCategory::buffers, c.label(c.n_grads), step);
+  c.g.alloc(grads32, c.host, largest_step_unit(c) * 4, MemCategory::buffers, c.label(c.n_grads), step);
   // The updated master rounded into the 16-bit parameters beside it on the host.
   if (params_on_host)
     c.g.add_task(c.host_opt, static_cast<double>(elems) * (4.0 + c.b.param) / 2.0 / bw, c.label(c.n_cast), {step},

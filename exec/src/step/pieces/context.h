@@ -178,8 +178,7 @@ class Ctx {
     cur_unit = unit_name;
     cur_phase = phase;
   }
-  // The optimizer steps on the host: offload.optimizer, or OffloadModel (everything lives there).
-  bool host_optimizer() const { return plan.offload.optimizer || plan.offload_model.enabled; }
+  bool host_optimizer() const { return plan.optimizer_on_host(); }
 
   torch::Tensor dzeros(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;
   torch::Tensor dempty(std::int64_t n, torch::ScalarType t = torch::kFloat32) const;

@@ -148,6 +148,8 @@ struct Plan {
 
   int data_parallel_size() const { return world_size / pipeline_stages; }
   bool localsgd() const { return localsgd_frequency > 1; }
+  // The optimizer steps on the host: offload.optimizer, or OffloadModel (everything lives there).
+  bool optimizer_on_host() const { return offload.optimizer || offload_model.enabled; }
   // fairscale SlowMo is on when its update is not the identity (slowmo_momentum != 0 or slowmo_lr != 1):
   // then it keeps the slow momentum and the previous parameters, and updates every slowmo_frequency steps.
   bool slowmo() const { return localsgd() && slowmo_frequency > 0 && (slowmo_momentum != 0 || slowmo_lr != 1); }

@@ -54,11 +54,12 @@ std::string try_cuda_backward() {
   }
 }
 
-// Whether backward must run on the calling thread: decided once, by trying.
-bool backward_needs_calling_thread() {
-  static const bool needed = [] {
+// Once per process: a backward through the engine in use; when it fails, one note naming what the engines
+// hold, then the same backward on the calling thread, which must run.
+void check_cuda_backward() {
+  static const bool checked = [] {
     const std::string first = try_cuda_backward();
-    if (first.empty()) return false;
+    if (first.empty()) return true;
     const auto& base = torch::autograd::Engine::get_base_engine();
     const auto& used = torch::autograd::Engine::get_default_engine();
     const auto probe = torch::ones({1}, torch::TensorOptions().device(torch::kCUDA));
@@ -75,7 +76,7 @@ bool backward_needs_calling_thread() {
     if (!second.empty()) throw std::runtime_error("a backward on CUDA fails in torch's autograd engine: " + second);
     return true;
   }();
-  return needed;
+  (void)checked;
 }
 
 }  // namespace
@@ -87,7 +88,7 @@ void cuda_init() {
   torch::autograd::Engine::get_default_engine().initialize_device_threads_pool();
   // Backward on the calling thread on CUDA always: one device per process, so the engine's device thread
   // would only hand the work over; the check above names what the engine holds when its queues fail.
-  backward_needs_calling_thread();
+  check_cuda_backward();
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
