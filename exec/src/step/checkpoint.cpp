@@ -19,6 +19,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +60,27 @@ void write_atomically(const fs::path& path, const Contents& contents) {
     write_file_atomically(path, path, contents);
   } catch (const SchemaError& e) {
     throw ExecError(detail::format("checkpoint: {}", e.what()));
+  }
+}
+
+// Writes the archive to `tmp` through a checked writer. torch's save_to(filename) cannot fail cleanly: a
+// write error (a full disk) throws inside its zip writer, whose destructor then throws again while
+// unwinding and aborts the process. Here the writer records the first error and skips the rest, so the
+// archive runs to its end and the error comes back as one line naming `file` (issue #37); the caller
+// removes the temporary file.
+void save_archive(torch::serialize::OutputArchive& ar, const fs::path& tmp, const fs::path& file) {
+  std::FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (out == nullptr) throw ExecError(detail::format("checkpoint: cannot write {}: {}", file.string(), std::strerror(errno)));
+  int error = 0;
+  ar.save_to([&](const void* data, std::size_t n) -> std::size_t {
+    if (error == 0 && n > 0 && std::fwrite(data, 1, n, out) != n) error = errno != 0 ? errno : EIO;
+    return n;
+  });
+  if (error == 0 && std::fflush(out) != 0) error = errno;
+  if (std::fclose(out) != 0 && error == 0) error = errno;
+  if (error != 0) {
+    throw ExecError(detail::format("checkpoint: cannot write {}: {} (the earlier checkpoints are kept)", file.string(),
+                                   std::strerror(error)));
   }
 }
 
@@ -216,8 +240,9 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
       ar.write("buffer_" + std::to_string(u) + "_" + std::to_string(b++), buf.detach().to(torch::kCPU));
     }
   }
-  write_atomically(sdir / ("rank" + std::to_string(c_.rank) + ".pt"), [&](const fs::path& tmp) {
-    ar.save_to(tmp.string());
+  const fs::path shard = sdir / ("rank" + std::to_string(c_.rank) + ".pt");
+  write_atomically(shard, [&](const fs::path& tmp) {
+    save_archive(ar, tmp, shard);
     // Fault injection for the kill-safety test: the last rank dies with its shard half saved.
     if (const char* kill = std::getenv("ZEROPLAN_FAULT_KILL_IN_SAVE");
         kill != nullptr && std::atoll(kill) == step && c_.rank == c_.world - 1) {
