@@ -58,6 +58,7 @@ struct RunArgs {
   int threads = 0;                // 0: OMP_NUM_THREADS if set, else the cores shared by the local ranks
   int ranks_per_node = 0;         // 0: the launcher's LOCAL_WORLD_SIZE
   std::string checkpoint_dir, resume;
+  bool resume_other_run = false;
   int checkpoint_every = 0;
   int checkpoint_keep = 0;
   std::vector<std::string> argv;  // the full command line, for the launcher
@@ -106,6 +107,8 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   if (o.checkpoint_keep > 0 && o.checkpoint_dir.empty())
     throw ExitError(kBadInput, fmt::format("--checkpoint-keep {} needs --checkpoint-dir", o.checkpoint_keep));
   o.resume_dir = a.resume;
+  o.resume_other_run = a.resume_other_run;
+  if (o.resume_other_run && o.resume_dir.empty()) throw ExitError(kBadInput, "--resume-other-run needs --resume");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
     throw ExitError(kBadInput, fmt::format("--checkpoint-every {} needs --checkpoint-dir", o.checkpoint_every));
   if (const std::string why = exec::checkpoint_refusal(o); !why.empty())
@@ -119,6 +122,9 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
   }
   if (!o.resume_dir.empty() && exec::newest_checkpoint(o.resume_dir) < 0)
     throw ExitError(kBadInput, fmt::format("--resume {}: no checkpoint there (no step-<N>/manifest.json)", o.resume_dir));
+  if (!o.resume_dir.empty() && !o.resume_other_run) {
+    if (const std::string why = exec::other_run(o.resume_dir, o.plan); !why.empty()) throw ExitError(kBadInput, why);
+  }
   return o;
 }
 
@@ -226,6 +232,7 @@ int run_python(const RunArgs& a, const Globals& g, const std::string& spec) {
   if (a.checkpoint_every > 0) argv.insert(argv.end(), {"--checkpoint-every", std::to_string(a.checkpoint_every)});
   if (a.checkpoint_keep > 0) argv.insert(argv.end(), {"--checkpoint-keep", std::to_string(a.checkpoint_keep)});
   if (!a.resume.empty()) argv.insert(argv.end(), {"--resume", a.resume});
+  if (a.resume_other_run) argv.push_back("--resume-other-run");
   if (a.device_memory_limit > 0) argv.insert(argv.end(), {"--device-memory-limit", std::to_string(a.device_memory_limit)});
   exec::LaunchOptions lo;
   lo.executable = exe;
@@ -372,7 +379,10 @@ Action add_run(CLI::App& app, const Globals& globals) {
       ->check(number_in(0, 1e9));
   app.add_option("--resume", a->resume,
                  "Continue from the newest checkpoint in this folder (its step, states and data order; at stages "
-                 "1-3 on any number of ranks)");
+                 "1-3 on any number of ranks); refused in one line when it is another run's (its model, seed or "
+                 "global batch differ)");
+  app.add_flag("--resume-other-run", a->resume_other_run,
+               "Resume a checkpoint of another run (another model name, seed or global batch) all the same");
   app.add_option("-o,--output", a->output, "Write the RunRecord here")->check(output_path());
   auto python = std::make_shared<std::string>();
   app.add_option("--python", *python, "Your own PyTorch model, FILE.py:FACTORY (model, make_batch, loss_fn): trained "

@@ -197,7 +197,8 @@ void bind_engine(py::module_& m) {
       }, release())
       .def("save_checkpoint", [](Driver& d, const std::string& dir, std::int64_t step) { d.d().save_checkpoint(dir, step); },
            release())
-      .def("load_checkpoint", [](Driver& d, const std::string& dir) { return d.d().load_checkpoint(dir); }, release())
+      .def("load_checkpoint", [](Driver& d, const std::string& dir, bool other_run) { return d.d().load_checkpoint(dir, other_run); },
+           py::arg("dir"), py::arg("other_run") = false, release())
       .def("views_valid", [](Driver& d) { return d.d().views_valid(); })
       .def("peak_bytes", [](Driver& d) { return d.device().peak_bytes(); })
       .def("live_bytes", [](Driver& d) { return d.device().live_bytes(); })

@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     t.add_argument("--checkpoint-every", type=int, default=0)
     t.add_argument("--checkpoint-keep", type=int, default=0)
     t.add_argument("--resume", default="")
+    t.add_argument("--resume-other-run", action="store_true")
     t.add_argument("--device-memory-limit", type=int, default=0)
     t.add_argument("-o", "--output", default="", help="the rank's RunResult (default: the launcher's folder)")
     t.add_argument("--error-file", default="")
@@ -71,6 +72,7 @@ def _train(a) -> int:
     from zeroplan._train import train
     result = train(a.python, a.plan, a.steps, a.warmup, device=a.device, threads=a.threads,
                    checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, checkpoint_keep=a.checkpoint_keep, resume=a.resume,
+                   resume_other_run=a.resume_other_run,
                    memory_limit=a.device_memory_limit)
     out = a.output
     if not out and os.environ.get("ZEROPLAN_OUTPUT_DIR"):

@@ -384,10 +384,11 @@ class Engine:
         """This rank's shards of parameters, master and optimizer state into path/step-<N>/ (collective)."""
         self.driver.save_checkpoint(str(path), self._step)
 
-    def load_checkpoint(self, path: str) -> int:
-        """The newest checkpoint under path, resharded for this plan; returns (and resumes at) its step."""
+    def load_checkpoint(self, path: str, other_run: bool = False) -> int:
+        """The newest checkpoint under path, resharded for this plan; returns (and resumes at) its step.
+        A checkpoint of another run (model, seed or global batch) is refused unless other_run."""
         try:
-            self._step = int(self.driver.load_checkpoint(str(path)))
+            self._step = int(self.driver.load_checkpoint(str(path), bool(other_run)))
         except _C.ExecError as e:
             raise ZeroplanError("bad_input", f"engine.load_checkpoint: {e}") from None
         return self._step

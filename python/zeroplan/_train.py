@@ -48,7 +48,7 @@ def _cpu_times():
 
 
 def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "cpu", threads: int = 0,
-          checkpoint_dir: str = "", checkpoint_every: int = 0, resume: str = "", memory_limit: int = 0,
+          checkpoint_dir: str = "", checkpoint_every: int = 0, resume: str = "", memory_limit: int = 0, resume_other_run: bool = False,
           checkpoint_keep: int = 0) -> dict:
     if threads > 0:
         torch.set_num_threads(threads)
@@ -58,7 +58,7 @@ def train(spec: str, plan_path: str, steps: int, warmup: int, *, device: str = "
     engine = wrap(model, plan, device=device, memory_limit=memory_limit)
     rank, world = engine.session.rank, engine.session.world_size
     mb, m = engine.plan["micro_batch"], engine.plan["microbatches"]
-    first = engine.load_checkpoint(resume) if resume else 0
+    first = engine.load_checkpoint(resume, other_run=resume_other_run) if resume else 0
     if checkpoint_dir and rank == 0:  # what an interrupted save left goes before this run saves
         _C.prune_checkpoints(checkpoint_dir, -1, 0)
     # The steps' random streams (Dropout) seeded as `run` seeds them: the plan's seed, the rank, the first step.

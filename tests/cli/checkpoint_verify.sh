@@ -2,7 +2,9 @@
 # Verified checkpoints (issue #37): a resume refuses, in one line with exit 1 and before it trains, a shard
 # with a flipped byte, two shards swapped, a shard of another step (even under a manifest without
 # checksums: each shard names its step and rank), and manifests with values out of range (shards 0,
-# world_size 0, a unit without a count); an intact checkpoint still resumes.
+# world_size 0, a unit without a count); an intact checkpoint still resumes. Another run's checkpoint (another
+# seed or global batch: the data order) is refused in the launcher before any rank starts, and resumes with
+# --resume-other-run; the manifest records the run's identity and the plan's SHA-1.
 #   checkpoint_verify.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
@@ -56,4 +58,25 @@ copy world0; edit world0 "m['world_size'] = 0"
 expect_bad 'manifest.json "world_size" 0 is not in 1..1048576' world0
 copy unit; edit unit "m['units'][1] = {'name': 'block[0]'}"
 expect_bad "manifest.json has a unit without a name and a parameter count" unit
+
+# Another run's checkpoint: refused before any rank starts (one line, exit 1), with the flag it resumes.
+grep -q '"run"' ck/step-4/manifest.json && grep -q '"plan_sha1"' ck/step-4/manifest.json || fail "the manifest records no run identity"
+other() {  # EXPECTED-TEXT ARGS...
+  local want=$1; shift
+  set +e
+  local msg; msg=$("$zp" run --nproc 2 "$@" --steps 1 --warmup 0 --resume ck 2>&1); local code=$?
+  set -e
+  echo "$msg"
+  [ "$code" -eq 1 ] || fail "$*: exit $code, expected 1"
+  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$*: more than one line"
+  case "$msg" in *"$want"*) ;; *) fail "$*: message: $msg" ;; esac
+}
+other "it is another run's: its seed 0 != this run's 7 (resume it all the same with --resume-other-run)" \
+  "${gpt[@]}" --set seed=7
+other "its global_batch 8 != this run's 4" --model gpt --preset gpt2-tiny --global-batch 4 --set zero_stage=3 --threads 1
+"$zp" -q run --nproc 2 "${gpt[@]}" --set seed=7 --steps 1 --warmup 0 --resume ck --resume-other-run -o other.json \
+  || fail "--resume-other-run does not resume"
+# The ranks check it too (an env-launched rank has no launcher to ask): the manifest's model edited.
+copy renamed; edit renamed "m['run']['model'] = 'gpt2-other'"
+expect_bad "it is another run's: its model \"gpt2-other\" != this run's" renamed
 echo "checkpoint_verify: ok"

@@ -101,6 +101,29 @@ std::pair<std::int64_t, std::string> file_digest(const fs::path& f) {
   return {static_cast<std::int64_t>(data.size()), hash.str()};
 }
 
+// The run a checkpoint belongs to: its model, seed and global batch (the data order: step s trains the
+// task's samples s x global_batch onwards, whatever the ranks and microbatches). The layout (stage, ranks,
+// microbatches, offload) may change across a resume: that is resharding, recorded as the plan's SHA-1 only.
+nlohmann::json run_identity(const Plan& plan, const std::string& model) {
+  return {{"model", model}, {"seed", plan.seed}, {"global_batch", plan.global_batch}};
+}
+
+// Why the manifest `m` is another run's than (plan, model): the first identity field that differs, "" when
+// none does or the manifest predates run identities. An empty `model` is not compared (the launcher checks
+// before the model is built; the ranks compare it).
+std::string identity_mismatch(const nlohmann::json& m, const Plan& plan, const std::string& model) {
+  if (!m.contains("run") || !m["run"].is_object()) return "";
+  const nlohmann::json& saved = m["run"];
+  const nlohmann::json now = run_identity(plan, model);
+  for (const char* key : {"model", "seed", "global_batch"}) {
+    if (std::string(key) == "model" && model.empty()) continue;
+    if (!saved.contains(key)) return detail::format("its run identity has no \"{}\"", key);
+    if (saved[key] != now[key])
+      return detail::format("it is another run's: its {} {} != this run's {}", key, saved[key].dump(), now[key].dump());
+  }
+  return "";
+}
+
 // The manifest's values before any of them is used (a malformed one crashed the loader: shards 0 divided
 // by zero, world_size 0 indexed nothing), then every rank file's size and SHA-1 where it recorded them.
 void verify_manifest(const fs::path& sdir, const nlohmann::json& m, std::int64_t step) {
@@ -163,6 +186,20 @@ std::int64_t newest_checkpoint(const std::string& dir) {
     best = std::max<std::int64_t>(best, std::stoll(m[1].str()));
   }
   return best;
+}
+
+std::string other_run(const std::string& dir, const Plan& plan) {
+  const std::int64_t step = newest_checkpoint(dir);
+  if (step < 0) return "";
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(std::ifstream(step_dir(dir, step) / "manifest.json"));
+  } catch (const std::exception&) {
+    return "";  // the ranks' load names what is wrong with it
+  }
+  const std::string why = identity_mismatch(m, plan, "");
+  return why.empty() ? "" : detail::format("--resume {}: {} (resume it all the same with --resume-other-run)",
+                                           step_dir(dir, step).string(), why);
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t newest, int keep) {
@@ -258,6 +295,8 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
   m["shards"] = shards();
   m["zero_stage"] = c_.plan.zero_stage;
   m["model"] = c_.model.name;
+  m["run"] = run_identity(c_.plan, c_.model.name);
+  m["plan_sha1"] = c10::sha1(to_json_string(c_.plan)).str();
   m["param_dtype"] = c_.plan.precision.param_dtype;
   m["optimizer"] = c_.plan.optimizer.name;
   m["optimizer_steps"] = opt_.optimizer().steps();
@@ -274,7 +313,7 @@ void Checkpoint::save(const std::string& dir, std::int64_t step) {
   write_atomically(sdir / "manifest.json", m.dump(1) + "\n");
 }
 
-std::int64_t Checkpoint::load(const std::string& dir) {
+std::int64_t Checkpoint::load(const std::string& dir, bool other_run) {
   torch::NoGradGuard no_grad;
   c_.at("all", "resume");
   const std::int64_t step = newest_checkpoint(dir);
@@ -291,6 +330,10 @@ std::int64_t Checkpoint::load(const std::string& dir) {
   };
   if (m.value("schema", "") != kManifestSchema) throw mismatch("schema", m.value("schema", "?"), kManifestSchema);
   verify_manifest(sdir, m, step);
+  if (!other_run) {
+    if (const std::string why = identity_mismatch(m, c_.plan, c_.model.name); !why.empty())
+      throw ExecError(detail::format("--resume {}: {} (resume it all the same with --resume-other-run)", sdir.string(), why));
+  }
   if (m.at("param_dtype").get<std::string>() != c_.plan.precision.param_dtype)
     throw mismatch("param_dtype", m.at("param_dtype").get<std::string>(), c_.plan.precision.param_dtype);
   if (m.at("optimizer").get<std::string>() != c_.plan.optimizer.name)

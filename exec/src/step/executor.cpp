@@ -90,9 +90,9 @@ class Executor::Impl {
   void save_checkpoint(const std::string& dir, std::int64_t step) {
     guarded([&] { checkpoint_->save(dir, step); });
   }
-  std::int64_t load_checkpoint(const std::string& dir) {
+  std::int64_t load_checkpoint(const std::string& dir, bool other_run) {
     std::int64_t step = 0;
-    guarded([&] { step = checkpoint_->load(dir); });
+    guarded([&] { step = checkpoint_->load(dir, other_run); });
     return step;
   }
 
@@ -333,7 +333,9 @@ Executor::~Executor() = default;
 StepStats Executor::step(std::int64_t step) { return impl_->step(step); }
 std::vector<std::pair<std::string, torch::Tensor>> Executor::full_parameters() { return impl_->full_parameters(); }
 void Executor::save_checkpoint(const std::string& dir, std::int64_t step) { impl_->save_checkpoint(dir, step); }
-std::int64_t Executor::load_checkpoint(const std::string& dir) { return impl_->load_checkpoint(dir); }
+std::int64_t Executor::load_checkpoint(const std::string& dir, bool other_run) {
+  return impl_->load_checkpoint(dir, other_run);
+}
 std::int64_t Executor::optimizer_shard_numel() const { return impl_->optimizer_shard_numel(); }
 int Executor::all_reduce_buckets() const { return impl_->all_reduce_buckets(); }
 int Executor::units_with_params() const { return impl_->units_with_params(); }

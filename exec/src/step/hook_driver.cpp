@@ -342,8 +342,8 @@ void HookDriver::save_checkpoint(const std::string& dir, std::int64_t step) {
     impl_->c().comm.barrier();
   });
 }
-std::int64_t HookDriver::load_checkpoint(const std::string& dir) {
-  return hook_guarded(impl_.get(), [&] { return impl_->checkpoint_->load(dir); });
+std::int64_t HookDriver::load_checkpoint(const std::string& dir, bool other_run) {
+  return hook_guarded(impl_.get(), [&] { return impl_->checkpoint_->load(dir, other_run); });
 }
 bool HookDriver::views_valid() const { return impl_->params_->views_valid(); }
 

@@ -107,7 +107,7 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
   exec_options.ranks_per_node = options.ranks_per_node;
   Executor executor(model, options.plan, comm, *device, recorder, exec_options);
   // A resumed run continues the training: the checkpoint's states, and its step for the data.
-  const std::int64_t first_step = options.resume_dir.empty() ? 0 : executor.load_checkpoint(options.resume_dir);
+  const std::int64_t first_step = options.resume_dir.empty() ? 0 : executor.load_checkpoint(options.resume_dir, options.resume_other_run);
   // What an interrupted save left (a step folder without its manifest) goes before this run saves.
   if (!options.checkpoint_dir.empty() && comm.rank() == 0) prune_checkpoints(options.checkpoint_dir, -1, 0);
   // The random streams the steps draw from (Dropout's masks, attention dropout) seeded from the plan's

@@ -72,7 +72,8 @@ class Executor {
   // buffers and loss scale into dir/step-<step>/ (then rank 0's manifest); and from dir's newest
   // checkpoint, resharded for this run's ranks, returning its step. Throws ExecError.
   void save_checkpoint(const std::string& dir, std::int64_t step);
-  std::int64_t load_checkpoint(const std::string& dir);
+  // other_run: resume a checkpoint of another run identity (model, seed, global batch) all the same.
+  std::int64_t load_checkpoint(const std::string& dir, bool other_run = false);
 
   // Every parameter, full and in unit order ("unit.name" names); collective at stage 3.
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters();

@@ -100,7 +100,7 @@ class HookDriver {
   };
   std::vector<LocalShard> local_shards();
   void save_checkpoint(const std::string& dir, std::int64_t step);
-  std::int64_t load_checkpoint(const std::string& dir);
+  std::int64_t load_checkpoint(const std::string& dir, bool other_run = false);
   bool views_valid() const;
 
   class Impl;  // hook_driver.cpp

@@ -43,6 +43,7 @@ struct RunOptions {
   int checkpoint_every = 0;
   int checkpoint_keep = 0;          // keep the newest N checkpoints of checkpoint_dir (0: all)
   std::string resume_dir;
+  bool resume_other_run = false;    // resume a checkpoint whose run identity (model, seed, data order) differs
 };
 
 // Why `options` cannot checkpoint or resume ("" when it can): LocalSGD keeps a replica per rank, SlowMo
@@ -50,6 +51,10 @@ struct RunOptions {
 std::string checkpoint_refusal(const RunOptions& options);
 // The newest step of `dir` that has a checkpoint (step-<N>/manifest.json), -1 when none (checkpoint.cpp).
 std::int64_t newest_checkpoint(const std::string& dir);
+// One line saying why dir's newest checkpoint is another run's than `plan` (checkpoint.cpp): its seed or
+// global batch (the data order) differ; "" when they match, when dir has none, or when its manifest
+// predates run identities. The ranks check the model too, and refuse unless told --resume-other-run.
+std::string other_run(const std::string& dir, const Plan& plan);
 // Retention in `dir` (checkpoint.cpp), by rank 0 only: removes the step folders without a manifest (saves
 // that were interrupted) older than `newest` (every one when newest < 0, at a run's start) and, when
 // keep > 0, every checkpoint but the newest `keep`. Returns the folders removed, oldest first. Never removes

@@ -15,8 +15,9 @@ class Checkpoint {
   // rank 0 the manifest (a checkpoint exists exactly when its manifest does).
   void save(const std::string& dir, std::int64_t step);
   // This rank's states from dir's newest checkpoint, resharded for this run's ranks and zero stage;
-  // returns its step. Throws ExecError naming what does not match (units, dtype, optimizer).
-  std::int64_t load(const std::string& dir);
+  // returns its step. Throws ExecError naming what does not match (units, dtype, optimizer, and unless
+  // `other_run` the run identity: model, seed, global batch).
+  std::int64_t load(const std::string& dir, bool other_run = false);
 
  private:
   int shards() const;  // chunks per unit in this run's layout: the ranks at stages 1-3, else 1
