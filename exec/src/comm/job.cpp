@@ -9,8 +9,9 @@
 namespace zeroplan::exec {
 
 void check_job(c10d::Store& store, const RankContext& ctx) {
-  if (ctx.job_id.empty()) return;
-  const std::vector<std::uint8_t> mine(ctx.job_id.begin(), ctx.job_id.end());
+  if (ctx.job_id.empty() && ctx.secret.empty()) return;
+  const std::string tag = job_tag(ctx.secret, ctx.job_id);
+  const std::vector<std::uint8_t> mine(tag.begin(), tag.end());
   std::vector<std::uint8_t> holder;
   try {
     holder = store.compareSet("zeroplan/job", {}, mine);
@@ -19,11 +20,11 @@ void check_job(c10d::Store& store, const RankContext& ctx) {
                                       ctx.master_addr, ctx.master_port, ctx.job_id, e.what()));
   }
   const std::string theirs(holder.begin(), holder.end());
-  if (theirs != ctx.job_id) {
+  if (theirs != tag) {
     throw RendezvousError(fmt::format(
-        "rank {} of job {} reached the store at {}:{}, which job {} holds: two jobs on one port (give each its "
-        "own MASTER_PORT)",
-        ctx.rank, ctx.job_id, ctx.master_addr, ctx.master_port, theirs));
+        "rank {} of job {} reached the store at {}:{}, which another job holds, or a rank with another "
+        "ZEROPLAN_JOB_SECRET: two jobs on one port (give each its own MASTER_PORT) or secrets that differ",
+        ctx.rank, ctx.job_id.empty() ? "(no id)" : ctx.job_id, ctx.master_addr, ctx.master_port));
   }
 }
 

@@ -159,18 +159,23 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
     throw LaunchError("cannot serve the store on 127.0.0.1: " + detail::first_line(e.what()));
   }
   const int port = tcp->getPort();
-  c10d::PrefixStore store("/worker/attempt_0", tcp);
-  // This job's id, claimed in the store before any rank joins: a rank of another job that reaches this
-  // port is refused at once (check_job), naming both.
+  auto attempt = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_0", tcp);
+  // This job's id and secret: its tag claims the store before any rank joins (a rank of another job, or
+  // one without this secret, that reaches this port is refused at once: check_job), and the ranks and this
+  // launcher read and write the store sealed with the secret (seal_store).
   std::random_device entropy;
   const std::uint64_t nonce = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
   const std::string job_id = fmt::format("zeroplan-{}-{:016x}", ::getpid(), nonce);
-  store.set("zeroplan/job", std::vector<std::uint8_t>(job_id.begin(), job_id.end()));
+  const std::string secret = new_job_secret();
+  const std::string tag = job_tag(secret, job_id);
+  attempt->set("zeroplan/job", std::vector<std::uint8_t>(tag.begin(), tag.end()));
+  const auto sealed = seal_store(attempt, secret);
+  c10d::Store& store = *sealed;
 
   // Environment: ours minus what we set, plus the rank's.
   static const char* kOwned[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_",
-                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_LAUNCHER_PID", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS", "ZEROPLAN_JOB_ID",
+                                 "ZEROPLAN_LAUNCHER", "ZEROPLAN_LAUNCHER_PID", "ZEROPLAN_OUTPUT_DIR", "ZEROPLAN_TIMEOUT_MS", "ZEROPLAN_JOB_ID", "ZEROPLAN_JOB_SECRET",
                                  "SLURM_PROCID"};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -218,6 +223,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
     env.push_back("ZEROPLAN_OUTPUT_DIR=" + result.output_dir);
     env.push_back(fmt::format("ZEROPLAN_TIMEOUT_MS={}", options.timeout.count()));
     env.push_back("ZEROPLAN_JOB_ID=" + job_id);
+    env.push_back("ZEROPLAN_JOB_SECRET=" + secret);
 
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));

@@ -100,6 +100,7 @@ RankContext rank_context_from_env(const EnvLookup& env) {
   if (auto id = env("ZEROPLAN_JOB_ID")) c.job_id = *id;
   else if (auto run = env("TORCHELASTIC_RUN_ID"); run && *run != "none") c.job_id = *run;
   else if (auto slurm = env("SLURM_JOB_ID")) c.job_id = *slurm;
+  c.secret = env("ZEROPLAN_JOB_SECRET").value_or("");
   c.output_dir = env("ZEROPLAN_OUTPUT_DIR").value_or("");
   if (env("ZEROPLAN_TIMEOUT_MS")) {
     c.timeout = std::chrono::milliseconds(parse_int(env, "ZEROPLAN_TIMEOUT_MS", 1, 1 << 30));

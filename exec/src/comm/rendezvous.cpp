@@ -79,6 +79,18 @@ int store_listener(const std::string& addr, int port) {
 
 }  // namespace
 
+std::string job_secret(const RankContext& ctx) {
+  if (!ctx.secret.empty()) return ctx.secret;
+  if (ctx.world_size > 1 && !is_loopback(ctx.master_addr)) {
+    throw RendezvousError(fmt::format(
+        "rank {}: MASTER_ADDR {} is reachable from other machines and ZEROPLAN_JOB_SECRET is not set: set it to one "
+        "random value for every rank of the job (export ZEROPLAN_JOB_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d "
+        "' \\n')), so that only this job's ranks can read or write its store",
+        ctx.rank, ctx.master_addr));
+  }
+  return "job:" + ctx.job_id;  // loopback: only this machine reaches the store
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
                                               std::chrono::milliseconds timeout) {
   if (ctx.world_size == 1 && !ctx.agent_store) return c10::make_intrusive<c10d::HashStore>();
@@ -303,8 +315,10 @@ class Session final : public RankSession {
 
 std::unique_ptr<RankSession> join(const RankContext& ctx, const RendezvousOptions& options) {
   auto timeout = ctx.timeout.value_or(options.timeout);
+  const std::string secret = job_secret(ctx);  // before anything is bound or reached
   auto store = connect_store(ctx, timeout);
   check_job(*store, ctx);
+  store = seal_store(store, secret);
   std::shared_ptr<Monitor> monitor;
   if (ctx.world_size > 1 || ctx.agent_store) {
     monitor = std::make_shared<Monitor>(store, ctx, options.heartbeat_interval);

@@ -7,12 +7,14 @@
 
 #include <sstream>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 namespace zeroplan::exec {
 namespace {
@@ -112,7 +114,8 @@ TEST(RankContext, JobId) {
 }
 
 // Two jobs on one port: job a's store (a real TCPStore on 127.0.0.1) is claimed by a; a rank of job a
-// joins; a rank of job b that reaches it is refused at once with a line naming both jobs.
+// joins; a rank of job b that reaches it, or a rank of job a with another secret, is refused at once in
+// one line; the claim's value names neither job nor secret.
 TEST(Join, ARankOfAnotherJobIsRefusedAtOnce) {
   c10d::TCPStoreOptions server;
   server.port = 0;
@@ -135,13 +138,156 @@ TEST(Join, ARankOfAnotherJobIsRefusedAtOnce) {
   } catch (const RendezvousError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("rank 1 of job job-b"), std::string::npos) << what;
-    EXPECT_NE(what.find("which job job-a holds: two jobs on one port"), std::string::npos) << what;
+    EXPECT_NE(what.find("which another job holds, or a rank with another ZEROPLAN_JOB_SECRET: two jobs on one port"),
+              std::string::npos) << what;
+    EXPECT_EQ(what.find("job-a"), std::string::npos) << "the store's claim names job a: " << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  auto claim = store->get("zeroplan/job");
+  EXPECT_EQ(std::string(claim.begin(), claim.end()).find("job-a"), std::string::npos);
+  RankContext other_secret = a1;
+  other_secret.secret = "not-job-a's";
+  EXPECT_THROW(check_job(*store, other_secret), RendezvousError);
   RankContext anonymous = b;
   anonymous.job_id.clear();
   EXPECT_NO_THROW(check_job(*store, anonymous));  // nothing to check against
+}
+
+// A sealed store: what it writes reads back, the inner store holds no name or value in the clear, equal
+// values seal alike (compareSet works), counters add; a value written by anyone else, or read with another
+// secret, is refused in one line.
+TEST(SealedStore, HidesNamesAndValuesAndRefusesForeignWrites) {
+  auto inner = c10::make_intrusive<c10d::HashStore>();
+  auto sealed = seal_store(inner, "s3cret");
+  const std::string text = "127.0.0.1:29500 rank 0 address";
+  sealed->set("gloo/rank0", std::vector<uint8_t>(text.begin(), text.end()));
+  auto back = sealed->get("gloo/rank0");
+  EXPECT_EQ(std::string(back.begin(), back.end()), text);
+  for (const std::string& key : inner->listKeys()) {
+    EXPECT_EQ(key.find("gloo"), std::string::npos) << key;
+    auto v = inner->get(key);
+    EXPECT_EQ(std::string(v.begin(), v.end()).find("127.0.0.1"), std::string::npos);
+  }
+  EXPECT_EQ(sealed->add("count", 2), 2);
+  EXPECT_EQ(sealed->add("count", 3), 5);
+  auto count = sealed->get("count");
+  EXPECT_EQ(std::string(count.begin(), count.end()), "5");
+  const std::vector<uint8_t> one{'1'}, two{'2'};
+  EXPECT_EQ(sealed->compareSet("claim", {}, one), one);
+  EXPECT_EQ(sealed->compareSet("claim", two, two), one);  // not the expected value: unchanged
+  EXPECT_EQ(sealed->compareSet("claim", one, two), two);
+  EXPECT_TRUE(sealed->check({"gloo/rank0", "claim"}));
+  EXPECT_FALSE(sealed->check({"nothing"}));
+
+  // Another secret reads nothing of it; a foreign value under the sealed name is refused in one line.
+  auto other = seal_store(inner, "guess");
+  EXPECT_FALSE(other->check({"gloo/rank0"}));
+  const auto names = inner->listKeys();
+  for (const auto& key : names) inner->set(key, std::vector<uint8_t>{'x'});
+  try {
+    sealed->get("gloo/rank0");
+    FAIL() << "a foreign value was read";
+  } catch (const RendezvousError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("\"gloo/rank0\" was not written by this job"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+// A running job's store (two ranks joined on 127.0.0.1, rank 0 serving it) seen by a raw TCPStore client
+// that has its port but not its secret: every key it lists is an opaque name (the claim aside) with sealed
+// bytes, no value holds the job id, the secret or an address; a rank it starts with the job's id but
+// another secret is refused at once; a value it writes over the job's keys is refused at the next read.
+TEST(Join, ARawClientNeitherReadsTheStoreNorJoins) {
+  int port = 0;
+  {
+    c10d::TCPStoreOptions probe;  // a free port
+    probe.port = 0;
+    probe.isServer = true;
+    probe.waitWorkers = false;
+    port = static_cast<int>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", probe)->getPort());
+  }
+  auto ctx_of = [&](int rank, const std::string& secret) {
+    RankContext c;
+    c.rank = rank;
+    c.world_size = 2;
+    c.launcher = "env";
+    c.master_addr = "127.0.0.1";
+    c.master_port = port;
+    c.job_id = "job-raw";
+    c.secret = secret;
+    return c;
+  };
+  RendezvousOptions opts;
+  opts.timeout = std::chrono::seconds(20);
+  opts.heartbeat_interval = std::chrono::milliseconds(100);
+  std::unique_ptr<RankSession> s0, s1;
+  std::thread t0([&] { s0 = join(ctx_of(0, "0123456789abcdef"), opts); });
+  std::thread t1([&] { s1 = join(ctx_of(1, "0123456789abcdef"), opts); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0 && s1);
+  s0->set_step(7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // heartbeats written
+
+  c10d::TCPStoreOptions copts;
+  copts.port = static_cast<std::uint16_t>(port);
+  copts.isServer = false;
+  copts.timeout = std::chrono::seconds(5);
+  c10d::TCPStore raw("127.0.0.1", copts);
+  const auto keys = raw.listKeys();
+  ASSERT_GT(keys.size(), 3u);
+  for (const std::string& key : keys) {
+    auto v = raw.get(key);
+    const std::string value(v.begin(), v.end());
+    if (key == "zeroplan/job") {
+      EXPECT_EQ(value.find("job-raw"), std::string::npos);
+      continue;
+    }
+    EXPECT_EQ(key.rfind("zp/", 0), 0u) << "a key in the clear: " << key;
+    EXPECT_EQ(value.rfind("zps1", 0), 0u) << key << " holds a value in the clear";
+    for (const char* secret_text : {"job-raw", "0123456789abcdef", "127.0.0.1"})
+      EXPECT_EQ(value.find(secret_text), std::string::npos) << key << " shows " << secret_text;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    join(ctx_of(1, "a-guessed-secret"), opts);
+    FAIL() << "a rank without the job's secret joined";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("ZEROPLAN_JOB_SECRET"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  s0->finish();
+  s1->finish();
+  for (const std::string& key : keys)
+    if (key != "zeroplan/job") raw.set(key, std::vector<uint8_t>{'0'});
+  EXPECT_THROW(s0->store()->get(store_keys::heartbeat(1)), RendezvousError);
+  s0.reset();
+  s1.reset();
+}
+
+// A job whose store other machines can reach does not start without a secret: one line naming the variable.
+TEST(Join, ANonLoopbackJobNeedsASecret) {
+  RankContext c;
+  c.rank = 1;
+  c.world_size = 2;
+  c.launcher = "env";
+  c.master_addr = "10.1.2.3";
+  try {
+    job_secret(c);
+    FAIL() << "no secret asked for";
+  } catch (const RendezvousError& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR 10.1.2.3 is reachable from other machines and "
+                                         "ZEROPLAN_JOB_SECRET is not set"), std::string::npos) << e.what();
+  }
+  c.secret = "set";
+  EXPECT_EQ(job_secret(c), "set");
+  c.secret.clear();
+  c.master_addr = "127.0.0.1";
+  EXPECT_NO_THROW(job_secret(c));
 }
 
 // The local address a listening TCP socket on `port` is bound to, from /proc/net/tcp ("" if none).

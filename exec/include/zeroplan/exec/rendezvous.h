@@ -46,6 +46,10 @@ struct RankContext {
   // Which job this rank belongs to: ZEROPLAN_JOB_ID (launch_local makes one), else torchrun's
   // TORCHELASTIC_RUN_ID (not its default "none"), else SLURM_JOB_ID; "" when none is known.
   std::string job_id;
+  // ZEROPLAN_JOB_SECRET: seals the job's store (seal_store) and its claim (job_tag). launch_local makes one
+  // per job; a job launched by hand sets the same value on every rank. Required when MASTER_ADDR is not a
+  // loopback address (join refuses without it); on loopback its absence seals with the job id only.
+  std::string secret;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
@@ -71,10 +75,24 @@ c10::intrusive_ptr<c10d::Store> connect_store(const RankContext& ctx,
                                               std::chrono::milliseconds timeout);
 
 // Claims the store for this rank's job (key "zeroplan/job", compare-and-set): the first rank to join
-// writes its job id, later ranks must find the same. Throws RendezvousError naming both jobs when a rank
-// of one job reached the store of another (two jobs given one MASTER_PORT), at once rather than after
-// the collective timeout. Nothing is checked when ctx.job_id is empty.
+// writes its job's tag (job_tag of its secret and job id: the key holds neither), later ranks must find
+// the same. Throws RendezvousError when a rank of one job reached the store of another (two jobs given one
+// MASTER_PORT) or runs with another ZEROPLAN_JOB_SECRET, at once rather than after the collective timeout.
+// Nothing is checked when ctx.job_id and ctx.secret are both empty.
 void check_job(c10d::Store& store, const RankContext& ctx);
+
+// The job's store sealed with its secret (sealed_store.cpp): key names are HMACs under the secret, values
+// encrypted and authenticated, so a process without the secret that reaches the port (TCPStore answers
+// anyone, listKeys included) reads opaque names and ciphertext, and a value it writes is refused at the
+// first read with a RendezvousError in one line.
+c10::intrusive_ptr<c10d::Store> seal_store(c10::intrusive_ptr<c10d::Store> inner, const std::string& secret);
+// The public tag of (secret, job id) that check_job claims the store with (reveals neither).
+std::string job_tag(const std::string& secret, const std::string& job_id);
+// 128 random bits as hex (std::random_device): launch_local's secret for each job.
+std::string new_job_secret();
+// The secret the store is sealed with: ctx.secret, or one derived from the job id when a loopback job has
+// none. Throws RendezvousError when a job of several ranks reachable from other machines has none.
+std::string job_secret(const RankContext& ctx);
 
 // Store keys a rank publishes (under the store's prefix), read by launch_local and the diagnosis.
 namespace store_keys {
