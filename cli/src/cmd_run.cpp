@@ -90,6 +90,13 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
     o.plan.pipeline.balance.units = pipeline_balance(o.plan, profile);
     o.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
   }
+  // What the executor does not run (16-bit LocalSGD, AdaScale with loss scaling, ...): refused here, before
+  // any rank starts (every rank refused it, exit 3).
+  try {
+    exec::check_plan_runs(o.plan);
+  } catch (const exec::ExecError& e) {
+    throw ExitError(kBadInput, e.what());
+  }
   o.steps = a.steps;
   o.warmup_steps = a.warmup;
   check_device(a.device);  // before any rank: an unknown device or a GPU this machine lacks

@@ -76,6 +76,6 @@ expect_bad "--resume empty: no checkpoint there" "$zp" run "${gpt[@]}" --steps 2
 expect_bad "--checkpoint-every 2 needs --checkpoint-dir" "$zp" run "${gpt[@]}" --steps 2 --checkpoint-every 2
 expect_bad "checkpoints: localsgd_frequency 2" "$zp" run --model gpt --preset gpt2-tiny --steps 2 \
   --set localsgd_frequency=2 --checkpoint-dir ck2
-expect_bad "the checkpoint's unit count 4 != this run's 5" "$zp" run --model gpt --preset gpt2-tiny --opt layers=3 \
+expect_bad "the checkpoint's unit count 4 != this run's 5" "$zp" run --model gpt --preset gpt2-tiny --opt layers=3 --global-batch 8 \
   --set zero_stage=3 --steps 2 --resume ckpt
 echo "checkpoint: ok"

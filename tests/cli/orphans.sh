@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
 # Ranks die with their launcher (issue #37): SIGKILL (which the launcher cannot pass on) and SIGUSR1 to
-# `run --nproc 2` leave no rank running a second later (they trained on for 27-30 s with parent 1 before).
-#   orphans.sh ZEROPLAN
+# `run --nproc 2` leave no rank running a second later (they trained on for 27-30 s with parent 1 before);
+# so does SIGKILL to torchrun (its ranks are zeroplan's, started with --no-python); and a launcher killed
+# while its ranks checkpoint every step leaves a checkpoint that resumes.
+#   orphans.sh ZEROPLAN PYTHON
 set -uo pipefail
-zp=$1
+zp=$1; py=$2
+torchrun=$(dirname "$py")/torchrun
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export TMPDIR=$out/tmp OMP_NUM_THREADS=1
 mkdir -p "$TMPDIR"
+cd "$out"
 fail() { echo "FAIL: $*"; exit 1; }
-for sig in KILL USR1; do  # (a background job of a script ignores SIGQUIT and SIGINT)
-  "$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --steps 100000 2>"$out/stderr" &
-  launcher=$!
-  ranks=()
-  for _ in $(seq 1 200); do  # up to 20 s for both ranks to start and train
+
+# kill_launcher SIG WHAT COMMAND...: starts COMMAND (a launcher of 2 ranks) in the background, sends SIG to
+# it once both ranks train, and fails unless both ranks are gone within 2 s.
+kill_launcher() {
+  local sig=$1 what=$2; shift 2
+  "$@" 2>"$out/stderr" &
+  local launcher=$!
+  local ranks=()
+  for _ in $(seq 1 300); do  # up to 30 s for both ranks to start and train
     mapfile -t ranks < <(pgrep -P "$launcher")
     [ "${#ranks[@]}" -eq 2 ] && grep -q 'MASTER_PORT' "/proc/${ranks[0]}/environ" 2>/dev/null && break
     sleep 0.1
   done
-  [ "${#ranks[@]}" -eq 2 ] || fail "the launcher did not start 2 ranks"
-  sleep 1
+  [ "${#ranks[@]}" -eq 2 ] || { kill -9 "$launcher"; cat "$out/stderr"; fail "$what did not start 2 ranks"; }
+  sleep 2
   kill "-$sig" "$launcher"
   wait "$launcher" 2>/dev/null
-  alive=()
+  local alive=()
   for _ in $(seq 1 20); do  # up to 2 s
     alive=()
     # a killed rank waits as a zombie until its new parent reaps it: only running ones count
@@ -34,8 +42,21 @@ for sig in KILL USR1; do  # (a background job of a script ignores SIGQUIT and SI
   done
   if [ "${#alive[@]}" -ne 0 ]; then
     kill -9 "${alive[@]}" 2>/dev/null
-    fail "SIG$sig to the launcher left ranks ${alive[*]} running"
+    fail "SIG$sig to $what left ranks ${alive[*]} running"
   fi
-  echo "ok: SIG$sig to the launcher ended both ranks"
+  echo "ok: SIG$sig to $what ended both ranks"
+}
+
+gpt=(--model gpt --preset gpt2-tiny --steps 100000)
+for sig in KILL USR1; do  # (a background job of a script ignores SIGQUIT and SIGINT)
+  kill_launcher "$sig" "the launcher" "$zp" -q run --nproc 2 "${gpt[@]}"
 done
+kill_launcher KILL torchrun "$torchrun" --standalone --nproc-per-node 2 --no-python "$zp" -q run "${gpt[@]}"
+
+# Killed while checkpointing every step: what is left resumes (a save cut short has no manifest).
+kill_launcher KILL "the launcher saving every step" "$zp" -q run --nproc 2 "${gpt[@]}" --checkpoint-dir ck \
+  --checkpoint-every 1 --checkpoint-keep 2
+ls ck
+"$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --steps 1 --warmup 0 --resume ck -o resumed.json \
+  || fail "the checkpoint left by the killed launcher does not resume"
 echo "orphans: ok"

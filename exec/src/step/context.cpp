@@ -143,3 +143,12 @@ torch::Tensor Ctx::hzeros(std::int64_t n, torch::ScalarType t) const { return de
 torch::Tensor Ctx::hempty(std::int64_t n, torch::ScalarType t) const { return dev.host_pool().empty(n, t); }
 
 }  // namespace zeroplan::exec::pieces
+
+namespace zeroplan::exec {
+
+void check_plan_runs(const Plan& plan) {
+  pieces::check_runnable(plan, plan.world_size);
+  pieces::dtypes_of(plan);
+}
+
+}  // namespace zeroplan::exec

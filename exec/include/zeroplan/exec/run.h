@@ -46,6 +46,10 @@ struct RunOptions {
   bool resume_other_run = false;    // resume a checkpoint whose run identity (model, seed, data order) differs
 };
 
+// Throws ExecError, in one line, when the executor does not run `plan` (context.cpp): a knob it does not
+// run, an invalid plan, a dtype combination (16-bit LocalSGD, AdaScale with loss scaling), AdaScale with
+// LocalSGD. What every rank checks again; the launcher calls it before any rank starts.
+void check_plan_runs(const Plan& plan);
 // Why `options` cannot checkpoint or resume ("" when it can): LocalSGD keeps a replica per rank, SlowMo
 // and AdaScale state that checkpoints do not hold.
 std::string checkpoint_refusal(const RunOptions& options);
