@@ -86,6 +86,15 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
                                              o.plan.pipeline_stages,
                                              o.plan.pipeline.balance.mode == PipelineBalance::Mode::time ? "time" : "memory"));
     const auto profile = read_document<ModelProfile>(a.profile);
+    // A built-in model's profile names it (source "zoo:<model>/<preset>"): another model's profile with as
+    // many units would balance the stages by the wrong times.
+    if (a.torchscript.empty() && profile.source.rfind("zoo:", 0) == 0) {
+      const std::string want = "zoo:" + o.model;
+      const std::string got = profile.source.substr(0, profile.source.find('/'));
+      if (got != want || (!o.preset.empty() && profile.source != want + "/" + o.preset))
+        throw ExitError(kBadInput, fmt::format("--profile {}: a profile of {}, not of this run's model {}", a.profile,
+                                               profile.source, o.preset.empty() ? want : want + "/" + o.preset));
+    }
     validate(o.plan, profile);
     o.plan.pipeline.balance.units = pipeline_balance(o.plan, profile);
     o.plan.pipeline.balance.mode = PipelineBalance::Mode::units;
@@ -363,9 +372,11 @@ Action add_run(CLI::App& app, const Globals& globals) {
   app.add_option("--device-memory-limit", a->device_memory_limit,
                  "Bytes the device pool may hold (CPU): past it the run fails as a GPU would")
       ->check(non_negative());
-  app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run")
+  // At least 2 s: the ranks beat every second, so a shorter timeout calls every rank dead (0.001 did).
+  app.add_option("--timeout", a->timeout_s, "Seconds before a silent or dead rank ends the run (at least 2: the "
+                 "ranks' heartbeat is every second)")
       ->capture_default_str()
-      ->check(number_in(0, 1e6, true));
+      ->check(number_in(2, 1e6));
   app.add_option("--trace", a->trace, "Chrome trace per rank (-rank<r> is added before .json)")->check(output_path());
   app.add_flag("--progress", a->progress, "Step, loss and step time on stderr");
   app.add_option("--threads", a->threads, "Intra-op threads per rank (default: OMP_NUM_THREADS, else cores / local ranks)")

@@ -82,7 +82,12 @@ expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo
 # Option values out of range: one line naming the option and the value, exit 1, before any work.
 expect 1 '^zeroplan: --threads: must be 0 \(all cores\) to [0-9]+ .*got -1' -q run --model mlp --threads -1 --steps 2
 expect 1 '^zeroplan: --nproc: must be > 0 \(got 0\)' -q run --model mlp --nproc 0 --steps 2
-expect 1 '^zeroplan: --timeout: must be > 0 \(got 0\)' -q run --nproc 2 --model mlp --timeout 0 --steps 2
+expect 1 '^zeroplan: --timeout: must be >= 2 \(got 0\)' -q run --nproc 2 --model mlp --timeout 0 --steps 2
+expect 1 '^zeroplan: --timeout: must be >= 2 \(got 0.001\)' -q run --nproc 2 --model mlp --timeout 0.001 --steps 2
+# Another model's profile for a pipeline's balance (as many units as gpt2-tiny): refused before any rank.
+"$zp" -q profile --model mlp -o "$out/mlp-profile.json"
+expect 1 "^zeroplan run: --profile $out/mlp-profile.json: a profile of zoo:mlp, not of this run's model zoo:gpt/gpt2-tiny\$" \
+  -q run --nproc 2 --model gpt --preset gpt2-tiny --global-batch 8 --steps 2 --set pipeline_stages=2 --profile "$out/mlp-profile.json"
 expect 1 '^zeroplan: --world-size: must be >= 1 \(got 0\)' -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --world-size 0
 for v in 0 -1 nan 1e308; do
   expect 1 "^zeroplan: --device-memory-gib: must be .*\(got $v\)" -q tune --model "$out/cnn.pt" --cluster a100-sxm-80gb --global-batch 8 --device-memory-gib $v
