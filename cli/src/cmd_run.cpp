@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <c10/util/Logging.h>
 #include <csignal>
 #include <nlohmann/json.hpp>
 
@@ -316,6 +317,9 @@ int run_rank(RunArgs a, const Globals& g) {
   exec::RendezvousOptions ro;
   ro.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   ro.device = a.device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  // torch's c10d logs a warning with its backtrace on every failed store call (a dead launcher's store: 46
+  // lines per rank); the rank says it in one line instead. TORCH_CPP_LOG_LEVEL, when set, decides.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = c10::GLOG_ERROR;
   auto session = exec::join(ctx, ro);
   try {
     options.progress = options.progress && ctx.rank == 0;

@@ -53,6 +53,37 @@ for sig in KILL USR1; do  # (a background job of a script ignores SIGQUIT and SI
 done
 kill_launcher KILL torchrun "$torchrun" --standalone --nproc-per-node 2 --no-python "$zp" -q run "${gpt[@]}"
 
+# A rank whose launcher is not its parent (PR_SET_PDEATHSIG does not reach it) notices that the agent store
+# it joined is gone: it stops within a few heartbeats, exit 3, one line.
+"$py" - "$zp" <<'PY' || fail "a rank outlived its agent store"
+import os, signal, subprocess, sys, time
+from torch.distributed import TCPStore
+server = subprocess.Popen([sys.executable, "-c", """
+import sys, time
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(s.port, flush=True)
+time.sleep(600)
+"""], stdout=subprocess.PIPE, text=True)
+port = int(server.stdout.readline())
+env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+           MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="orphan-test")
+rank = subprocess.Popen([sys.argv[1], "-q", "run", "--model", "gpt", "--preset", "gpt2-tiny", "--steps", "100000"],
+                        env=env, stderr=subprocess.PIPE, text=True)
+time.sleep(4)
+assert rank.poll() is None, f"the rank ended early: {rank.returncode} {rank.stderr.read()}"
+server.kill(); server.wait()
+t0 = time.time()
+try:
+    rank.wait(timeout=15)
+except subprocess.TimeoutExpired:
+    rank.kill(); print("the rank trained on 15 s after its agent store died"); sys.exit(1)
+err = rank.stderr.read().strip()
+print(f"rank ended {time.time() - t0:.1f} s after its store, exit {rank.returncode}: {err}")
+# torch's TCPStore warns of the broken pipe on a line of its own before it; no backtrace
+sys.exit(0 if rank.returncode == 3 and "is gone, so its launcher" in err.splitlines()[-1] and "frame #" not in err else 1)
+PY
+
 # Killed while checkpointing every step: what is left resumes (a save cut short has no manifest).
 kill_launcher KILL "the launcher saving every step" "$zp" -q run --nproc 2 "${gpt[@]}" --checkpoint-dir ck \
   --checkpoint-every 1 --checkpoint-keep 2

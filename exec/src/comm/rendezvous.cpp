@@ -148,15 +148,28 @@ class Monitor {
 
   ~Monitor() { stop(); }
 
+  // The heartbeat thread also watches the agent's store: a rank whose agent store (served by its launcher:
+  // torchrun, zeroplan run) is gone for two heartbeats in a row lost its launcher, and so its job. It ends
+  // at once with one line, before it could write a checkpoint into a folder a restarted job may be using
+  // (issue #37: orphans kept training and saving). PR_SET_PDEATHSIG covers a rank whose parent is the
+  // launcher; this covers the rest (a launcher that is not the parent). A store served by rank 0 is left
+  // to the collectives: rank 0 leaving it may be the end of the job.
   void start() {
     beat();
     thread_ = std::thread([this] {
       std::unique_lock<std::mutex> lock(mutex_);
+      int failures = 0;
       while (!cv_.wait_for(lock, interval_, [this] { return stopping_; })) {
         lock.unlock();
-        bool ok = beat();
+        failures = beat() ? 0 : failures + 1;
         lock.lock();
-        if (!ok) break;
+        if (failures >= 2 && ctx_.agent_store && !stopping_ && !finished_.load()) {
+          std::fprintf(stderr, "rank %d: the store at %s:%d is gone, so its launcher (torchrun or zeroplan run) died: "
+                       "this rank stops (no checkpoint is written after it)\n", ctx_.rank, ctx_.master_addr.c_str(),
+                       ctx_.master_port);
+          std::fflush(stderr);
+          std::_Exit(3);
+        }
       }
     });
   }
@@ -168,6 +181,13 @@ class Monitor {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+  }
+
+  // The rank finished normally: peers do not blame it, and a store gone from now on (rank 0 done and gone)
+  // does not end this rank.
+  void finished() {
+    finished_.store(true);
+    put(store_keys::done(ctx_.rank), "1");
   }
 
   // Published at once, so a rank that dies right after is reported at the right step.
@@ -267,6 +287,7 @@ class Monitor {
   std::chrono::milliseconds interval_;
   std::atomic<int64_t> step_{-1};
   std::atomic<bool> blamed_peer_{false};
+  std::atomic<bool> finished_{false};
   std::atomic<int64_t> sequence_{0};
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -300,7 +321,7 @@ class Session final : public RankSession {
     write_error_file(ctx_.error_file, message);
   }
   void finish() override {
-    if (monitor_) monitor_->put(store_keys::done(ctx_.rank), "1");
+    if (monitor_) monitor_->finished();
   }
 
   std::unique_ptr<Communicator> comm_;
