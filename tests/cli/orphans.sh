@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Ranks die with their launcher (issue #37): SIGKILL (which the launcher cannot pass on) and SIGUSR1 to
 # `run --nproc 2` leave no rank running a second later (they trained on for 27-30 s with parent 1 before);
-# so does SIGKILL to torchrun (its ranks are zeroplan's, started with --no-python); and a launcher killed
-# while its ranks checkpoint every step leaves a checkpoint that resumes.
+# so does SIGKILL to torchrun (its ranks are zeroplan's, started with --no-python); a launcher (or its whole
+# process group) killed while its ranks checkpoint every step leaves a checkpoint that resumes; a rank whose
+# agent store dies (its launcher not its parent) stops by itself.
 #   orphans.sh ZEROPLAN PYTHON
 set -uo pipefail
 zp=$1; py=$2
@@ -14,11 +15,13 @@ cd "$out"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # kill_launcher SIG WHAT COMMAND...: starts COMMAND (a launcher of 2 ranks) in the background, sends SIG to
-# it once both ranks train, and fails unless both ranks are gone within 2 s.
+# it once both ranks train (to its whole process group when SIG starts with "-": COMMAND then runs under
+# setsid), and fails unless both ranks are gone within 2 s.
 kill_launcher() {
-  local sig=$1 what=$2; shift 2
-  "$@" 2>"$out/stderr" &
+  local sig=$1 what=$2 target; shift 2
+  if [ "${sig:0:1}" = - ]; then setsid "$@" 2>"$out/stderr" & else "$@" 2>"$out/stderr" & fi
   local launcher=$!
+  if [ "${sig:0:1}" = - ]; then sig=${sig:1}; target=-$launcher; else target=$launcher; fi
   local ranks=()
   for _ in $(seq 1 300); do  # up to 30 s for both ranks to start and train
     mapfile -t ranks < <(pgrep -P "$launcher")
@@ -27,7 +30,7 @@ kill_launcher() {
   done
   [ "${#ranks[@]}" -eq 2 ] || { kill -9 "$launcher"; cat "$out/stderr"; fail "$what did not start 2 ranks"; }
   sleep 2
-  kill "-$sig" "$launcher"
+  kill "-$sig" -- "$target"
   wait "$launcher" 2>/dev/null
   local alive=()
   for _ in $(seq 1 20); do  # up to 2 s
@@ -85,6 +88,10 @@ sys.exit(0 if rank.returncode == 3 and "is gone, so its launcher" in err.splitli
 PY
 
 # Killed while checkpointing every step: what is left resumes (a save cut short has no manifest).
+kill_launcher -KILL "the whole group saving every step" "$zp" -q run --nproc 2 "${gpt[@]}" --checkpoint-dir ck \
+  --checkpoint-every 1 --checkpoint-keep 2
+"$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --steps 1 --warmup 0 --resume ck -o resumed.json \
+  || fail "the checkpoint left by the killed group does not resume"
 kill_launcher KILL "the launcher saving every step" "$zp" -q run --nproc 2 "${gpt[@]}" --checkpoint-dir ck \
   --checkpoint-every 1 --checkpoint-keep 2
 ls ck
