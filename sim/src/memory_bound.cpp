@@ -45,18 +45,47 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
   return out;
 }
 
+// What a pipeline stage [first, last) of stage index `stage` holds at least for the microbatches whose
+// forward it ran before its first backward, while it runs the last of them: GPipe runs all m forwards
+// first, 1F1B min(p - s, m) on stage s (profiles' pipeline_order), so m - 1 or min(p - s, m) - 1 earlier
+// microbatches are held. Each holds, until its backward, what its forward kept on the device (the
+// lowering's Activations::on_fwd): a unit's saved bytes, or a checkpointed unit's input (none with
+// checkpoint_offload); a pipeline-checkpointed microbatch keeps the stage's received input only. With
+// activation offload the offloaded share leaves, so nothing is counted (a bound must not exceed the peak).
+std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Unit>& all, std::size_t first,
+                                std::size_t last, int stage) {
+  const int m = plan.microbatches, p = plan.pipeline_stages;
+  const int in_flight = plan.pipeline.schedule == "1f1b" ? std::min(p - stage, m) : m;
+  std::int64_t kept = 0;  // one microbatch, not pipeline-checkpointed
+  if (plan.offload.activations_ratio <= 0) {
+    for (std::size_t i = first; i < last; ++i) {
+      const lowering::Unit& u = all[i];
+      if (!u.checkpoint) kept += u.saved;
+      else if (!plan.checkpoint_offload && i > 0) kept += all[i - 1].output;
+    }
+  }
+  const std::int64_t received = first > 0 ? all[first - 1].output : 0;
+  std::int64_t held = 0;
+  for (int mb = 0; mb + 1 < in_flight; ++mb) held += pipeline_checkpointed(plan, mb) ? received : kept;
+  return held;
+}
+
 }  // namespace
 
-// Pipelined plans: every stage is a rank with its own units; the bound is the largest stage's.
+// Pipelined plans: every stage is a rank with its own units; the bound is the largest stage's, with the
+// activations of the microbatches in flight on it.
 MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan) {
   const std::vector<lowering::Unit> units = lowering::expand_units(model, plan, nullptr);
   if (plan.pipeline_stages <= 1) return bound_of(plan, cluster, units, 0, units.size());
   MemoryBound out;
   std::size_t first = 0;
+  int stage = 0;
   for (const int n : pipeline_balance(plan, model)) {
-    const MemoryBound b = bound_of(plan, cluster, units, first, first + static_cast<std::size_t>(n));
-    first += static_cast<std::size_t>(n);
-    out.device_bytes = std::max(out.device_bytes, b.device_bytes);
+    const std::size_t last = first + static_cast<std::size_t>(n);
+    const MemoryBound b = bound_of(plan, cluster, units, first, last);
+    const std::int64_t held = pipeline_in_flight(plan, units, first, last, stage++);
+    first = last;
+    out.device_bytes = std::max(out.device_bytes, b.device_bytes + held);
     out.host_bytes = std::max(out.host_bytes, b.host_bytes);
     out.device_model_state_bytes = std::max(out.device_model_state_bytes, b.device_model_state_bytes);
     out.host_model_state_bytes = std::max(out.host_model_state_bytes, b.host_model_state_bytes);
