@@ -26,17 +26,27 @@ constexpr std::array<Subcommand, 9> kSubcommands{{
     {"plan", "Describe the Plan: --fields lists every knob (range, default, simulate / tune / run)", add_plan},
 }};
 
-// The shared map, for the exception in flight: ExitError carries its own code; an input the schema or
-// the simulator refuses is 1; anything else is a run that failed (3).
+// The exit codes and what each stands for: exit_code, kind_of_exit_code and the --help footer read this
+// one table (docs/2-subcommands.md's table is checked against the footer by cli.errors).
+struct ExitRow {
+  int code;
+  const char* label;  // as --help and the docs' table name it
+  ErrorKind kind;
+};
+constexpr std::array<ExitRow, 4> kExitRows{{
+    {kBadInput, "bad input", ErrorKind::bad_input},
+    {kNotPossibleHere, "not possible here", ErrorKind::not_possible_here},
+    {kRunFailed, "run failed", ErrorKind::run_failed},
+    {kRunFailed, "run failed", ErrorKind::internal},  // an error of zeroplan itself is reported as a failure
+}};
+
+// The one catch ladder, for the exception in flight: any zeroplan Error by its kind (an ExitError by its
+// code); torch's and the standard library's errors that reach here are run failures (3).
 Failure shared_failure() {
   try {
     throw;
-  } catch (const ExitError& e) {
-    return {e.what(), e.code()};
-  } catch (const SchemaError& e) {
-    return {first_line(e.what()), kBadInput};
-  } catch (const sim::SimError& e) {
-    return {first_line(e.what()), kBadInput};
+  } catch (const Error& e) {
+    return {first_line(e.what()), exit_code(e)};
   } catch (const std::exception& e) {
     return {first_line(e.what()), kRunFailed};
   } catch (...) {
@@ -45,6 +55,28 @@ Failure shared_failure() {
 }
 
 }  // namespace
+
+ErrorKind kind_of_exit_code(int code) {
+  if (code > 128) return ErrorKind::interrupted;
+  for (const ExitRow& r : kExitRows)
+    if (r.code == code) return r.kind;
+  return ErrorKind::internal;
+}
+
+int exit_code(const Error& e) {
+  if (const auto* x = dynamic_cast<const ExitError*>(&e)) return x->code();
+  if (e.kind() == ErrorKind::interrupted) return 128 + 2;  // SIGINT's, when no signal is known
+  for (const ExitRow& r : kExitRows)
+    if (r.kind == e.kind()) return r.code;
+  return kRunFailed;
+}
+
+std::string exit_code_list() {
+  std::string out = "0 ok";
+  for (const ExitRow& r : kExitRows)
+    if (r.kind != ErrorKind::internal) out += fmt::format(", {} {}", r.code, r.label);
+  return out + ", 128+N stopped by signal N";
+}
 
 std::string first_line(const std::string& text) {
   auto end = text.find('\n');
@@ -76,7 +108,7 @@ int run_app(int argc, char** argv, const AppSpec& spec) {
   const std::string footer = spec.footer +
       "\nNew here? Start with `zeroplan autopilot`: it profiles a built-in model, probes this machine, tunes, "
       "runs the best plans on 2 local ranks and compares predicted with measured.\n"
-      "Exit codes: 0 ok, 1 bad input, 2 not possible here, 3 run failed.";
+      "Exit codes: " + exit_code_list() + ".";
   app.footer(footer);
 
   Action chosen;

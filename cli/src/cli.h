@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "zeroplan/profiles/errors.h"
+
 namespace zeroplan::cli {
 
 // Fixed and documented exit codes (README, `zeroplan --help`).
@@ -22,10 +24,19 @@ enum ExitCode : int {
   // 128 + N: `run --nproc` stopped by signal N (SIGTERM 143, SIGINT 130, SIGHUP 129); ranks stopped.
 };
 
-// An error with its exit code; what() is the one line printed after "zeroplan <cmd>: ".
-class ExitError : public std::runtime_error {
+// The error kind each exit code stands for (1 bad_input, 2 not_possible_here, 3 run_failed, 128 + N
+// interrupted).
+ErrorKind kind_of_exit_code(int code);
+// The one place kinds become exit codes (app.cpp): an ExitError's own code, else its kind's.
+int exit_code(const Error& e);
+// "0 ok, 1 bad input, 2 not possible here, 3 run failed, 128+N stopped by signal N": the --help footer's
+// list, from the same table exit_code reads (cli.errors checks docs/2-subcommands.md against it).
+std::string exit_code_list();
+
+// An Error with its exit code; what() is the one line printed after "zeroplan <cmd>: ".
+class ExitError : public Error {
  public:
-  ExitError(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ExitError(int code, const std::string& message) : Error(kind_of_exit_code(code), message), code_(code) {}
   int code() const { return code_; }
 
  private:

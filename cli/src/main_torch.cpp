@@ -54,27 +54,11 @@ Registrar registrar(const Subcommand& sub) {
   return nullptr;
 }
 
-// The executor's, the launcher's and torch's errors: a run that started and failed is 3; an input the
-// executor or rendezvous refuses is 1. Most derived types first.
+// torch's own errors (not zeroplan Errors, which the shared ladder maps by kind): a run failure, its
+// cause in one line, never torch's backtrace.
 std::optional<Failure> torch_errors() {
   try {
     throw;
-  } catch (const exec::OutOfDeviceMemory& e) {
-    return Failure{first_line(e.what()), kRunFailed};
-  } catch (const exec::UnitFailure& e) {
-    return Failure{first_line(e.what()), kRunFailed};
-  } catch (const exec::Diverged& e) {
-    return Failure{first_line(e.what()), kRunFailed};
-  } catch (const exec::ProbeError& e) {
-    return Failure{first_line(e.what()), kRunFailed};
-  } catch (const exec::ExecError& e) {
-    return Failure{first_line(e.what()), kBadInput};
-  } catch (const exec::RendezvousError& e) {
-    return Failure{first_line(e.what()), kBadInput};
-  } catch (const exec::CommError& e) {
-    return Failure{first_line(e.what()), kRunFailed};
-  } catch (const exec::LaunchError& e) {
-    return Failure{first_line(e.what()), kRunFailed};
   } catch (const c10::Error& e) {
     return Failure{"torch: " + zoo::torch_cause(e), kRunFailed};
   } catch (...) {

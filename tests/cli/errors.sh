@@ -104,4 +104,16 @@ expect 1 '^zeroplan run: adascale with precision.loss_scale: the executor runs A
 expect 1 '^zeroplan run: adascale with precision.loss_scale: the executor runs AdaScale without loss scaling only$' \
   -q run --nproc 2 --model gpt --preset gpt2-tiny --steps 2 --set precision.compute_dtype=fp16 \
   --set precision.loss_scale=dynamic --set optimizer.name=sgd --set adascale=true
+# The exit codes: `zeroplan --help` lists them from the one table the CLI maps errors with (cli/src/app.cpp);
+# docs/2-subcommands.md's table has a row for each, with the same name.
+docs="$here/../../docs/2-subcommands.md"
+list=$("$zp" --help | sed -n 's/^Exit codes: \(.*\)\.$/\1/p')
+[ -n "$list" ] || { echo "FAIL: zeroplan --help lists no exit codes"; status=1; }
+IFS=',' read -ra rows <<<"$list"
+for row in "${rows[@]}"; do
+  row=${row# }
+  code=${row%% *}; name=${row#* }
+  if grep -q "^| $code | $name" "$docs"; then echo "ok: exit code $code ($name) in the docs' table"
+  else echo "FAIL: exit code $code ($name) has no row \"| $code | $name\" in docs/2-subcommands.md"; status=1; fi
+done
 exit $status

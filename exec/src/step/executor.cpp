@@ -13,7 +13,7 @@ namespace zeroplan::exec {
 
 OutOfDeviceMemory::OutOfDeviceMemory(std::string unit, std::string phase, std::int64_t need_bytes,
                                      std::int64_t limit_bytes)
-    : ExecError(detail::format("out of device memory in unit {}, phase {}: need {} bytes, limit {}", unit, phase,
+    : ExecError(ErrorKind::run_failed, detail::format("out of device memory in unit {}, phase {}: need {} bytes, limit {}", unit, phase,
                             need_bytes, limit_bytes)),
       unit_(std::move(unit)),
       phase_(std::move(phase)),

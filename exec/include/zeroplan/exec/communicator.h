@@ -12,15 +12,17 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+
+#include "zeroplan/profiles/errors.h"
 #include <string>
 #include <vector>
 
 namespace zeroplan::exec {
 
 // A peer died, timed out or a collective failed. what() is one line naming the rank when known.
-class CommError : public std::runtime_error {
+class CommError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CommError(const std::string& message) : Error(ErrorKind::run_failed, message) {}
 };
 
 enum class ReduceOp { kSum, kAvg };

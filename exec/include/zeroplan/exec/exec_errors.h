@@ -3,15 +3,20 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+
+#include "zeroplan/profiles/errors.h"
 
 namespace zeroplan::exec {
 
-// A plan or option the executor cannot run (unsupported feature, unknown device, bad numbers).
-class ExecError : public std::runtime_error {
+// A plan or option the executor cannot run (unsupported feature, unknown device, bad numbers): bad_input.
+// Its subclasses below are run failures.
+class ExecError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ExecError(const std::string& message) : Error(ErrorKind::bad_input, message) {}
+
+ protected:
+  ExecError(ErrorKind kind, const std::string& message) : Error(kind, message) {}
 };
 
 // The device pool refused an allocation past --device-memory-limit (or the real device ran out):
@@ -35,14 +40,14 @@ class OutOfDeviceMemory : public ExecError {
 // shape the model does not take): "unit U, phase F (micro batch B): torch: <torch's own cause>".
 class UnitFailure : public ExecError {
  public:
-  using ExecError::ExecError;
+  explicit UnitFailure(const std::string& message) : ExecError(ErrorKind::run_failed, message) {}
 };
 
 // The run diverged: a non-finite loss on a step that the plan's loss scaling did not skip ("the run
 // diverged at step S: loss nan on rank R"). A run failure (exit 3), raised before that step's checkpoint.
 class Diverged : public ExecError {
  public:
-  using ExecError::ExecError;
+  explicit Diverged(const std::string& message) : ExecError(ErrorKind::run_failed, message) {}
 };
 
 }  // namespace zeroplan::exec

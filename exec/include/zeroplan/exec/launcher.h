@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+
+#include "zeroplan/profiles/errors.h"
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,9 +60,9 @@ struct LaunchResult {
 };
 
 // Could not start at all (no such executable, no free port); rank failures are in LaunchResult.
-class LaunchError : public std::runtime_error {
+class LaunchError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit LaunchError(const std::string& message) : Error(ErrorKind::run_failed, message) {}
 };
 
 // REQUIRES: nproc >= 1; argv[0] is the program name the ranks see, argv[1..] their arguments.

@@ -22,6 +22,8 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+
+#include "zeroplan/profiles/errors.h"
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,9 +34,9 @@ namespace zeroplan::exec {
 
 // The probe could not measure something (a worker failed or hung, a measurement was not finite).
 // what() is one line.
-class ProbeError : public std::runtime_error {
+class ProbeError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ProbeError(const std::string& message) : Error(ErrorKind::run_failed, message) {}
 };
 
 struct ProbeOptions {

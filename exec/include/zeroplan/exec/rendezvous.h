@@ -23,9 +23,9 @@
 namespace zeroplan::exec {
 
 // The launch environment is missing or contradicts itself; what() names the variable.
-class RendezvousError : public std::runtime_error {
+class RendezvousError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit RendezvousError(const std::string& message) : Error(ErrorKind::bad_input, message) {}
 };
 
 struct RankContext {

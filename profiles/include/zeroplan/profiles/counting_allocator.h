@@ -27,12 +27,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "zeroplan/profiles/errors.h"
+
 namespace zeroplan {
 
 // A device-memory limit was hit: the allocation of request_bytes with live_bytes already live needs
 // need_bytes = live_bytes + request_bytes > limit_bytes. what() is one line:
 // "out of device memory on cpu: need A bytes, limit L (allocating R bytes with V live)".
-class OutOfMemoryError : public std::runtime_error {
+class OutOfMemoryError : public Error {
  public:
   OutOfMemoryError(std::string device, std::int64_t request_bytes, std::int64_t live_bytes,
                    std::int64_t limit_bytes);

@@ -13,7 +13,7 @@ namespace zeroplan {
 
 OutOfMemoryError::OutOfMemoryError(std::string device, std::int64_t request_bytes,
                                    std::int64_t live_bytes, std::int64_t limit_bytes)
-    : std::runtime_error("out of device memory on " + device + ": need " +
+    : Error(ErrorKind::run_failed, "out of device memory on " + device + ": need " +
                          std::to_string(live_bytes + request_bytes) + " bytes, limit " +
                          std::to_string(limit_bytes) + " (allocating " +
                          std::to_string(request_bytes) + " bytes with " +

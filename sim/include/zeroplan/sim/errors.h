@@ -2,14 +2,16 @@
 // one-line message starting with "simulate: ". Broken invariants are assertions, not these.
 #pragma once
 
-#include <stdexcept>
 #include <string>
+
+#include "zeroplan/profiles/errors.h"
 
 namespace zeroplan::sim {
 
-class SimError : public std::runtime_error {
+// A plan or profile the simulator cannot simulate (bad_input).
+class SimError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit SimError(const std::string& message) : Error(ErrorKind::bad_input, message) {}
 };
 
 // The dependencies form a cycle; the message names a task on it.
