@@ -45,11 +45,18 @@ TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
       EXPECT_EQ(c.plan.zero_stage, 0);
     }
   }
-  EXPECT_GT(s.invalid.at("reshard_after_forward requires zero_stage 3"), 0);
-  EXPECT_GT(s.invalid.at("offload_params requires zero_stage 3"), 0);
-  EXPECT_GT(s.invalid.at("offload_grads requires offload_optimizer"), 0);
+  // Pruned under validate's own messages (plan_rules()), whatever the numbers in them.
+  auto pruned = [&](const std::string& start) {
+    std::int64_t n = 0;
+    for (const auto& [why, count] : s.invalid)
+      if (why.rfind(start, 0) == 0) n += count;
+    return n;
+  };
+  EXPECT_GT(pruned("plan: reshard_after_forward requires zero_stage 3 (got "), 0);
+  EXPECT_GT(pruned("plan: offload.params requires zero_stage 3 (got "), 0);
+  EXPECT_GT(pruned("plan: offload.grads requires offload.optimizer"), 0);
   EXPECT_GT(s.invalid_total(), 0);
-  EXPECT_GT(s.invalid.at("pipeline_stages > 1 requires zero_stage 0-2"), 0);
+  EXPECT_GT(pruned("plan: pipeline_stages 2 requires zero_stage 0, 1 or 2 (got 3)"), 0);
   std::set<std::string> pipelines;
   for (const Candidate& c : s.candidates)
     if (c.plan.pipeline_stages > 1)

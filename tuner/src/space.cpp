@@ -48,6 +48,74 @@ class Expander {
   std::map<std::string, std::int64_t>& invalid_;
 };
 
+// The Plan's rules (plan_rules(): validate's own, with its messages) in the search: each is applied at the
+// last expansion step that sets a knob it reads, so a partial plan is dropped as soon as it breaks one and
+// counted under the message validate throws. Rules that read a knob no step sets are applied at the first
+// step; those that read a fitted knob (checkpointing, the activation ratio) are left to each candidate's
+// validate at the end.
+class Rules {
+ public:
+  explicit Rules(const std::vector<std::vector<std::string>>& steps) : at_(steps.size()) {
+    std::map<std::string, std::size_t> last;
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      for (const std::string& k : steps[i]) last[k] = i;
+    for (const PlanRule& r : plan_rules()) {
+      std::size_t step = 0;
+      bool fitted = false;
+      for (const std::string& k : r.knobs) {
+        if (k == "checkpointing" || k == "offload.activations_ratio") fitted = true;
+        else if (const auto it = last.find(k); it != last.end()) step = std::max(step, it->second);
+      }
+      if (!fitted) at_[step].push_back(&r);
+    }
+  }
+
+  // The rule of step `step`: the plan rules due there, then the step's own search rule (`extra`).
+  Rule at(std::size_t step, Rule extra = {}) const {
+    return [rules = at_[step], extra = std::move(extra)](const Plan& p) {
+      for (const PlanRule* r : rules)
+        if (std::string why = r->broken(p); !why.empty()) return plan_rule_message(why);
+      return extra ? extra(p) : std::string();
+    };
+  }
+
+ private:
+  std::vector<std::vector<const PlanRule*>> at_;
+};
+
+// The expansion steps of enumerate_space, in order, by the registry names of the knobs each sets.
+enum Step : std::size_t {
+  kPrecision, kZeroStage, kReshard, kPrefetch, kOffloadOptimizer, kOffloadGrads, kOffloadParams, kPipeline, kBatch,
+  kOffloadModel, kOffloadModelSlices, kOffloadModelCheckpoint, kOffloadModelMicrobatches, kCheckpointOffload,
+  kLocalSgd, kBuckets, kFlatParams, kBroadcastFp16, kFp32ReduceScatter, kAdaScale, kSteps
+};
+const std::vector<std::vector<std::string>>& step_knobs() {
+  static const std::vector<std::vector<std::string>> steps = {
+      {"precision.param_dtype", "precision.compute_dtype", "precision.reduce_dtype", "precision.master_fp32",
+       "precision.loss_scale"},
+      {"zero_stage"},
+      {"reshard_after_forward"},
+      {"buckets.prefetch"},
+      {"offload.optimizer"},
+      {"offload.grads"},
+      {"offload.params"},
+      {"pipeline_stages", "pipeline.schedule", "pipeline.checkpoint", "micro_batch", "microbatches"},
+      {"micro_batch", "microbatches"},
+      {"offload_model.enabled"},
+      {"offload_model.slices"},
+      {"offload_model.checkpoint_activation"},
+      {"offload_model.microbatches"},
+      {"checkpoint_offload"},
+      {"localsgd_frequency", "slowmo_frequency", "slowmo_momentum"},
+      {"buckets.all_reduce_bucket_bytes", "buckets.reduce_buffer_elems", "buckets.allgather_bucket_bytes"},
+      {"flat_params"},
+      {"precision.broadcast_fp16"},
+      {"precision.fp32_reduce_scatter", "precision.reduce_dtype"},
+      {"adascale"},
+  };
+  return steps;
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -156,7 +224,8 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
   Expander e({base}, s.invalid);
   using Set = std::function<void(Plan&, const bool&)>;
   using Vals = std::function<std::vector<bool>(const Plan&)>;
-  auto no_rule = Rule{};
+  static_assert(kSteps == 20);
+  const Rules rules(step_knobs());
 
   // precision
   {
@@ -170,42 +239,26 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                               p.precision.fp32_reduce_scatter = f32rs;
                             }
                           },
-                          no_rule);
+                          rules.at(kPrecision));
   }
   // zero stage
   e.expand<int>([&](const Plan& p) { return c.varies("zero_stage") ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{p.zero_stage}; },
-                [](Plan& p, const int& v) { p.zero_stage = v; },
-                [](const Plan& p) {
-                  return p.zero_stage < 0 || p.zero_stage > 3 ? fmt::format("zero_stage {} is not 0-3", p.zero_stage)
-                                                              : std::string();
-                });
+                [](Plan& p, const int& v) { p.zero_stage = v; }, rules.at(kZeroStage));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("reshard_after_forward"), p.reshard_after_forward); }),
-                 Set([](Plan& p, const bool& v) { p.reshard_after_forward = v; }), [](const Plan& p) {
-                   return p.reshard_after_forward && p.zero_stage != 3 ? std::string("reshard_after_forward requires zero_stage 3")
-                                                                       : std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.reshard_after_forward = v; }), rules.at(kReshard));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("prefetch"), p.buckets.prefetch); }),
-                 Set([](Plan& p, const bool& v) { p.buckets.prefetch = v; }), [&](const Plan& p) {
+                 Set([](Plan& p, const bool& v) { p.buckets.prefetch = v; }), rules.at(kPrefetch, [&](const Plan& p) {
                    return !p.buckets.prefetch && p.zero_stage != 3 && c.varies("prefetch")
-                              ? std::string("prefetch applies only at zero_stage 3")
+                              ? std::string("search: prefetch applies only at zero_stage 3")
                               : std::string();
-                 });
+                 }));
   // offload of model states
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("offload_optimizer"), p.offload.optimizer); }),
-                 Set([](Plan& p, const bool& v) { p.offload.optimizer = v; }), [](const Plan& p) {
-                   return p.offload.optimizer && p.zero_stage == 0 ? std::string("offload_optimizer requires zero_stage >= 1")
-                                                                   : std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.offload.optimizer = v; }), rules.at(kOffloadOptimizer));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("offload_grads"), p.offload.grads); }),
-                 Set([](Plan& p, const bool& v) { p.offload.grads = v; }), [](const Plan& p) {
-                   return p.offload.grads && !p.offload.optimizer ? std::string("offload_grads requires offload_optimizer")
-                                                                  : std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.offload.grads = v; }), rules.at(kOffloadGrads));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("offload_params"), p.offload.params); }),
-                 Set([](Plan& p, const bool& v) { p.offload.params = v; }), [](const Plan& p) {
-                   return p.offload.params && p.zero_stage != 3 ? std::string("offload_params requires zero_stage 3")
-                                                                : std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.offload.params = v; }), rules.at(kOffloadParams));
   // Pipeline: stages (powers of two dividing the world, up to the units), each with the 1f1b schedule and
   // gpipe in fairscale Pipe's three checkpoint modes, the units balanced by time (the balance default).
   // The batch split follows: each pipeline (data-parallel rank) gets global_batch / (world / stages).
@@ -230,10 +283,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                      if (c.fixes("microbatches")) p.micro_batch = batch / std::max(1, p.microbatches);
                      else p.microbatches = batch / std::max(1, p.micro_batch);
                    },
-                   [](const Plan& p) {
-                     return p.pipeline_stages > 1 && p.zero_stage == 3 ? std::string("pipeline_stages > 1 requires zero_stage 0-2")
-                                                                       : std::string();
-                   });
+                   rules.at(kPipeline));
   }
   // micro batch x microbatches; a pipeline of p stages runs at least p microbatches (fewer leave most of
   // every stage idle).
@@ -249,13 +299,11 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
         p.micro_batch = m;
         if (c.varies("micro_batch")) p.microbatches = pipeline_batch(p) / m;
       },
-      [&](const Plan& p) {
-        if (p.micro_batch < 1 || p.microbatches < 1 ||
-            static_cast<std::int64_t>(p.micro_batch) * p.microbatches * p.data_parallel_size() != p.global_batch)
-          return fmt::format("global_batch {} != micro_batch {} x microbatches {} x data-parallel size {}", p.global_batch,
-                             p.micro_batch, p.microbatches, p.data_parallel_size());
-        return std::string();
-      });
+      rules.at(kBatch, [](const Plan& p) {
+        return p.micro_batch < 1 || p.microbatches < 1 ? fmt::format("search: micro_batch {} x microbatches {} below 1",
+                                                                     p.micro_batch, p.microbatches)
+                                                       : std::string();
+      }));
   // OffloadModel: slices, checkpoint_activation, microbatches inside the micro batch
   {
     const bool listed = c.knobs.empty() || c.knobs.contains("offload_model");
@@ -267,40 +315,23 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
     for (int k = 1; k < units; k *= 2) slices.push_back(k);
     slices.push_back(units);
     e.expand<bool>(Vals([&](const Plan& p) { return bools(vary_enabled, p.offload_model.enabled); }),
-                   Set([](Plan& p, const bool& v) { p.offload_model.enabled = v; }), [](const Plan& p) {
-                     if (!p.offload_model.enabled) return std::string();
-                     if (p.zero_stage != 0) return std::string("offload_model requires zero_stage 0");
-                     if (p.pipeline_stages != 1) return std::string("offload_model requires pipeline_stages 1");
-                     if (p.offload.params || p.offload.grads || p.offload.optimizer)
-                       return std::string("offload_model owns parameter placement: no offload of params, grads or optimizer");
-                     return std::string();
-                   });
+                   Set([](Plan& p, const bool& v) { p.offload_model.enabled = v; }), rules.at(kOffloadModel));
     e.expand<int>(
         [&](const Plan& p) {
           return p.offload_model.enabled && vary_slices ? slices : std::vector<int>{p.offload_model.slices};
         },
-        [](Plan& p, const int& v) { p.offload_model.slices = v; },
-        [&](const Plan& p) {
-          return p.offload_model.enabled && (p.offload_model.slices < 1 || p.offload_model.slices > units)
-                     ? fmt::format("offload_model slices {} outside 1..{} units", p.offload_model.slices, units)
-                     : std::string();
-        });
+        [](Plan& p, const int& v) { p.offload_model.slices = v; }, rules.at(kOffloadModelSlices));
     e.expand<bool>(Vals([&](const Plan& p) {
                      return p.offload_model.enabled && vary_ckpt ? std::vector<bool>{false, true}
                                                                  : std::vector<bool>{p.offload_model.checkpoint_activation};
                    }),
-                   Set([](Plan& p, const bool& v) { p.offload_model.checkpoint_activation = v; }), no_rule);
+                   Set([](Plan& p, const bool& v) { p.offload_model.checkpoint_activation = v; }),
+                   rules.at(kOffloadModelCheckpoint));
     e.expand<int>(
         [&](const Plan& p) {
           return p.offload_model.enabled && vary_mbs ? divisors(p.micro_batch) : std::vector<int>{p.offload_model.microbatches};
         },
-        [](Plan& p, const int& v) { p.offload_model.microbatches = v; },
-        [](const Plan& p) {
-          return p.offload_model.enabled && (p.offload_model.microbatches < 1 || p.micro_batch % p.offload_model.microbatches != 0)
-                     ? fmt::format("offload_model microbatches {} does not divide micro_batch {}", p.offload_model.microbatches,
-                                   p.micro_batch)
-                     : std::string();
-        });
+        [](Plan& p, const int& v) { p.offload_model.microbatches = v; }, rules.at(kOffloadModelMicrobatches));
   }
   // Checkpoint offload where a fixed checkpointing is on (a fitted one fits it too: Candidate), never with
   // OffloadModel.
@@ -311,11 +342,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
       return !p.offload_model.enabled && (ckpt_fitted || p.checkpointing.mode != Checkpointing::Mode::none);
     };
     e.expand<bool>(Vals([&](const Plan& p) { return bools(vary && can(p), p.checkpoint_offload); }),
-                   Set([](Plan& p, const bool& v) { p.checkpoint_offload = v; }), [&](const Plan& p) {
-                     if (!p.checkpoint_offload) return std::string();
-                     if (p.offload_model.enabled) return std::string("checkpoint_offload requires offload_model off");
-                     return can(p) ? std::string() : std::string("checkpoint_offload requires checkpointing");
-                   });
+                   Set([](Plan& p, const bool& v) { p.checkpoint_offload = v; }), rules.at(kCheckpointOffload));
   }
   // LocalSGD / SlowMo: only across nodes and only when approximate averaging is allowed.
   {
@@ -342,17 +369,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                     p.slowmo_frequency = a.slowmo;
                     p.slowmo_momentum = a.momentum;
                   },
-                  [](const Plan& p) {
-                    if (p.localsgd() && p.zero_stage != 0) return std::string("localsgd requires zero_stage 0 (full replicas)");
-                    if (p.localsgd() && p.pipeline_stages != 1) return std::string("localsgd requires pipeline_stages 1");
-                    if ((p.slowmo_frequency > 0 || p.slowmo_momentum != 0 || p.slowmo_lr != 1) && !p.localsgd())
-                      return std::string("slowmo requires localsgd");
-                    if (p.localsgd_warmup_steps > 0 && !p.localsgd())
-                      return std::string("localsgd_warmup_steps requires localsgd");
-                    if ((p.slowmo_momentum != 0 || p.slowmo_lr != 1) && p.slowmo_frequency == 0)
-                      return std::string("slowmo momentum or slowmo_lr requires slowmo_frequency > 0");
-                    return std::string();
-                  });
+                  rules.at(kLocalSgd));
   }
   // Buckets (stages 0-2 and OffloadModel's all-reduce).
   {
@@ -361,39 +378,32 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
                    Set([&](Plan& p, const bool& large) {
                      if (vary && large) apply_fixed(p, "buckets", "large");
                    }),
-                   [&](const Plan& p) {
+                   rules.at(kBuckets, [&](const Plan& p) {
                      return vary && p.zero_stage == 3 && p.buckets.all_reduce_bucket_bytes != Buckets{}.all_reduce_bucket_bytes
-                                ? std::string("bucket sizes apply only at zero_stage 0-2")
+                                ? std::string("search: bucket sizes apply only at zero_stage 0-2")
                                 : std::string();
-                   });
+                   }));
   }
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("flat_params"), p.flat_params); }),
-                 Set([](Plan& p, const bool& v) { p.flat_params = v; }), no_rule);
+                 Set([](Plan& p, const bool& v) { p.flat_params = v; }), rules.at(kFlatParams));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("broadcast_fp16"), p.precision.broadcast_fp16); }),
-                 Set([](Plan& p, const bool& v) { p.precision.broadcast_fp16 = v; }), [&](const Plan& p) {
-                   if (!p.precision.broadcast_fp16) return std::string();
-                   if (p.zero_stage != 1 && p.zero_stage != 2) return std::string("broadcast_fp16 requires zero_stage 1 or 2");
-                   if (c.varies("broadcast_fp16") && p.precision.param_dtype != "fp32")
-                     return std::string("broadcast_fp16 applies only to fp32 parameters");
-                   return std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.precision.broadcast_fp16 = v; }), rules.at(kBroadcastFp16, [&](const Plan& p) {
+                   return p.precision.broadcast_fp16 && c.varies("broadcast_fp16") && p.precision.param_dtype != "fp32"
+                              ? std::string("search: broadcast_fp16 applies only to fp32 parameters")
+                              : std::string();
+                 }));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("fp32_reduce_scatter"), p.precision.fp32_reduce_scatter); }),
                  Set([&](Plan& p, const bool& v) {
                    p.precision.fp32_reduce_scatter = v;
                    if (v && c.varies("fp32_reduce_scatter")) p.precision.reduce_dtype = "fp32";
                  }),
-                 [&](const Plan& p) {
-                   if (!p.precision.fp32_reduce_scatter) return std::string();
-                   if (p.zero_stage < 2) return std::string("fp32_reduce_scatter requires zero_stage >= 2");
-                   if (p.precision.reduce_dtype != "fp32") return std::string("fp32_reduce_scatter requires reduce_dtype fp32");
-                   if (c.varies("fp32_reduce_scatter") && p.precision.param_dtype == "fp32")
-                     return std::string("fp32_reduce_scatter applies only to 16-bit parameters");
-                   return std::string();
-                 });
+                 rules.at(kFp32ReduceScatter, [&](const Plan& p) {
+                   return p.precision.fp32_reduce_scatter && c.varies("fp32_reduce_scatter") && p.precision.param_dtype == "fp32"
+                              ? std::string("search: fp32_reduce_scatter applies only to 16-bit parameters")
+                              : std::string();
+                 }));
   e.expand<bool>(Vals([&](const Plan& p) { return bools(c.varies("adascale"), p.adascale); }),
-                 Set([](Plan& p, const bool& v) { p.adascale = v; }), [](const Plan& p) {
-                   return p.adascale && p.optimizer.name != "sgd" ? std::string("adascale requires optimizer sgd") : std::string();
-                 });
+                 Set([](Plan& p, const bool& v) { p.adascale = v; }), rules.at(kAdaScale));
 
   // Continuous knobs, and the schema's own rules as the last word.
   const bool fit_act = c.varies("offload_activations");

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 
 namespace zeroplan {
@@ -195,6 +196,17 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 //  - optimizer: name known, lr > 0, eps > 0, weight_decay >= 0, momentum in [0,1) and 0 unless sgd,
 //    betas in [0, 1)
 void validate(const Plan& plan);
+
+// A rule between knobs, stated once (plan_validate.cpp): validate(plan) checks every one and throws its
+// message; the tuner prunes a partial plan with it as soon as the knobs it reads are set, counting the
+// same message; `run` refuses with it before any rank starts. `knobs` are the registry names it reads.
+struct PlanRule {
+  std::vector<std::string> knobs;
+  std::function<std::string(const Plan&)> broken;  // the reason the plan breaks it, "" when it holds
+};
+const std::vector<PlanRule>& plan_rules();
+// The message validate throws for a broken rule: "plan: " + the rule's reason.
+std::string plan_rule_message(const std::string& reason);
 
 // Checks that need the model: checkpointing unit indices < units.size(), offload_model.slices <=
 // expanded unit count, pipeline_stages <= expanded unit count, a pipeline.balance list sums to the

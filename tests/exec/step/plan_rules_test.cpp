@@ -1,0 +1,33 @@
+// What `run` checks before any rank starts (exec::check_plan_runs, which every rank checks again) refuses
+// each rule between knobs with the one message validate throws (tests/tuner/plan_rules_test.cpp: validate
+// and the tuner).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "plan_rule_cases.h"
+#include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/run.h"
+
+namespace zeroplan::exec {
+namespace {
+
+TEST(PlanRules, RunRefusesEachRuleWithItsOneMessage) {
+  const std::vector<PlanRule>& rules = plan_rules();
+  const auto cases = zeroplan::testing::plan_rule_cases();
+  ASSERT_EQ(cases.size(), rules.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Plan p = zeroplan::testing::rule_case_base();
+    cases[i](p);
+    const std::string message = plan_rule_message(rules[i].broken(p));
+    try {
+      check_plan_runs(p);
+      ADD_FAILURE() << "rule " << i << ": run accepted the plan";
+    } catch (const ExecError& e) {
+      EXPECT_EQ(std::string(e.what()), message) << "rule " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::exec
