@@ -1,0 +1,129 @@
+// Private to the search space (space.cpp enumerates, space_steps.cpp holds the expansion steps): the
+// expander, the Plan's rules placed at their steps, and the steps' shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/model_profile.h"
+#include "zeroplan/profiles/plan.h"
+#include "zeroplan/tuner/space.h"
+
+namespace zeroplan::tuner::space_detail {
+
+// Returns the reason `p` is invalid after the knob just set, or "" when it is fine so far.
+using Rule = std::function<std::string(const Plan&)>;
+
+class Expander {
+ public:
+  Expander(std::vector<Plan> start, std::map<std::string, std::int64_t>& invalid)
+      : plans_(std::move(start)), invalid_(invalid) {}
+
+  // For each plan and each value (a setter), keep the result unless `rule` names a reason.
+  template <class T>
+  void expand(const std::function<std::vector<T>(const Plan&)>& values, const std::function<void(Plan&, const T&)>& set,
+              const Rule& rule) {
+    std::vector<Plan> next;
+    next.reserve(plans_.size() * 2);
+    for (const Plan& p : plans_) {
+      for (const T& v : values(p)) {
+        Plan q = p;
+        set(q, v);
+        std::string why = rule ? rule(q) : std::string();
+        if (why.empty()) next.push_back(std::move(q));
+        else ++invalid_[why];
+      }
+    }
+    plans_ = std::move(next);
+  }
+
+  std::vector<Plan>& plans() { return plans_; }
+
+ private:
+  std::vector<Plan> plans_;
+  std::map<std::string, std::int64_t>& invalid_;
+};
+
+// The Plan's rules (plan_rules(): validate's own, with its messages) in the search: each is applied at the
+// last expansion step that sets a knob it reads, so a partial plan is dropped as soon as it breaks one and
+// counted under the message validate throws. Rules that read a knob no step sets are applied at the first
+// step; those that read a fitted knob (checkpointing, the activation ratio) are left to each candidate's
+// validate at the end.
+class Rules {
+ public:
+  explicit Rules(const std::vector<std::vector<std::string>>& steps) : at_(steps.size()) {
+    std::map<std::string, std::size_t> last;
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      for (const std::string& k : steps[i]) last[k] = i;
+    for (const PlanRule& r : plan_rules()) {
+      std::size_t step = 0;
+      bool fitted = false;
+      for (const std::string& k : r.knobs) {
+        if (k == "checkpointing" || k == "offload.activations_ratio") fitted = true;
+        else if (const auto it = last.find(k); it != last.end()) step = std::max(step, it->second);
+      }
+      if (!fitted) at_[step].push_back(&r);
+    }
+  }
+
+  // The rule of step `step`: the plan rules due there, then the step's own search rule (`extra`).
+  Rule at(std::size_t step, Rule extra = {}) const {
+    return [rules = at_[step], extra = std::move(extra)](const Plan& p) {
+      for (const PlanRule* r : rules)
+        if (std::string why = r->broken(p); !why.empty()) return plan_rule_message(why);
+      return extra ? extra(p) : std::string();
+    };
+  }
+
+ private:
+  std::vector<std::vector<const PlanRule*>> at_;
+};
+
+
+// The expansion steps of enumerate_space, in order, by the registry names of the knobs each sets.
+enum Step : std::size_t {
+  kPrecision, kZeroStage, kReshard, kPrefetch, kOffloadOptimizer, kOffloadGrads, kOffloadParams, kPipeline, kBatch,
+  kOffloadModel, kOffloadModelSlices, kOffloadModelCheckpoint, kOffloadModelMicrobatches, kCheckpointOffload,
+  kLocalSgd, kBuckets, kFlatParams, kBroadcastFp16, kFp32ReduceScatter, kAdaScale, kSteps
+};
+// The registry names of the knobs each step sets, in the steps' order.
+const std::vector<std::vector<std::string>>& step_knobs();
+
+std::vector<int> divisors(int n);
+std::vector<bool> bools(bool varies, bool base);
+
+struct WorldChoice {
+  int world = 1;
+  int nodes_used = 1;
+};
+
+
+// One enumeration: the expander and what its steps read. Each expand_* function runs a group of steps, in
+// the order of step_knobs().
+struct Enumeration {
+  Expander& e;
+  const Rules& rules;
+  const TuneConstraints& c;
+  const ClusterProfile& cluster;
+  const WorldChoice& w;
+  int units;
+  const Plan& base;
+  Space& s;
+};
+using Set = std::function<void(Plan&, const bool&)>;
+using Vals = std::function<std::vector<bool>(const Plan&)>;
+
+
+// The steps, in order (space_steps.cpp).
+void expand_sharding(Enumeration& x);
+void expand_pipeline(Enumeration& x);
+void expand_offload_model(Enumeration& x);
+void expand_rest(Enumeration& x);
+void make_candidates(Enumeration& x, const ModelProfile& model);
+
+}  // namespace zeroplan::tuner::space_detail
