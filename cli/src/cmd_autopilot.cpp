@@ -137,8 +137,9 @@ std::vector<Trial> grid_step(const Args& a, const Globals& g, const RunSetup& se
   return grid;
 }
 
-int run_autopilot(Args& a, const Globals& g) {
-  const auto started = std::chrono::steady_clock::now();
+// The output folder (a dated one when none is given), made once every option that can be checked is,
+// before any profile or probe starts.
+fs::path prepare_output(Args& a, const Globals& g) {
   if (a.output_dir.empty()) {
     std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -155,6 +156,12 @@ int run_autopilot(Args& a, const Globals& g) {
   if (!a.cluster.empty()) (void)resolve_cluster(a.cluster);  // a bad file is one line now, not after the profile
   fs::create_directories(out);
   say(g, fmt::format("output folder: {}", out.string()));
+  return out;
+}
+
+int run_autopilot(Args& a, const Globals& g) {
+  const auto started = std::chrono::steady_clock::now();
+  const fs::path out = prepare_output(a, g);
 
   // The built-in default GPT's options, unless a model of the user's is given (its own file says its shape).
   const bool own_model = !a.python.spec.empty() || !a.torchscript.empty();

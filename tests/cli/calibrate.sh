@@ -6,9 +6,8 @@
 #   calibrate.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 export OMP_NUM_THREADS=1
 common=(--world-size 2 --global-batch 4)
 if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" cluster.json; else "$zp" -q probe --quick -o cluster.json || fail "probe"; fi

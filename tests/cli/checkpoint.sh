@@ -10,9 +10,8 @@
 #   checkpoint.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 export OMP_NUM_THREADS=1
 gpt=(--model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --threads 1)
 same_losses() {  # A FROM B: losses of A equal B's from index FROM on, as many as A has
@@ -61,16 +60,7 @@ set -e
 same_losses run-resumed.json 10 full15.json
 
 # One line, exit 1.
-expect_bad() {  # EXPECTED-TEXT COMMAND...
-  local want=$1; shift
-  set +e
-  local msg; msg=$("$@" 2>&1); local code=$?
-  set -e
-  echo "$msg"
-  [ "$code" -eq 1 ] || fail "$*: exit $code, expected 1"
-  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$*: more than one line"
-  case "$msg" in *"$want"*) ;; *) fail "message: $msg" ;; esac
-}
+expect_bad() { local want=$1; shift; expect_one_line 1 "$want" "$@"; }
 mkdir empty
 expect_bad "--resume empty: no checkpoint there" "$zp" run "${gpt[@]}" --steps 2 --resume empty
 expect_bad "--checkpoint-every 2 needs --checkpoint-dir" "$zp" run "${gpt[@]}" --steps 2 --checkpoint-every 2

@@ -8,9 +8,8 @@
 #   checkpoint_verify.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 export OMP_NUM_THREADS=1
 gpt=(--model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --threads 1)
 "$zp" -q run --nproc 2 "${gpt[@]}" --steps 4 --checkpoint-dir ck --checkpoint-every 2 -o full.json || fail "the run"
@@ -18,14 +17,7 @@ grep -q '"sha1"' ck/step-4/manifest.json || fail "the manifest records no checks
 "$zp" -q run "${gpt[@]}" --steps 1 --warmup 0 --resume ck -o ok.json || fail "an intact checkpoint does not resume"
 
 expect_bad() {  # EXPECTED-TEXT FOLDER
-  local want=$1 dir=$2
-  set +e
-  local msg; msg=$("$zp" run "${gpt[@]}" --steps 1 --warmup 0 --resume "$dir" 2>&1); local code=$?
-  set -e
-  echo "$msg"
-  [ "$code" -eq 1 ] || fail "$dir: exit $code, expected 1"
-  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$dir: more than one line"
-  case "$msg" in *"$want"*) ;; *) fail "$dir: message: $msg" ;; esac
+  expect_one_line 1 "$1" "$zp" run "${gpt[@]}" --steps 1 --warmup 0 --resume "$2"
 }
 copy() { rm -rf "$1"; cp -r ck "$1"; }
 edit() {  # FOLDER PYTHON-STATEMENT on the manifest m
@@ -63,13 +55,7 @@ expect_bad "manifest.json has a unit without a name and a parameter count" unit
 grep -q '"run"' ck/step-4/manifest.json && grep -q '"plan_sha1"' ck/step-4/manifest.json || fail "the manifest records no run identity"
 other() {  # EXPECTED-TEXT ARGS...
   local want=$1; shift
-  set +e
-  local msg; msg=$("$zp" run --nproc 2 "$@" --steps 1 --warmup 0 --resume ck 2>&1); local code=$?
-  set -e
-  echo "$msg"
-  [ "$code" -eq 1 ] || fail "$*: exit $code, expected 1"
-  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$*: more than one line"
-  case "$msg" in *"$want"*) ;; *) fail "$*: message: $msg" ;; esac
+  expect_one_line 1 "$want" "$zp" run --nproc 2 "$@" --steps 1 --warmup 0 --resume ck
 }
 other "it is another run's: its seed 0 != this run's 7 (resume it all the same with --resume-other-run)" \
   "${gpt[@]}" --set seed=7

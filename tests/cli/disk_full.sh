@@ -14,9 +14,8 @@ if [ -z "${ZEROPLAN_IN_MOUNT_NS:-}" ]; then
   done
   echo "SKIP: no mount namespace here (unshare -m and unshare -rm both refused)"; exit 77
 fi
-out=$(mktemp -d); trap 'umount "$out/fs" 2>/dev/null || true; rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir 'umount "$out/fs" 2>/dev/null || true'
 export OMP_NUM_THREADS=1
 mkdir fs && mount -t tmpfs -o size=8m tmpfs fs
 gpt=(--model gpt --preset gpt2-tiny --global-batch 8 --set zero_stage=3 --threads 1)

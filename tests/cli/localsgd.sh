@@ -9,9 +9,8 @@
 #   localsgd.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 export OMP_NUM_THREADS=1
 sgd=(--set optimizer.name=sgd --set optimizer.lr=0.05)
 "$zp" -q run --nproc 2 --model gpt --preset gpt2-tiny --ranks-per-node 1 --set localsgd_frequency=4 \

@@ -6,9 +6,8 @@
 #   profile_trace.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 "$zp" profile --model mlp --batch 2 --batches 2 --repeats 1 --threads 1 --trace trace.json -o model.json \
   2>stderr.txt || { cat stderr.txt; fail "profile --trace"; }
 grep -q "wrote trace.json" stderr.txt || fail "profile does not say it wrote the trace"

@@ -7,9 +7,8 @@
 #   run_units.sh ZEROPLAN PYTHON
 set -euo pipefail
 zp=$1; py=$2
-out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
-cd "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_workdir
 export OMP_NUM_THREADS=2
 common=(--world-size 2 --global-batch 4)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.

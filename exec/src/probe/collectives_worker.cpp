@@ -78,6 +78,134 @@ std::pair<std::int64_t, double> time_collective(Communicator& comm, const std::s
 
 bool is_collectives_worker() { return std::getenv(kProbeWorkerEnv) != nullptr; }
 
+namespace {
+
+// Compute with the other ranks idle, then with every rank computing at once (as in training):
+// ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
+// Then how compute and a collective in flight slow each other on the shared cores: compute while
+// every rank has an all_reduce in flight on another thread, and the all_reduce while every rank
+// computes on another thread.
+void measure_contention(Communicator& comm, const RankContext& ctx, const probe::WorkerSettings& w, nlohmann::json& out) {
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({512, 256});
+  struct Mlp {
+    torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
+    torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
+  };
+  Mlp main_mlp, side_mlp;
+  auto step = [&x](Mlp& m) {
+    torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(m.w1)).matmul(m.w2) + x, {256});
+    y.pow(2).mean().backward();
+    m.w1.mutable_grad() = torch::Tensor();
+    m.w2.mutable_grad() = torch::Tensor();
+  };
+  auto once = [&] { step(main_mlp); };
+  const int reps = std::max(5, w.reps);
+  comm.barrier();
+  double alone = 0;
+  if (ctx.rank == 0) alone = probe::mean_s(reps, 2, once);
+  comm.barrier();
+  const double together = probe::mean_s(reps, 2, once);
+  comm.barrier();
+  out["compute_alone_s"] = alone;
+  out["compute_together_s"] = together;
+
+  // The collectives the executor overlaps with compute (gathers of parameters, reductions of
+  // gradients) at 1 MiB, 4 MiB and the largest size probed, alone and while every rank computes on
+  // another thread: mean times (the slowdown is erratic, a scheduler's wake-ups; the step sums it).
+  const std::int64_t largest = std::max<std::int64_t>(4 << 20, *std::max_element(w.bytes.begin(), w.bytes.end()));
+  std::vector<std::int64_t> sizes{1 << 20, 4 << 20};
+  if (largest > sizes.back()) sizes.push_back(largest);
+  const int threads = std::max(1, w.threads);
+  const int contention_reps = std::max(10, w.reps);
+  nlohmann::json contention = nlohmann::json::array();
+  double comm_alone = 0, comm_with_compute = 0;
+  for (const std::string op : {"all_reduce", "all_gather"}) {
+    for (std::int64_t bytes : sizes) {
+      const std::int64_t elems = bytes / 4 / ctx.world_size * ctx.world_size;
+      torch::Tensor full = torch::ones({elems});
+      torch::Tensor part = torch::ones({elems / ctx.world_size});
+      auto collective = [&] {
+        if (op == "all_reduce") {
+          comm.all_reduce(full, ReduceOp::kSum)->wait();
+        } else {
+          comm.all_gather(full, part)->wait();
+        }
+      };
+      comm.barrier();
+      const double alone = probe::mean_s(contention_reps, 1, collective);
+      comm.barrier();
+      double with_compute = 0;
+      {
+        std::atomic<bool> stop{false};
+        std::thread side([&] {
+          at::set_num_threads(threads);
+          while (!stop.load()) step(side_mlp);
+        });
+        with_compute = probe::mean_s(contention_reps, 1, collective);
+        stop.store(true);
+        side.join();
+      }
+      comm.barrier();
+      comm_alone += alone;
+      comm_with_compute += with_compute;
+      contention.push_back({{"op", op}, {"bytes", elems * 4}, {"alone_s", alone}, {"with_compute_s", with_compute}});
+    }
+  }
+  torch::Tensor buf = torch::ones({largest / 4});
+  auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::kSum)->wait(); };
+  std::vector<double> samples;
+  {
+    // The same number of collectives on every rank (a count agreed in advance, not a time).
+    const int collectives = 4 * reps;
+    std::atomic<bool> done{false};
+    std::thread side([&] {
+      for (int i = 0; i < collectives; ++i) all_reduce();
+      done.store(true);
+    });
+    once();
+    while (!done.load()) {
+      const auto t0 = probe::Clock::now();
+      once();
+      if (!done.load()) samples.push_back(probe::seconds_since(t0));
+    }
+    side.join();
+  }
+  comm.barrier();
+  double compute_with_comm = 0;
+  for (double v : samples) compute_with_comm += v / static_cast<double>(samples.size());
+  out["contention"] = contention;
+  out["contention_bytes"] = largest;
+  out["comm_alone_s"] = comm_alone;
+  out["comm_with_compute_s"] = comm_with_compute;
+  out["compute_with_comm_s"] = compute_with_comm;
+  out["compute_with_comm_samples"] = samples.size();
+}
+
+// Every op at every size (and the reducing ones with 16-bit elements), w.reps timed after w.warmup.
+nlohmann::json time_collectives(Communicator& comm, const probe::WorkerSettings& w) {
+  nlohmann::json timings = nlohmann::json::object();
+  for (const std::string op : probe::kOps) {
+    for (std::int64_t bytes : w.bytes) {
+      const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup);
+      timings[op].push_back({{"bytes", used}, {"time_s", t}});
+    }
+  }
+  // The reducing ops again with 16-bit elements (the plans' reduce_dtype): Gloo converts each element
+  // to sum it, so their bytes go slower than fp32's.
+  for (const std::string op : probe::kReduceOps) {
+    for (const auto& [name, dtype] : probe::kReduceDtypes) {
+      for (std::int64_t bytes : w.bytes) {
+        const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup, dtype);
+        timings[op + "/" + name].push_back({{"bytes", used}, {"time_s", t}});
+      }
+    }
+  }
+  return timings;
+}
+
+}  // namespace
+
 int run_collectives_worker() {
   std::unique_ptr<RankSession> session;
   RankContext ctx;
@@ -100,125 +228,8 @@ int run_collectives_worker() {
     for (const std::string op : probe::kReduceOps)
       for (const auto& [name, dtype] : probe::kReduceDtypes)
         for (std::int64_t bytes : w.bytes) probe::time_collective(comm, op, bytes, 1, 0, dtype);
-    // Compute with the other ranks idle, then with every rank computing at once (as in training):
-    // ranks on one machine share memory bandwidth and caches, so a unit profiled alone runs slower.
-    // Then how compute and a collective in flight slow each other on the shared cores: compute while
-    // every rank has an all_reduce in flight on another thread, and the all_reduce while every rank
-    // computes on another thread.
-    {
-      torch::manual_seed(0);
-      torch::Tensor x = torch::randn({512, 256});
-      struct Mlp {
-        torch::Tensor w1 = torch::randn({256, 1024}).mul_(0.05).requires_grad_(true);
-        torch::Tensor w2 = torch::randn({1024, 256}).mul_(0.05).requires_grad_(true);
-      };
-      Mlp main_mlp, side_mlp;
-      auto step = [&x](Mlp& m) {
-        torch::Tensor y = torch::layer_norm(torch::gelu(x.matmul(m.w1)).matmul(m.w2) + x, {256});
-        y.pow(2).mean().backward();
-        m.w1.mutable_grad() = torch::Tensor();
-        m.w2.mutable_grad() = torch::Tensor();
-      };
-      auto once = [&] { step(main_mlp); };
-      const int reps = std::max(5, w.reps);
-      comm.barrier();
-      double alone = 0;
-      if (ctx.rank == 0) alone = probe::mean_s(reps, 2, once);
-      comm.barrier();
-      const double together = probe::mean_s(reps, 2, once);
-      comm.barrier();
-      out["compute_alone_s"] = alone;
-      out["compute_together_s"] = together;
-
-      // The collectives the executor overlaps with compute (gathers of parameters, reductions of
-      // gradients) at 1 MiB, 4 MiB and the largest size probed, alone and while every rank computes on
-      // another thread: mean times (the slowdown is erratic, a scheduler's wake-ups; the step sums it).
-      const std::int64_t largest = std::max<std::int64_t>(4 << 20, *std::max_element(w.bytes.begin(), w.bytes.end()));
-      std::vector<std::int64_t> sizes{1 << 20, 4 << 20};
-      if (largest > sizes.back()) sizes.push_back(largest);
-      const int threads = std::max(1, w.threads);
-      const int contention_reps = std::max(10, w.reps);
-      nlohmann::json contention = nlohmann::json::array();
-      double comm_alone = 0, comm_with_compute = 0;
-      for (const std::string op : {"all_reduce", "all_gather"}) {
-        for (std::int64_t bytes : sizes) {
-          const std::int64_t elems = bytes / 4 / ctx.world_size * ctx.world_size;
-          torch::Tensor full = torch::ones({elems});
-          torch::Tensor part = torch::ones({elems / ctx.world_size});
-          auto collective = [&] {
-            if (op == "all_reduce") {
-              comm.all_reduce(full, ReduceOp::kSum)->wait();
-            } else {
-              comm.all_gather(full, part)->wait();
-            }
-          };
-          comm.barrier();
-          const double alone = probe::mean_s(contention_reps, 1, collective);
-          comm.barrier();
-          double with_compute = 0;
-          {
-            std::atomic<bool> stop{false};
-            std::thread side([&] {
-              at::set_num_threads(threads);
-              while (!stop.load()) step(side_mlp);
-            });
-            with_compute = probe::mean_s(contention_reps, 1, collective);
-            stop.store(true);
-            side.join();
-          }
-          comm.barrier();
-          comm_alone += alone;
-          comm_with_compute += with_compute;
-          contention.push_back({{"op", op}, {"bytes", elems * 4}, {"alone_s", alone}, {"with_compute_s", with_compute}});
-        }
-      }
-      torch::Tensor buf = torch::ones({largest / 4});
-      auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::kSum)->wait(); };
-      std::vector<double> samples;
-      {
-        // The same number of collectives on every rank (a count agreed in advance, not a time).
-        const int collectives = 4 * reps;
-        std::atomic<bool> done{false};
-        std::thread side([&] {
-          for (int i = 0; i < collectives; ++i) all_reduce();
-          done.store(true);
-        });
-        once();
-        while (!done.load()) {
-          const auto t0 = probe::Clock::now();
-          once();
-          if (!done.load()) samples.push_back(probe::seconds_since(t0));
-        }
-        side.join();
-      }
-      comm.barrier();
-      double compute_with_comm = 0;
-      for (double v : samples) compute_with_comm += v / static_cast<double>(samples.size());
-      out["contention"] = contention;
-      out["contention_bytes"] = largest;
-      out["comm_alone_s"] = comm_alone;
-      out["comm_with_compute_s"] = comm_with_compute;
-      out["compute_with_comm_s"] = compute_with_comm;
-      out["compute_with_comm_samples"] = samples.size();
-    }
-    nlohmann::json timings = nlohmann::json::object();
-    for (const std::string op : probe::kOps) {
-      for (std::int64_t bytes : w.bytes) {
-        const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup);
-        timings[op].push_back({{"bytes", used}, {"time_s", t}});
-      }
-    }
-    // The reducing ops again with 16-bit elements (the plans' reduce_dtype): Gloo converts each element
-    // to sum it, so their bytes go slower than fp32's.
-    for (const std::string op : probe::kReduceOps) {
-      for (const auto& [name, dtype] : probe::kReduceDtypes) {
-        for (std::int64_t bytes : w.bytes) {
-          const auto [used, t] = probe::time_collective(comm, op, bytes, w.reps, w.warmup, dtype);
-          timings[op + "/" + name].push_back({{"bytes", used}, {"time_s", t}});
-        }
-      }
-    }
-    out["timings"] = timings;
+    measure_contention(comm, ctx, w, out);
+    out["timings"] = time_collectives(comm, w);
     out["fallbacks"] = comm.fallbacks();
     comm.barrier();
     if (ctx.output_dir.empty()) throw ProbeError("ZEROPLAN_OUTPUT_DIR is not set (start workers with launch_local)");

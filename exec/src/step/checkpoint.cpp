@@ -41,6 +41,57 @@ namespace {
 // order, each this rank's chunk of ceil(numel / shards) elements (the whole unit when shards is 1).
 std::int64_t chunk_of(std::int64_t numel, int shards) { return (numel + shards - 1) / shards; }
 
+// The manifest `m` of step `step` in `sdir` checked against this run before anything is read: its schema
+// and values (verify_manifest), the run's identity unless `other_run`, the parameter dtype, the optimizer
+// and every unit's name and size. Throws ExecError naming both sides.
+void check_compatible(const nlohmann::json& m, const fs::path& sdir, std::int64_t step, const pieces::Ctx& c, bool other_run) {
+  auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
+    return ExecError(detail::format("--resume {}: the checkpoint's {} {} != this run's {}", sdir.string(), what, saved, now));
+  };
+  if (m.value("schema", "") != kManifestSchema) throw mismatch("schema", m.value("schema", "?"), kManifestSchema);
+  verify_manifest(sdir, m, step);
+  if (!other_run) {
+    if (const std::string why = identity_mismatch(m, c.plan, c.model.name); !why.empty())
+      throw ExecError(detail::format("--resume {}: {} (resume it all the same with --resume-other-run)", sdir.string(), why));
+  }
+  if (m.at("param_dtype").get<std::string>() != c.plan.precision.param_dtype)
+    throw mismatch("param_dtype", m.at("param_dtype").get<std::string>(), c.plan.precision.param_dtype);
+  if (m.at("optimizer").get<std::string>() != c.plan.optimizer.name)
+    throw mismatch("optimizer", m.at("optimizer").get<std::string>(), c.plan.optimizer.name);
+  const auto& units = m.at("units");
+  if (units.size() != c.units.size())
+    throw mismatch("unit count", std::to_string(units.size()), std::to_string(c.units.size()));
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const std::string name = units[u].at("name");
+    const std::int64_t numel = units[u].at("numel");
+    if (name != c.units[u].name || numel != c.units[u].numel())
+      throw mismatch(detail::format("unit {}", u), detail::format("{} ({} parameters)", name, numel),
+                     detail::format("{} ({} parameters)", c.units[u].name, c.units[u].numel()));
+  }
+}
+
+// The old run's rank files, each checked to name this step and its rank: a shard of another step or rank
+// is refused even where the manifest (an older one, without checksums) could not tell.
+std::vector<torch::serialize::InputArchive> open_rank_files(const fs::path& sdir, std::int64_t step, int old_world) {
+  std::vector<torch::serialize::InputArchive> files(static_cast<std::size_t>(old_world));
+  for (int r = 0; r < old_world; ++r) {
+    const fs::path f = sdir / ("rank" + std::to_string(r) + ".pt");
+    try {
+      files[static_cast<std::size_t>(r)].load_from(f.string());
+    } catch (const std::exception&) {
+      throw ExecError(detail::format("--resume {}: {} is missing or unreadable", sdir.string(), f.filename().string()));
+    }
+    torch::Tensor id;
+    if (files[static_cast<std::size_t>(r)].try_read("identity", id)) {
+      if (id.numel() != 3 || id[0].item<std::int64_t>() != step || id[1].item<std::int64_t>() != r)
+        throw ExecError(detail::format("--resume {}: {} holds step {} rank {}, not step {} rank {}", sdir.string(),
+                                       f.filename().string(), id.numel() == 3 ? id[0].item<std::int64_t>() : -1,
+                                       id.numel() == 3 ? id[1].item<std::int64_t>() : -1, step, r));
+    }
+  }
+  return files;
+}
+
 }  // namespace
 
 
@@ -134,48 +185,12 @@ std::int64_t Checkpoint::load(const std::string& dir, bool other_run) {
   } catch (const std::exception& e) {
     throw ExecError(detail::format("--resume {}: manifest unreadable: {}", sdir.string(), e.what()));
   }
+  check_compatible(m, sdir, step, c_, other_run);
+  const int old_world = m.at("world_size"), old_shards = m.at("shards");
+  std::vector<torch::serialize::InputArchive> files = open_rank_files(sdir, step, old_world);
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return ExecError(detail::format("--resume {}: the checkpoint's {} {} != this run's {}", sdir.string(), what, saved, now));
   };
-  if (m.value("schema", "") != kManifestSchema) throw mismatch("schema", m.value("schema", "?"), kManifestSchema);
-  verify_manifest(sdir, m, step);
-  if (!other_run) {
-    if (const std::string why = identity_mismatch(m, c_.plan, c_.model.name); !why.empty())
-      throw ExecError(detail::format("--resume {}: {} (resume it all the same with --resume-other-run)", sdir.string(), why));
-  }
-  if (m.at("param_dtype").get<std::string>() != c_.plan.precision.param_dtype)
-    throw mismatch("param_dtype", m.at("param_dtype").get<std::string>(), c_.plan.precision.param_dtype);
-  if (m.at("optimizer").get<std::string>() != c_.plan.optimizer.name)
-    throw mismatch("optimizer", m.at("optimizer").get<std::string>(), c_.plan.optimizer.name);
-  const auto& units = m.at("units");
-  if (units.size() != c_.units.size())
-    throw mismatch("unit count", std::to_string(units.size()), std::to_string(c_.units.size()));
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    const std::string name = units[u].at("name");
-    const std::int64_t numel = units[u].at("numel");
-    if (name != c_.units[u].name || numel != c_.units[u].numel())
-      throw mismatch(detail::format("unit {}", u), detail::format("{} ({} parameters)", name, numel),
-                     detail::format("{} ({} parameters)", c_.units[u].name, c_.units[u].numel()));
-  }
-  const int old_world = m.at("world_size"), old_shards = m.at("shards");
-  std::vector<torch::serialize::InputArchive> files(static_cast<std::size_t>(old_world));
-  for (int r = 0; r < old_world; ++r) {
-    const fs::path f = sdir / ("rank" + std::to_string(r) + ".pt");
-    try {
-      files[static_cast<std::size_t>(r)].load_from(f.string());
-    } catch (const std::exception&) {
-      throw ExecError(detail::format("--resume {}: {} is missing or unreadable", sdir.string(), f.filename().string()));
-    }
-    // The file names its step and rank: a shard of another step or rank is refused even where the
-    // manifest (an older one, without checksums) could not tell.
-    torch::Tensor id;
-    if (files[static_cast<std::size_t>(r)].try_read("identity", id)) {
-      if (id.numel() != 3 || id[0].item<std::int64_t>() != step || id[1].item<std::int64_t>() != r)
-        throw ExecError(detail::format("--resume {}: {} holds step {} rank {}, not step {} rank {}", sdir.string(),
-                                       f.filename().string(), id.numel() == 3 ? id[0].item<std::int64_t>() : -1,
-                                       id.numel() == 3 ? id[1].item<std::int64_t>() : -1, step, r));
-    }
-  }
   auto read = [&](int r, const std::string& key) {
     torch::Tensor t;
     if (!files[static_cast<std::size_t>(r)].try_read(key, t))

@@ -77,6 +77,42 @@ double gpt_layer_flops_fwd(std::int64_t seq, std::int64_t batch, std::int64_t hi
   return 24 * b * s * h * h + 4 * b * s * s * h;
 }
 
+// Sub-block units: each layer as its attention half then its MLP half, one entry per layer each (the
+// halves alternate, which a repeat count cannot say). Params, saved bytes, FLOPs and ops split as the
+// block's: attention 4h^2 + 6h, saves its LayerNorm and QKV inputs, Q, K, V, the projection's input
+// (6e bytes per token and channel) and a dropout mask, plus the scores (or flash's log-sum-exp); MLP
+// 8h^2 + 7h, saves its LayerNorm and fc1 inputs, the GELU and fc2 inputs (4h each: 10e) and a mask.
+std::vector<UnitProfile> sub_block_units(const AnalyticGptOptions& o, const UnitProfile& block, double e, double bd,
+                                         double sd, double hd) {
+  const auto prop = [&](double v) { return Figure::proportional(v, bd); };
+  const std::int64_t h = o.hidden;
+  std::vector<UnitProfile> blocks;
+  const double sbh = sd * bd * hd, a = static_cast<double>(o.heads);
+  const double scores = o.flash_attention ? 4 * a * sd * bd : a * sd * sd * bd * (2.0 * e + 1);
+  for (std::int64_t l = 0; l < o.layers; ++l) {
+    UnitProfile attn = block, mlp = block;
+    attn.name = fmt::format("block{}.attn", l);
+    attn.type = "Attention";
+    attn.count = 1;
+    attn.params = 4 * h * h + 6 * h;
+    attn.bytes_saved = prop(sbh * (6.0 * e + 1) + scores);
+    attn.flops_fwd = prop(8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd);
+    attn.flops_bwd = prop(2 * (8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd));
+    attn.ops.assign(block.ops.begin(), block.ops.begin() + 6);
+    mlp.name = fmt::format("block{}.mlp", l);
+    mlp.type = "MLP";
+    mlp.count = 1;
+    mlp.params = 8 * h * h + 7 * h;
+    mlp.bytes_saved = prop(sbh * (10.0 * e + 1));
+    mlp.flops_fwd = prop(16 * bd * sd * hd * hd);
+    mlp.flops_bwd = prop(32 * bd * sd * hd * hd);
+    mlp.ops.assign(block.ops.begin() + 6, block.ops.end());
+    blocks.push_back(std::move(attn));
+    blocks.push_back(std::move(mlp));
+  }
+  return blocks;
+}
+
 ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
   const auto positive = [](const char* what, std::int64_t v) {
     if (v < 1) throw SchemaError(fmt::format("analytic gpt: {} must be >= 1 (got {})", what, v));
@@ -165,39 +201,9 @@ ModelProfile analytic_gpt(const AnalyticGptOptions& o) {
                 memory_op("loss", TV, 12 * TV, 3, TV, 12 * TV, 2)};
   }
 
-  // Sub-block units: each layer as its attention half then its MLP half, one entry per layer each (the
-  // halves alternate, which a repeat count cannot say). Params, saved bytes, FLOPs and ops split as the
-  // block's: attention 4h^2 + 6h, saves its LayerNorm and QKV inputs, Q, K, V, the projection's input
-  // (6e bytes per token and channel) and a dropout mask, plus the scores (or flash's log-sum-exp); MLP
-  // 8h^2 + 7h, saves its LayerNorm and fc1 inputs, the GELU and fc2 inputs (4h each: 10e) and a mask.
   std::vector<UnitProfile> blocks;
-  if (o.sub_blocks) {
-    const double sbh = sd * bd * hd, a = static_cast<double>(o.heads);
-    const double scores = o.flash_attention ? 4 * a * sd * bd : a * sd * sd * bd * (2.0 * e + 1);
-    for (std::int64_t l = 0; l < o.layers; ++l) {
-      UnitProfile attn = block, mlp = block;
-      attn.name = fmt::format("block{}.attn", l);
-      attn.type = "Attention";
-      attn.count = 1;
-      attn.params = 4 * h * h + 6 * h;
-      attn.bytes_saved = prop(sbh * (6.0 * e + 1) + scores);
-      attn.flops_fwd = prop(8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd);
-      attn.flops_bwd = prop(2 * (8 * bd * sd * hd * hd + 4 * bd * sd * sd * hd));
-      attn.ops.assign(block.ops.begin(), block.ops.begin() + 6);
-      mlp.name = fmt::format("block{}.mlp", l);
-      mlp.type = "MLP";
-      mlp.count = 1;
-      mlp.params = 8 * h * h + 7 * h;
-      mlp.bytes_saved = prop(sbh * (10.0 * e + 1));
-      mlp.flops_fwd = prop(16 * bd * sd * hd * hd);
-      mlp.flops_bwd = prop(32 * bd * sd * hd * hd);
-      mlp.ops.assign(block.ops.begin() + 6, block.ops.end());
-      blocks.push_back(std::move(attn));
-      blocks.push_back(std::move(mlp));
-    }
-  } else {
-    blocks.push_back(std::move(block));
-  }
+  if (o.sub_blocks) blocks = sub_block_units(o, block, e, bd, sd, hd);
+  else blocks.push_back(std::move(block));
   std::vector<UnitProfile*> units{&embed};
   for (UnitProfile& u : blocks) units.push_back(&u);
   units.push_back(&head);

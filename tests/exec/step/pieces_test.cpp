@@ -1,0 +1,229 @@
+// The executor's pieces on their own, in LevelDB's Env style: a piece driven by hand on one rank of a fake
+// world of identical peers (MirrorCommunicator: every peer holds what this rank holds), its collectives
+// counted (CountingCommunicator), what it holds read from its buffers' storage. What each piece
+// decides (which collective, of what size, when; what stays resident) is tested without ranks; the whole
+// step's arithmetic against real ranks is gloo_parity_test.cpp's.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../../exec/src/step/pieces.h"
+#include "zeroplan/exec/counting_communicator.h"
+#include "zeroplan/exec/device.h"
+#include "zeroplan/exec/recorder.h"
+#include "zeroplan/profiles/zoo.h"
+
+namespace zeroplan::exec {
+namespace {
+
+struct Done final : Work {
+  void wait() override {}
+};
+
+// Rank `rank` of `world` ranks that all hold the same tensors: an all-gather repeats this rank's input, a
+// sum multiplies by the world, a reduce-scatter keeps this rank's chunk (times the world for a sum).
+class MirrorCommunicator final : public Communicator {
+ public:
+  MirrorCommunicator(int rank, int world) : rank_(rank), world_(world) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return "mirror"; }
+  std::unique_ptr<Work> all_reduce(torch::Tensor& t, ReduceOp op) override {
+    if (op == ReduceOp::kSum) t.mul_(world_);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override {
+    for (int r = 0; r < world_; ++r) out.narrow(0, r * in.numel(), in.numel()).copy_(in);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in, ReduceOp op) override {
+    out.copy_(in.narrow(0, rank_ * out.numel(), out.numel()));
+    if (op == ReduceOp::kSum) out.mul_(world_);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<Work> broadcast(torch::Tensor&, int) override { return std::make_unique<Done>(); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<MirrorCommunicator>(rank_, world_); }
+  std::vector<std::string> fallbacks() const override { return {}; }
+
+ private:
+  int rank_, world_;
+};
+
+// gpt2-tiny (4 units: embed, 2 blocks, head) on rank 1 of a fake world of 4, at `stage`.
+struct Rig {
+  explicit Rig(int stage, bool reshard = true, bool prefetch = true, std::int64_t bucket = -1)
+      : model(zoo::build_model("gpt", "gpt2-tiny", {}, 0)),
+        mirror(1, 4),
+        comm(mirror),
+        dev(make_device("cpu")),
+        rec(1, false) {
+    plan.world_size = 4;
+    plan.global_batch = 8;
+    plan.micro_batch = 2;
+    plan.zero_stage = stage;
+    plan.reshard_after_forward = stage == 3 && reshard;
+    plan.buckets.prefetch = prefetch;
+    if (bucket > 0) {
+      plan.buckets.reduce_buffer_elems = bucket;
+      plan.buckets.all_reduce_bucket_bytes = bucket * 4;
+    }
+    c = std::make_unique<pieces::Ctx>(model, plan, comm, *dev, rec, 0);
+  }
+  std::vector<CollectiveCall> calls() const { return comm.calls(); }
+  zoo::Model model;
+  Plan plan;
+  MirrorCommunicator mirror;
+  CountingCommunicator comm;
+  std::unique_ptr<Device> dev;
+  Recorder rec;
+  std::unique_ptr<pieces::Ctx> c;
+};
+
+std::int64_t padded_bytes(const pieces::UnitRT& U) { return U.layout.padded_numel() * 4; }
+// Whether unit u's full (gathered) buffer holds memory now: the piece frees a released unit's storage.
+bool resident(const pieces::Ctx& c, int u) { return c.unit(u).full.storage().nbytes() > 0; }
+
+// Stage 3 (FSDP): only this rank's shards stay resident; a unit's forward gathers it (one all-gather of
+// its padded size) and prefetches the next one; resharding after forward frees it unless it is pinned
+// (unit 0, FSDP's root); the backward gathers again and prefetches the unit before it.
+TEST(ParamResidencyPiece, Stage3GathersPrefetchesAndReshardsUnitByUnit) {
+  Rig rig(3);
+  pieces::ParamResidency params(*rig.c);
+  pieces::Ctx& c = *rig.c;
+  ASSERT_EQ(c.unit_count(), 4);
+  for (int u = 0; u < 4; ++u) EXPECT_FALSE(resident(c, u)) << "unit " << u << ": only the shards are resident";
+  EXPECT_EQ(params.flat().numel(), c.shard_total);
+  EXPECT_TRUE(c.unit(0).pinned);
+
+  params.before_fwd(0, 0);  // unit 0, and unit 1 prefetched
+  std::vector<CollectiveCall> calls = rig.calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].kind, Collective::kAllGather);
+  EXPECT_EQ(calls[0].bytes, padded_bytes(c.unit(0)));
+  EXPECT_EQ(calls[1].bytes, padded_bytes(c.unit(1)));
+  // The gathered unit: every chunk this rank's shard (the mirror's peers hold the same).
+  const pieces::UnitRT& u0 = c.unit(0);
+  EXPECT_TRUE(torch::equal(u0.full.narrow(0, 0, u0.shard()), params.chunk(0)));
+  EXPECT_TRUE(torch::equal(u0.full.narrow(0, 3 * u0.shard(), u0.shard()), params.chunk(0)));
+
+  params.after_fwd(0);  // pinned: stays
+  EXPECT_TRUE(resident(c, 0));
+  params.before_fwd(1, 0);  // already in flight: only unit 2 is gathered now
+  EXPECT_EQ(rig.calls().size(), 3u);
+  EXPECT_TRUE(resident(c, 1));
+  params.after_fwd(1);
+  EXPECT_FALSE(resident(c, 1)) << "unit 1 resharded after its forward";
+  EXPECT_TRUE(resident(c, 2)) << "prefetched, not yet used";
+
+  rig.comm.reset();
+  params.before_bwd(1, 0);  // gathered again for the backward, unit 0 (pinned, resident) not gathered
+  calls = rig.calls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].bytes, padded_bytes(c.unit(1)));
+  params.after_bwd(1);
+  EXPECT_FALSE(resident(c, 1)) << "released after its backward";
+}
+
+// Without resharding (FSDP's SHARD_GRAD_OP) a unit stays gathered from its forward to its backward, and the
+// backward gathers nothing; without prefetch only the unit asked for is gathered.
+TEST(ParamResidencyPiece, Stage3WithoutReshardOrPrefetch) {
+  Rig rig(3, /*reshard=*/false, /*prefetch=*/false);
+  pieces::ParamResidency params(*rig.c);
+  params.before_fwd(1, 0);
+  EXPECT_EQ(rig.calls().size(), 1u) << "no prefetch";
+  EXPECT_FALSE(resident(*rig.c, 2));
+  params.after_fwd(1);
+  EXPECT_TRUE(resident(*rig.c, 1)) << "kept to its backward";
+  rig.comm.reset();
+  params.before_bwd(1, 0);
+  EXPECT_TRUE(rig.calls().empty());
+}
+
+// Stages 0-2: every unit resident in one full buffer; the piece gathers nothing, ever.
+TEST(ParamResidencyPiece, Stages0To2KeepEveryUnitAndGatherNothing) {
+  for (const int stage : {0, 1, 2}) {
+    Rig rig(stage);
+    pieces::ParamResidency params(*rig.c);
+    EXPECT_EQ(params.flat().numel(), rig.c->padded_total) << "stage " << stage;
+    for (int u = 0; u < rig.c->unit_count(); ++u) EXPECT_TRUE(resident(*rig.c, u)) << "stage " << stage << " unit " << u;
+    for (int u = 0; u < rig.c->unit_count(); ++u) {
+      params.before_fwd(u, 0);
+      params.after_fwd(u);
+    }
+    for (int u = rig.c->unit_count() - 1; u >= 0; --u) {
+      params.before_bwd(u, 0);
+      params.after_bwd(u);
+    }
+    EXPECT_TRUE(rig.calls().empty()) << "stage " << stage;
+  }
+}
+
+// One microbatch's backward by hand: every unit's gradient region filled with ones, last unit first.
+void backward(pieces::GradSync& grads, const pieces::Ctx& c, int micro, bool last) {
+  for (int u = c.unit_count() - 1; u >= 0; --u) {
+    grads.region(u).fill_(1.0);
+    grads.after_bwd(u, micro, last);
+  }
+  grads.finish_microbatch();
+}
+
+std::int64_t total(const std::vector<CollectiveCall>& calls, Collective kind, int* count) {
+  std::int64_t bytes = 0;
+  *count = 0;
+  for (const auto& call : calls)
+    if (call.kind == kind) {
+      bytes += call.bytes;
+      ++*count;
+    }
+  return bytes;
+}
+
+// Stage 2 (DeepSpeed's reduce_bucket_size): units grouped in backward order until reduce_buffer_elems, one
+// reduce-scatter per group, every microbatch; all of them together move every unit's padded gradient once.
+// Stage 3 reduce-scatters unit by unit, whatever the bucket size.
+TEST(GradSyncPiece, ReduceScattersByBucketEveryMicrobatch) {
+  struct Case {
+    int stage;
+    std::int64_t bucket;
+    int expected;  // reduce-scatters per microbatch (units with parameters: 4)
+  };
+  for (const Case& k : {Case{2, 1, 4}, Case{2, 1000000000, 1}, Case{3, 1000000000, 4}}) {
+    Rig rig(k.stage, true, true, k.bucket);
+    pieces::GradSync grads(*rig.c);
+    grads.zero();
+    for (int micro = 0; micro < 2; ++micro) backward(grads, *rig.c, micro, micro == 1);
+    grads.finish_step();
+    int count = 0;
+    const std::int64_t bytes = total(rig.calls(), Collective::kReduceScatter, &count);
+    EXPECT_EQ(count, 2 * k.expected) << "stage " << k.stage << " bucket " << k.bucket;
+    EXPECT_EQ(bytes, 2 * rig.c->padded_total * 4) << "stage " << k.stage << " bucket " << k.bucket;
+    EXPECT_EQ(total(rig.calls(), Collective::kAllReduce, &count), 0);
+    EXPECT_EQ(grads.shard().numel(), rig.c->shard_total);
+  }
+}
+
+// Stages 0-1 (DDP): nothing is reduced before the last microbatch (no_sync); then buckets of
+// all_reduce_bucket_bytes in reverse unit order are all-reduced, together the whole padded gradient once.
+TEST(GradSyncPiece, AllReducesBucketsOnTheLastMicrobatchOnly) {
+  for (const std::int64_t bucket : {std::int64_t{1}, std::int64_t{1000000000}}) {
+    Rig rig(0, true, true, bucket);
+    pieces::GradSync grads(*rig.c);
+    grads.set_all_reduce_comm(&rig.comm);
+    grads.zero();
+    backward(grads, *rig.c, 0, false);
+    EXPECT_TRUE(rig.calls().empty()) << "a microbatch before the last reduces nothing";
+    backward(grads, *rig.c, 1, true);
+    grads.finish_step();
+    int count = 0;
+    const std::int64_t bytes = total(rig.calls(), Collective::kAllReduce, &count);
+    EXPECT_EQ(count, grads.buckets()) << "bucket " << bucket;
+    EXPECT_EQ(bucket == 1 ? 4 : 1, grads.buckets()) << "bucket " << bucket;
+    EXPECT_EQ(bytes, rig.c->padded_total * 4) << "bucket " << bucket;
+  }
+}
+
+}  // namespace
+}  // namespace zeroplan::exec
