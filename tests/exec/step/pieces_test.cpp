@@ -54,7 +54,7 @@ class MirrorCommunicator final : public Communicator {
 
 // gpt2-tiny (4 units: embed, 2 blocks, head) on rank 1 of a fake world of 4, at `stage`.
 struct Rig {
-  explicit Rig(int stage, bool reshard = true, bool prefetch = true, std::int64_t bucket = -1)
+  explicit Rig(int stage, bool reshard = true, bool prefetch = true, std::int64_t bucket = -1, int localsgd = 0)
       : model(zoo::build_model("gpt", "gpt2-tiny", {}, 0)),
         mirror(1, 4),
         comm(mirror),
@@ -70,7 +70,9 @@ struct Rig {
       plan.buckets.reduce_buffer_elems = bucket;
       plan.buckets.all_reduce_bucket_bytes = bucket * 4;
     }
-    c = std::make_unique<pieces::Ctx>(model, plan, comm, *dev, rec, 0);
+    plan.localsgd_frequency = localsgd;
+    // LocalSGD: every rank a node of its own (it averages across nodes).
+    c = std::make_unique<pieces::Ctx>(model, plan, comm, *dev, rec, localsgd > 0 ? 1 : 0);
   }
   std::vector<CollectiveCall> calls() const { return comm.calls(); }
   zoo::Model model;
@@ -223,6 +225,56 @@ TEST(GradSyncPiece, AllReducesBucketsOnTheLastMicrobatchOnly) {
     EXPECT_EQ(bucket == 1 ? 4 : 1, grads.buckets()) << "bucket " << bucket;
     EXPECT_EQ(bytes, rig.c->padded_total * 4) << "bucket " << bucket;
   }
+}
+
+// The optimizer step at each stage: stages 1-2 step this rank's chunk and all-gather the updated
+// parameters (every unit's padded size once); stages 0 and 3 need no collective (stage 0 steps the whole
+// model, stage 3 only its shard, gathered at the next forward).
+TEST(OptimizerStepPiece, StagesOneAndTwoGatherTheUpdatedParameters) {
+  for (const int stage : {0, 1, 2, 3}) {
+    Rig rig(stage);
+    pieces::ParamResidency params(*rig.c);
+    pieces::GradSync grads(*rig.c);
+    pieces::Precision precision(*rig.c);
+    pieces::OptimizerStep opt(*rig.c, params, grads, precision);
+    grads.set_all_reduce_comm(&rig.comm);
+    grads.zero();
+    backward(grads, *rig.c, 0, true);
+    grads.finish_step();
+    rig.comm.reset();
+    EXPECT_TRUE(opt.step());
+    int count = 0;
+    const std::int64_t gathered = total(rig.calls(), Collective::kAllGather, &count);
+    EXPECT_EQ(gathered, stage == 1 || stage == 2 ? rig.c->padded_total * 4 : 0) << "stage " << stage;
+    EXPECT_EQ(opt.stepped_numel(), stage == 0 ? rig.c->padded_total : rig.c->shard_total) << "stage " << stage;
+    if (stage == 3) grads.release();
+  }
+}
+
+// LocalSGD with every rank its own node: no gradient is all-reduced; the parameters are averaged (one
+// all-reduce of the whole model) every localsgd_frequency steps, and identical replicas stay identical.
+TEST(ReplicaSyncPiece, LocalSgdAveragesParametersEveryFrequencySteps) {
+  Rig rig(0, true, true, -1, /*localsgd=*/4);
+  pieces::ParamResidency params(*rig.c);
+  pieces::GradSync grads(*rig.c);
+  pieces::ReplicaSync replicas(*rig.c, params, grads);
+  const torch::Tensor before = params.flat().clone();
+  int averaged = 0;
+  for (std::int64_t step = 0; step < 8; ++step) {
+    replicas.begin_step(step);
+    EXPECT_EQ(replicas.grad_ranks(), 1) << "step " << step;
+    rig.comm.reset();
+    replicas.after_step(step);
+    int count = 0;
+    const std::int64_t bytes = total(rig.calls(), Collective::kAllReduce, &count);
+    EXPECT_EQ(count, (step + 1) % 4 == 0 ? 1 : 0) << "step " << step;
+    if (count > 0) {
+      EXPECT_EQ(bytes, rig.c->padded_total * 4);
+    }
+    averaged += count;
+  }
+  EXPECT_EQ(averaged, 2);
+  EXPECT_TRUE(torch::allclose(params.flat(), before));
 }
 
 }  // namespace
