@@ -108,11 +108,11 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
   static_assert(kSteps == 20);
   const Rules rules(step_knobs());
   Enumeration x{e, rules, c, cluster, w, units, base, s};
-  expand_sharding(x);
-  expand_pipeline(x);
-  expand_offload_model(x);
-  expand_rest(x);
-  make_candidates(x, model);
+  x.expand_sharding();
+  x.expand_pipeline();
+  x.expand_offload_model();
+  x.expand_rest();
+  x.make_candidates(model);
   return s;
 }
 

@@ -114,16 +114,16 @@ struct Enumeration {
   int units;
   const Plan& base;
   Space& s;
+
+  // The steps, in order (space_steps.cpp).
+  void expand_sharding();       // precision, ZeRO stage, resharding, prefetch, offload of model states
+  void expand_pipeline();       // pipeline stages, schedule and checkpoint mode, then the batch split
+  void expand_offload_model();  // fairscale OffloadModel
+  void expand_rest();           // checkpoint offload, LocalSGD / SlowMo, buckets, flat params, dtypes, AdaScale
+  void make_candidates(const ModelProfile& model);
 };
 using Set = std::function<void(Plan&, const bool&)>;
 using Vals = std::function<std::vector<bool>(const Plan&)>;
 
-
-// The steps, in order (space_steps.cpp).
-void expand_sharding(Enumeration& x);
-void expand_pipeline(Enumeration& x);
-void expand_offload_model(Enumeration& x);
-void expand_rest(Enumeration& x);
-void make_candidates(Enumeration& x, const ModelProfile& model);
 
 }  // namespace zeroplan::tuner::space_detail

@@ -64,15 +64,7 @@ Precision preset(const std::string& name) {
 }  // namespace
 
 // Precision, ZeRO stage, resharding, prefetch and the offload of model states.
-void expand_sharding(Enumeration& x) {
-  [[maybe_unused]] Expander& e = x.e;
-  [[maybe_unused]] const Rules& rules = x.rules;
-  [[maybe_unused]] const TuneConstraints& c = x.c;
-  [[maybe_unused]] const ClusterProfile& cluster = x.cluster;
-  [[maybe_unused]] const WorldChoice& w = x.w;
-  [[maybe_unused]] const int units = x.units;
-  [[maybe_unused]] const Plan& base = x.base;
-  [[maybe_unused]] Space& s = x.s;
+void Enumeration::expand_sharding() {
   // precision
   {
     std::vector<std::string> names = c.varies("precision") ? supported_precisions(cluster) : std::vector<std::string>{""};
@@ -108,15 +100,7 @@ void expand_sharding(Enumeration& x) {
 }
 
 // Pipeline stages, schedule and checkpoint mode, then the batch split.
-void expand_pipeline(Enumeration& x) {
-  [[maybe_unused]] Expander& e = x.e;
-  [[maybe_unused]] const Rules& rules = x.rules;
-  [[maybe_unused]] const TuneConstraints& c = x.c;
-  [[maybe_unused]] const ClusterProfile& cluster = x.cluster;
-  [[maybe_unused]] const WorldChoice& w = x.w;
-  [[maybe_unused]] const int units = x.units;
-  [[maybe_unused]] const Plan& base = x.base;
-  [[maybe_unused]] Space& s = x.s;
+void Enumeration::expand_pipeline() {
   // Pipeline: stages (powers of two dividing the world, up to the units), each with the 1f1b schedule and
   // gpipe in fairscale Pipe's three checkpoint modes, the units balanced by time (the balance default).
   // The batch split follows: each pipeline (data-parallel rank) gets global_batch / (world / stages).
@@ -165,15 +149,7 @@ void expand_pipeline(Enumeration& x) {
 }
 
 // fairscale OffloadModel.
-void expand_offload_model(Enumeration& x) {
-  [[maybe_unused]] Expander& e = x.e;
-  [[maybe_unused]] const Rules& rules = x.rules;
-  [[maybe_unused]] const TuneConstraints& c = x.c;
-  [[maybe_unused]] const ClusterProfile& cluster = x.cluster;
-  [[maybe_unused]] const WorldChoice& w = x.w;
-  [[maybe_unused]] const int units = x.units;
-  [[maybe_unused]] const Plan& base = x.base;
-  [[maybe_unused]] Space& s = x.s;
+void Enumeration::expand_offload_model() {
   // OffloadModel: slices, checkpoint_activation, microbatches inside the micro batch
   {
     const bool listed = c.knobs.empty() || c.knobs.contains("offload_model");
@@ -206,15 +182,7 @@ void expand_offload_model(Enumeration& x) {
 }
 
 // Checkpoint offload, LocalSGD / SlowMo, buckets, flat parameters, the reduce dtypes and AdaScale.
-void expand_rest(Enumeration& x) {
-  [[maybe_unused]] Expander& e = x.e;
-  [[maybe_unused]] const Rules& rules = x.rules;
-  [[maybe_unused]] const TuneConstraints& c = x.c;
-  [[maybe_unused]] const ClusterProfile& cluster = x.cluster;
-  [[maybe_unused]] const WorldChoice& w = x.w;
-  [[maybe_unused]] const int units = x.units;
-  [[maybe_unused]] const Plan& base = x.base;
-  [[maybe_unused]] Space& s = x.s;
+void Enumeration::expand_rest() {
   // Checkpoint offload where a fixed checkpointing is on (a fitted one fits it too: Candidate), never with
   // OffloadModel.
   {
@@ -291,15 +259,7 @@ void expand_rest(Enumeration& x) {
 
 // The expanded plans as candidates, with what each fits (checkpointing, the activation ratio) and the
 // schema's own rules as the last word.
-void make_candidates(Enumeration& x, const ModelProfile& model) {
-  [[maybe_unused]] Expander& e = x.e;
-  [[maybe_unused]] const Rules& rules = x.rules;
-  [[maybe_unused]] const TuneConstraints& c = x.c;
-  [[maybe_unused]] const ClusterProfile& cluster = x.cluster;
-  [[maybe_unused]] const WorldChoice& w = x.w;
-  [[maybe_unused]] const int units = x.units;
-  [[maybe_unused]] const Plan& base = x.base;
-  [[maybe_unused]] Space& s = x.s;
+void Enumeration::make_candidates(const ModelProfile& model) {
   // Continuous knobs, and the schema's own rules as the last word.
   const bool fit_act = c.varies("offload_activations");
   const bool fit_ckpt = c.varies("checkpointing");

@@ -27,6 +27,15 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
+// A port no one listens on now (a store served on port 0 reports the one it got, then closes).
+int unused_port() {
+  c10d::TCPStoreOptions probe;
+  probe.port = 0;
+  probe.isServer = true;
+  probe.waitWorkers = false;
+  return static_cast<int>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", probe)->getPort());
+}
+
 TEST(RankContext, NoVariablesIsAWorldOfOne) {
   auto c = rank_context_from_env(env_of({}));
   EXPECT_EQ(c.rank, 0);
@@ -200,14 +209,7 @@ TEST(SealedStore, HidesNamesAndValuesAndRefusesForeignWrites) {
 // bytes, no value holds the job id, the secret or an address; a rank it starts with the job's id but
 // another secret is refused at once; a value it writes over the job's keys is refused at the next read.
 TEST(Join, ARawClientNeitherReadsTheStoreNorJoins) {
-  int port = 0;
-  {
-    c10d::TCPStoreOptions probe;  // a free port
-    probe.port = 0;
-    probe.isServer = true;
-    probe.waitWorkers = false;
-    port = static_cast<int>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", probe)->getPort());
-  }
+  const int port = unused_port();
   auto ctx_of = [&](int rank, const std::string& secret) {
     RankContext c;
     c.rank = rank;
@@ -308,14 +310,7 @@ std::string listening_address(int port) {
 // An env-launched job's rank 0 serves its store on MASTER_ADDR's address only (127.0.0.1 here), not on every
 // interface as TCPStore binds by itself; a second job given the same port fails at once, in one line.
 TEST(Join, RankZeroServesTheStoreOnMasterAddrOnly) {
-  int port = 0;
-  {
-    c10d::TCPStoreOptions probe;  // a free port
-    probe.port = 0;
-    probe.isServer = true;
-    probe.waitWorkers = false;
-    port = static_cast<int>(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", probe)->getPort());
-  }
+  const int port = unused_port();
   RankContext ctx;
   ctx.rank = 0;
   ctx.world_size = 2;
