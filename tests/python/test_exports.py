@@ -38,15 +38,19 @@ class ExportsTest(unittest.TestCase):
     # ---- the steps every export's test takes ----
 
     def tune_for(self, tmp, tool, *fixes):
-        """Profiles the Llama-style model and tunes it for `tool` on 2 ranks (fp32, stage 3, clipping at 1.0, and
-        `fixes`): the profile's and the export folder's paths."""
+        """Profiles the Llama-style model and tunes it for `tool` on 2 ranks (fp32, stage 3, clipping at 1.0, micro
+        batch 2 and the default buckets, and `fixes`): the profile's and the export folder's paths. The micro batch
+        and buckets are fixed because the plans that differ only in them are predicted within the probe's noise of
+        each other on this machine: under load the tuner picked micro batch 1 x 2 microbatches once, and the
+        peaks compared below then belonged to another plan than the margins were set for (a -15% and a +26%)."""
         profile = os.path.join(tmp, "llama.json")
         r = run("-q", "profile", "--python", LLAMA, "--batches", "2,4", "--batch", "2", "--threads", "1", "-o", profile,
                 env=ENV)
         self.assertEqual(r.returncode, 0, r.stderr)
         out = os.path.join(tmp, "tune")
         args = ["tune", "--model", profile, "--cluster", CLUSTER, "--world-size", "2", "--global-batch", "4",
-                "--for", tool, "--fix", "precision=fp32", "--fix", "zero_stage=3", "--fix", "optimizer.max_grad_norm=1.0"]
+                "--for", tool, "--fix", "precision=fp32", "--fix", "zero_stage=3", "--fix", "optimizer.max_grad_norm=1.0",
+                "--fix", "micro_batch=2", "--fix", "buckets=default"]
         for f in fixes:
             args += ["--fix", f]
         r = run(*args, "--top-k", "1", "-o", out, env=ENV)
