@@ -39,11 +39,12 @@ exec::RunOptions run_options(const RunArgs& a, const Globals& g) {
     // A built-in model's profile names it (source "zoo:<model>/<preset>"): another model's profile with as
     // many units would balance the stages by the wrong times.
     if (a.torchscript.empty() && profile.source.rfind("zoo:", 0) == 0) {
-      const std::string want = "zoo:" + o.model;
-      const std::string got = profile.source.substr(0, profile.source.find('/'));
-      if (got != want || (!o.preset.empty() && profile.source != want + "/" + o.preset))
+      // Without a preset any preset of the model matches (the model's default is the profile's to name).
+      const std::string want = zoo::profile_source(o.model, o.preset);
+      const std::string got = o.preset.empty() ? profile.source.substr(0, profile.source.find('/')) : profile.source;
+      if (got != want)
         throw ExitError(kBadInput, fmt::format("--profile {}: a profile of {}, not of this run's model {}", a.profile,
-                                               profile.source, o.preset.empty() ? want : want + "/" + o.preset));
+                                               profile.source, want));
     }
     validate(o.plan, profile);
     o.plan.pipeline.balance.units = pipeline_balance(o.plan, profile);

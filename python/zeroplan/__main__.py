@@ -84,9 +84,9 @@ def _train(a) -> int:
         os.replace(tmp, out)
     else:
         print(json.dumps(result))
-    from zeroplan import _engine
-    if _engine._SESSION is not None:
-        _engine._SESSION.finish()
+    from zeroplan import _session
+    if _session._SESSION is not None:
+        _session._SESSION.finish()
     return 0
 
 
@@ -107,9 +107,9 @@ def _guarded(a, body) -> int:
         else:
             print(f"zeroplan {a.command}: {line}", file=sys.stderr)
         if a.command == "train":
-            from zeroplan import _engine
-            if _engine._SESSION is not None:
-                _engine._SESSION.fail(line)  # the store and the launcher's error file name this rank's line
+            from zeroplan import _session
+            if _session._SESSION is not None:
+                _session._SESSION.fail(line)  # the store and the launcher's error file name this rank's line
         return code
 
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -29,48 +28,11 @@ from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from . import _C
 from ._capture import first_tensor, map_tensors
 from ._errors import ZeroplanError
+from ._session import LocalShard, _plan_json, session
 from ._profile import _training_mode
 from ._units import Unit, units as choose_units
 
-_SESSION: Any = None
 _DTYPES = {"Float": torch.float32, "BFloat16": torch.bfloat16, "Half": torch.float16}
-
-
-def session(device: str = "cpu", timeout_s: float = 0.0):
-    """This process's rank in its job (torchrun's RANK/WORLD_SIZE, Slurm's, or a world of one); one per process."""
-    global _SESSION
-    if _SESSION is None:
-        try:
-            _SESSION = _C.Session(device, timeout_s)
-        except (_C.RendezvousError, _C.CommError) as e:
-            raise ZeroplanError("run_failed", f"rendezvous: {e}") from None
-    return _SESSION
-
-
-def _plan_json(plan, optimizer: str | None, lr: float | None, weight_decay: float | None) -> str:
-    if isinstance(plan, (str, os.PathLike)) and os.path.exists(plan):
-        with open(plan) as f:
-            plan = f.read()
-    if isinstance(plan, str):
-        try:
-            plan = json.loads(plan)
-        except json.JSONDecodeError as e:
-            raise ZeroplanError("bad_input", f"wrap: the plan is neither a file nor JSON ({e})") from None
-    if not isinstance(plan, dict):
-        raise ZeroplanError("bad_input", f"wrap: expected a plan (dict, JSON text or file), got {type(plan).__name__}")
-    plan = json.loads(json.dumps(plan))
-    opt = plan.setdefault("optimizer", {})
-    if optimizer is not None:
-        opt["name"] = optimizer
-    if lr is not None:
-        opt["lr"] = lr
-    if weight_decay is not None:
-        opt["weight_decay"] = weight_decay
-    text = json.dumps(plan)
-    try:
-        return _C.validate_document("plan", text)
-    except _C.BadInput as e:
-        raise ZeroplanError("bad_input", str(e)) from None
 
 
 def _root_split(model: nn.Module, blocks: list[Unit]):
@@ -92,23 +54,6 @@ def _root_split(model: nn.Module, blocks: list[Unit]):
             after = order.get(owner, 0) > last_end and not container
             (post if after else pre).append((kind, name, t))
     return pre, post
-
-
-class LocalShard(NamedTuple):
-    """This rank's share of a parameter (Engine.state_dict(sharded=True)): the elements
-    [offset, offset + local.numel()) of the parameter flattened, whose shape is `shape`."""
-    local: torch.Tensor
-    offset: int
-    shape: torch.Size
-
-    @staticmethod
-    def join(shards: Iterable["LocalShard"]) -> torch.Tensor:
-        """The whole parameter from every rank's LocalShard of it."""
-        shards = list(shards)
-        flat = torch.empty(shards[0].shape.numel(), dtype=shards[0].local.dtype)
-        for s in shards:
-            flat[s.offset:s.offset + s.local.numel()] = s.local
-        return flat.view(shards[0].shape)
 
 
 class Engine:

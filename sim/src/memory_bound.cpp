@@ -46,16 +46,18 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
 }
 
 // What a pipeline stage [first, last) of stage index `stage` holds at least for the microbatches whose
-// forward it ran before its first backward, while it runs the last of them: GPipe runs all m forwards
-// first, 1F1B min(p - s, m) on stage s (profiles' pipeline_order), so m - 1 or min(p - s, m) - 1 earlier
-// microbatches are held. Each holds, until its backward, what its forward kept on the device (the
+// forward it ran before its first backward (its schedule: profiles' pipeline_order), while it runs the last
+// of them: the earlier ones are held. Each holds, until its backward, what its forward kept on the device (the
 // lowering's Activations::on_fwd): a unit's saved bytes, or a checkpointed unit's input (none with
 // checkpoint_offload); a pipeline-checkpointed microbatch keeps the stage's received input only. With
 // activation offload the offloaded share leaves, so nothing is counted (a bound must not exceed the peak).
 std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Unit>& all, std::size_t first,
                                 std::size_t last, int stage) {
-  const int m = plan.microbatches, p = plan.pipeline_stages;
-  const int in_flight = plan.pipeline.schedule == "1f1b" ? std::min(p - stage, m) : m;
+  std::vector<int> before_backward;  // microbatches forwarded before the stage's first backward
+  for (const PipelineOp& op : pipeline_order(plan.pipeline.schedule, plan.pipeline_stages, stage, plan.microbatches)) {
+    if (!op.forward) break;
+    before_backward.push_back(op.microbatch);
+  }
   std::int64_t kept = 0;  // one microbatch, not pipeline-checkpointed
   if (plan.offload.activations_ratio <= 0) {
     for (std::size_t i = first; i < last; ++i) {
@@ -66,7 +68,8 @@ std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Un
   }
   const std::int64_t received = first > 0 ? all[first - 1].output : 0;
   std::int64_t held = 0;
-  for (int mb = 0; mb + 1 < in_flight; ++mb) held += pipeline_checkpointed(plan, mb) ? received : kept;
+  for (std::size_t i = 0; i + 1 < before_backward.size(); ++i)
+    held += pipeline_checkpointed(plan, before_backward[i]) ? received : kept;
   return held;
 }
 

@@ -22,7 +22,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "errors.h"
@@ -163,9 +162,7 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv,
   // This job's id and secret: its tag claims the store before any rank joins (a rank of another job, or
   // one without this secret, that reaches this port is refused at once: check_job), and the ranks and this
   // launcher read and write the store sealed with the secret (seal_store).
-  std::random_device entropy;
-  const std::uint64_t nonce = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
-  const std::string job_id = fmt::format("zeroplan-{}-{:016x}", ::getpid(), nonce);
+  const std::string job_id = fmt::format("zeroplan-{}-{}", ::getpid(), new_job_secret().substr(0, 16));
   const std::string secret = new_job_secret();
   const std::string tag = job_tag(secret, job_id);
   attempt->set("zeroplan/job", std::vector<std::uint8_t>(tag.begin(), tag.end()));

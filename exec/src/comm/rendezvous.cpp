@@ -163,7 +163,8 @@ class Monitor {
         lock.unlock();
         failures = beat() ? 0 : failures + 1;
         lock.lock();
-        if (failures >= 2 && ctx_.agent_store && !stopping_ && !finished_.load()) {
+        if (failures > 0 && !ctx_.agent_store) break;  // rank 0's store: a collective will say so
+        if (failures >= 2 && !stopping_ && !finished_.load()) {
           std::fprintf(stderr, "rank %d: the store at %s:%d is gone, so its launcher (torchrun or zeroplan run) died: "
                        "this rank stops (no checkpoint is written after it)\n", ctx_.rank, ctx_.master_addr.c_str(),
                        ctx_.master_port);

@@ -43,16 +43,16 @@ std::int64_t chunk_of(std::int64_t numel, int shards) { return (numel + shards -
 
 // The manifest `m` of step `step` in `sdir` checked against this run before anything is read: its schema
 // and values (verify_manifest), the run's identity unless `other_run`, the parameter dtype, the optimizer
-// and every unit's name and size. Throws ExecError naming both sides.
-void check_compatible(const nlohmann::json& m, const fs::path& sdir, std::int64_t step, const pieces::Ctx& c, bool other_run) {
+// every unit's name and size, and the optimizer's state kinds. Throws ExecError naming both sides.
+void check_compatible(const nlohmann::json& m, const fs::path& sdir, std::int64_t step, const pieces::Ctx& c, bool other_run,
+                      const std::vector<std::string>& state_kinds) {
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return ExecError(detail::format("--resume {}: the checkpoint's {} {} != this run's {}", sdir.string(), what, saved, now));
   };
   if (m.value("schema", "") != kManifestSchema) throw mismatch("schema", m.value("schema", "?"), kManifestSchema);
   verify_manifest(sdir, m, step);
   if (!other_run) {
-    if (const std::string why = identity_mismatch(m, c.plan, c.model.name); !why.empty())
-      throw ExecError(detail::format("--resume {}: {} (resume it all the same with --resume-other-run)", sdir.string(), why));
+    if (const std::string refusal = other_run_refusal(sdir, m, c.plan, c.model.name); !refusal.empty()) throw ExecError(refusal);
   }
   if (m.at("param_dtype").get<std::string>() != c.plan.precision.param_dtype)
     throw mismatch("param_dtype", m.at("param_dtype").get<std::string>(), c.plan.precision.param_dtype);
@@ -68,6 +68,8 @@ void check_compatible(const nlohmann::json& m, const fs::path& sdir, std::int64_
       throw mismatch(detail::format("unit {}", u), detail::format("{} ({} parameters)", name, numel),
                      detail::format("{} ({} parameters)", c.units[u].name, c.units[u].numel()));
   }
+  if (m.at("state_kinds").get<std::vector<std::string>>() != state_kinds)
+    throw mismatch("optimizer state", m.at("state_kinds").dump(), nlohmann::json(state_kinds).dump());
 }
 
 // The old run's rank files, each checked to name this step and its rank: a shard of another step or rank
@@ -185,12 +187,10 @@ std::int64_t Checkpoint::load(const std::string& dir, bool other_run) {
   } catch (const std::exception& e) {
     throw ExecError(detail::format("--resume {}: manifest unreadable: {}", sdir.string(), e.what()));
   }
-  check_compatible(m, sdir, step, c_, other_run);
+  const std::vector<std::string> kinds = opt_.optimizer().state_kinds();
+  check_compatible(m, sdir, step, c_, other_run, kinds);
   const int old_world = m.at("world_size"), old_shards = m.at("shards");
   std::vector<torch::serialize::InputArchive> files = open_rank_files(sdir, step, old_world);
-  auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
-    return ExecError(detail::format("--resume {}: the checkpoint's {} {} != this run's {}", sdir.string(), what, saved, now));
-  };
   auto read = [&](int r, const std::string& key) {
     torch::Tensor t;
     if (!files[static_cast<std::size_t>(r)].try_read(key, t))
@@ -246,9 +246,6 @@ std::int64_t Checkpoint::load(const std::string& dir, bool other_run) {
       fill(opt_.master(), whole("master"));
     }
   }
-  const std::vector<std::string> kinds = opt_.optimizer().state_kinds();
-  if (m.at("state_kinds").get<std::vector<std::string>>() != kinds)
-    throw mismatch("optimizer state", m.at("state_kinds").dump(), nlohmann::json(kinds).dump());
   for (std::size_t k = 0; k < kinds.size(); ++k) {
     torch::Tensor flat = torch::zeros({c_.shard_total}, opt_.optimizer().state(k).options().device(torch::kCPU));
     fill(flat, whole("state_" + kinds[k]));

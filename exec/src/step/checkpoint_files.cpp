@@ -27,8 +27,6 @@ namespace fs = std::filesystem;
 
 namespace checkpoint_files {
 
-
-
 void sync_folder(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) throw ExecError(detail::format("checkpoint: cannot open {} to sync it", p.string()));
@@ -59,7 +57,6 @@ void save_archive(torch::serialize::OutputArchive& ar, const fs::path& tmp, cons
 
 fs::path step_dir(const std::string& dir, std::int64_t step) { return fs::path(dir) / ("step-" + std::to_string(step)); }
 
-
 // A file's bytes and their SHA-1 (c10::sha1, as torch's own caches key their files).
 std::pair<std::int64_t, std::string> file_digest(const fs::path& f) {
   std::ifstream in(f, std::ios::binary);
@@ -78,20 +75,18 @@ nlohmann::json run_identity(const Plan& plan, const std::string& model) {
   return {{"model", model}, {"seed", plan.seed}, {"global_batch", plan.global_batch}};
 }
 
-// Why the manifest `m` is another run's than (plan, model): the first identity field that differs, "" when
-// none does or the manifest predates run identities. An empty `model` is not compared (the launcher checks
-// before the model is built; the ranks compare it).
-std::string identity_mismatch(const nlohmann::json& m, const Plan& plan, const std::string& model) {
+std::string other_run_refusal(const fs::path& sdir, const nlohmann::json& m, const Plan& plan, const std::string& model) {
   if (!m.contains("run") || !m["run"].is_object()) return "";
   const nlohmann::json& saved = m["run"];
-  const nlohmann::json now = run_identity(plan, model);
-  for (const char* key : {"model", "seed", "global_batch"}) {
-    if (std::string(key) == "model" && model.empty()) continue;
-    if (!saved.contains(key)) return detail::format("its run identity has no \"{}\"", key);
-    if (saved[key] != now[key])
-      return detail::format("it is another run's: its {} {} != this run's {}", key, saved[key].dump(), now[key].dump());
+  const nlohmann::json identity = run_identity(plan, model);
+  std::string why;
+  for (const auto& [key, now] : identity.items()) {
+    if (key == "model" && model.empty()) continue;
+    if (!saved.contains(key)) why = detail::format("its run identity has no \"{}\"", key);
+    else if (saved[key] != now) why = detail::format("it is another run's: its {} {} != this run's {}", key, saved[key].dump(), now.dump());
+    if (!why.empty()) break;
   }
-  return "";
+  return why.empty() ? "" : detail::format("--resume {}: {} (resume it all the same with --resume-other-run)", sdir.string(), why);
 }
 
 // The manifest's values before any of them is used (a malformed one crashed the loader: shards 0 divided
@@ -142,7 +137,6 @@ void verify_manifest(const fs::path& sdir, const nlohmann::json& m, std::int64_t
   }
 }
 
-
 }  // namespace checkpoint_files
 
 using namespace checkpoint_files;
@@ -170,9 +164,7 @@ std::string other_run(const std::string& dir, const Plan& plan) {
   } catch (const std::exception&) {
     return "";  // the ranks' load names what is wrong with it
   }
-  const std::string why = identity_mismatch(m, plan, "");
-  return why.empty() ? "" : detail::format("--resume {}: {} (resume it all the same with --resume-other-run)",
-                                           step_dir(dir, step).string(), why);
+  return other_run_refusal(step_dir(dir, step), m, plan, "");
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& dir, std::int64_t newest, int keep) {

@@ -44,10 +44,13 @@ std::filesystem::path step_dir(const std::string& dir, std::int64_t step);
 // A file's bytes and their SHA-1 (c10::sha1).
 std::pair<std::int64_t, std::string> file_digest(const std::filesystem::path& f);
 
-// The run a checkpoint belongs to (model, seed, global batch) and why a manifest is another run's ("" when
-// not, or when it predates run identities; an empty `model` is not compared).
+// The run a checkpoint belongs to: its model, seed and global batch (the data order).
 nlohmann::json run_identity(const Plan& plan, const std::string& model);
-std::string identity_mismatch(const nlohmann::json& m, const Plan& plan, const std::string& model);
+// One line refusing the manifest `m` of folder `sdir` as another run's than (plan, model), naming the first
+// identity field that differs; "" when none does or the manifest predates run identities. An empty `model`
+// is not compared (the launcher checks before the model is built; the ranks compare it).
+std::string other_run_refusal(const std::filesystem::path& sdir, const nlohmann::json& m, const Plan& plan,
+                              const std::string& model);
 
 // The manifest's values in range, then every rank file's size and SHA-1 where it recorded them. Throws
 // ExecError in one line naming the file.

@@ -89,6 +89,12 @@ struct ModelInfo {
   std::map<std::string, Options> presets;        // preset name -> options
 };
 
+// A built-in model's ModelProfile source: "zoo:<name>", "zoo:<name>/<preset>" with a preset (what the
+// profiler writes, what `run --profile` checks a profile against).
+inline std::string profile_source(const std::string& name, const std::string& preset) {
+  return "zoo:" + name + (preset.empty() ? "" : "/" + preset);
+}
+
 // The registry. Errors a user can cause (unknown model, preset or option, bad value) throw
 // zeroplan::SchemaError with one line naming what is wrong and what exists.
 const std::vector<ModelInfo>& registered_models();

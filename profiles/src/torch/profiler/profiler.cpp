@@ -274,7 +274,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
 
   ModelProfile profile;
   profile.name = model.preset.empty() ? model.name : model.preset;
-  profile.source = "zoo:" + model.name + (model.preset.empty() ? "" : "/" + model.preset);
+  profile.source = zoo::profile_source(model.name, model.preset);
   profile.measured = true;
   profile.dtype = options.dtype;
   profile.threads = torch::get_num_threads();
