@@ -1,88 +1,13 @@
-// The executor's pieces on their own, in LevelDB's Env style: a piece driven by hand on one rank of a fake
-// world of identical peers (MirrorCommunicator: every peer holds what this rank holds), its collectives
-// counted (CountingCommunicator), what it holds read from its buffers' storage. What each piece
-// decides (which collective, of what size, when; what stays resident) is tested without ranks; the whole
-// step's arithmetic against real ranks is gloo_parity_test.cpp's.
-#include <gtest/gtest.h>
-
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "../../../exec/src/step/pieces.h"
-#include "zeroplan/exec/counting_communicator.h"
-#include "zeroplan/exec/device.h"
-#include "zeroplan/exec/recorder.h"
-#include "zeroplan/profiles/zoo.h"
+// The executor's pieces on their own (pieces_rig.h): ParamResidency, GradSync, OptimizerStep and
+// ReplicaSync, their collectives and what they keep resident. pieces_compute_test.cpp: the pieces around
+// autograd; pieces_stage_test.cpp: Pipeline and Checkpoint.
+#include "pieces_rig.h"
 
 namespace zeroplan::exec {
 namespace {
 
-struct Done final : Work {
-  void wait() override {}
-};
-
-// Rank `rank` of `world` ranks that all hold the same tensors: an all-gather repeats this rank's input, a
-// sum multiplies by the world, a reduce-scatter keeps this rank's chunk (times the world for a sum).
-class MirrorCommunicator final : public Communicator {
- public:
-  MirrorCommunicator(int rank, int world) : rank_(rank), world_(world) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  std::string backend() const override { return "mirror"; }
-  std::unique_ptr<Work> all_reduce(torch::Tensor& t, ReduceOp op) override {
-    if (op == ReduceOp::kSum) t.mul_(world_);
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<Work> all_gather(torch::Tensor& out, const torch::Tensor& in) override {
-    for (int r = 0; r < world_; ++r) out.narrow(0, r * in.numel(), in.numel()).copy_(in);
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<Work> reduce_scatter(torch::Tensor& out, const torch::Tensor& in, ReduceOp op) override {
-    out.copy_(in.narrow(0, rank_ * out.numel(), out.numel()));
-    if (op == ReduceOp::kSum) out.mul_(world_);
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<Work> broadcast(torch::Tensor&, int) override { return std::make_unique<Done>(); }
-  void barrier() override {}
-  std::unique_ptr<Communicator> duplicate() override { return std::make_unique<MirrorCommunicator>(rank_, world_); }
-  std::vector<std::string> fallbacks() const override { return {}; }
-
- private:
-  int rank_, world_;
-};
-
-// gpt2-tiny (4 units: embed, 2 blocks, head) on rank 1 of a fake world of 4, at `stage`.
-struct Rig {
-  explicit Rig(int stage, bool reshard = true, bool prefetch = true, std::int64_t bucket = -1, int localsgd = 0)
-      : model(zoo::build_model("gpt", "gpt2-tiny", {}, 0)),
-        mirror(1, 4),
-        comm(mirror),
-        dev(make_device("cpu")),
-        rec(1, false) {
-    plan.world_size = 4;
-    plan.global_batch = 8;
-    plan.micro_batch = 2;
-    plan.zero_stage = stage;
-    plan.reshard_after_forward = stage == 3 && reshard;
-    plan.buckets.prefetch = prefetch;
-    if (bucket > 0) {
-      plan.buckets.reduce_buffer_elems = bucket;
-      plan.buckets.all_reduce_bucket_bytes = bucket * 4;
-    }
-    plan.localsgd_frequency = localsgd;
-    // LocalSGD: every rank a node of its own (it averages across nodes).
-    c = std::make_unique<pieces::Ctx>(model, plan, comm, *dev, rec, localsgd > 0 ? 1 : 0);
-  }
-  std::vector<CollectiveCall> calls() const { return comm.calls(); }
-  zoo::Model model;
-  Plan plan;
-  MirrorCommunicator mirror;
-  CountingCommunicator comm;
-  std::unique_ptr<Device> dev;
-  Recorder rec;
-  std::unique_ptr<pieces::Ctx> c;
-};
+using piece_rig::Rig;
+using piece_rig::total;
 
 std::int64_t padded_bytes(const pieces::UnitRT& U) { return U.layout.padded_numel() * 4; }
 // Whether unit u's full (gathered) buffer holds memory now: the piece frees a released unit's storage.
@@ -170,17 +95,6 @@ void backward(pieces::GradSync& grads, const pieces::Ctx& c, int micro, bool las
     grads.after_bwd(u, micro, last);
   }
   grads.finish_microbatch();
-}
-
-std::int64_t total(const std::vector<CollectiveCall>& calls, Collective kind, int* count) {
-  std::int64_t bytes = 0;
-  *count = 0;
-  for (const auto& call : calls)
-    if (call.kind == kind) {
-      bytes += call.bytes;
-      ++*count;
-    }
-  return bytes;
 }
 
 // Stage 2 (DeepSpeed's reduce_bucket_size): units grouped in backward order until reduce_buffer_elems, one
