@@ -62,4 +62,20 @@ inline std::vector<std::function<void(Plan&)>> plan_rule_cases() {
   };
 }
 
+// One valid plan per run rule (knobs.h run_rules(): what the executor does not run), each breaking it and
+// no run rule before it.
+inline std::vector<std::function<void(Plan&)>> run_rule_cases() {
+  auto bf16 = [](Plan& p) { p.precision.param_dtype = p.precision.compute_dtype = "bf16"; };
+  return {
+      [](Plan& p) { p.precision.param_dtype = "bf16"; },  // computes in fp32 from bf16 parameters
+      [=](Plan& p) { bf16(p); p.localsgd_frequency = 4; },
+      [](Plan& p) {
+        p.precision.compute_dtype = "fp16"; p.precision.loss_scale.mode = LossScale::Mode::dynamic;
+        p.adascale = true; p.optimizer.name = "sgd";
+      },
+      [](Plan& p) { p.adascale = true; p.optimizer.name = "sgd"; p.localsgd_frequency = 4; },
+      [](Plan& p) { p.adascale = true; p.optimizer.name = "sgd"; p.pipeline_stages = 2; p.global_batch = 8; },
+  };
+}
+
 }  // namespace zeroplan::testing

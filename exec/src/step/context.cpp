@@ -6,6 +6,7 @@
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/exec/executor.h"
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/profiles/knobs.h"
 
 namespace zeroplan::exec::pieces {
 
@@ -23,10 +24,8 @@ void check_runnable(const Plan& plan, int world_size) {
   if (plan.world_size != world_size) {
     throw ExecError(detail::format("plan world_size {} != {} ranks running it", plan.world_size, world_size));
   }
-  if (plan.adascale && plan.localsgd()) {
-    throw ExecError(detail::format("plan: adascale with localsgd_frequency {}: AdaScale's gain needs every step's "
-                                   "gradients from every rank", plan.localsgd_frequency));
-  }
+  // What the executor does not run although the plan is valid (knobs.h run_rules, `plan --fields`).
+  if (std::string why = run_refusal(plan); !why.empty()) throw ExecError(why);
 }
 
 void rethrow_unit_error(const Ctx* c, const Device& dev) {
@@ -148,7 +147,6 @@ namespace zeroplan::exec {
 
 void check_plan_runs(const Plan& plan) {
   pieces::check_runnable(plan, plan.world_size);
-  pieces::dtypes_of(plan);
 }
 
 }  // namespace zeroplan::exec

@@ -48,10 +48,6 @@ class Executor::Impl {
       : dev_(dev) {
     pieces::check_runnable(plan, comm.world_size());
     if (model.units.empty()) throw ExecError("model " + model.name + " has no units");
-    if (plan.pipeline_stages > 1 && plan.adascale) {
-      throw ExecError(detail::format("plan: adascale with pipeline_stages {}: AdaScale's gain needs the whole "
-                                     "gradient on every rank", plan.pipeline_stages));
-    }
     guarded([&] {
       pipe_ = std::make_unique<Pipeline>(plan, static_cast<int>(model.units.size()), comm);
       const bool piped = plan.pipeline_stages > 1;

@@ -35,22 +35,6 @@ Dtypes dtypes_of(const Plan& plan) {
   d.master = half_params && p.master_fp32;
   d.state = half_params && !p.master_fp32 ? d.param : torch::kFloat32;
   d.autocast = d.compute != torch::kFloat32;
-  if (half_params && d.compute != d.param) {
-    // Autocast lowers precision only: it cannot compute in fp32 (or the other 16-bit type) from these.
-    throw ExecError(detail::format("precision.compute_dtype {} with param_dtype {}: the executor computes in "
-                                   "the parameters' 16-bit dtype or, from fp32 parameters, in any dtype",
-                                   p.compute_dtype, p.param_dtype));
-  }
-  if (half_params && plan.localsgd()) {
-    // ReplicaSync averages the compute copy; a separate master would not follow it.
-    throw ExecError(detail::format("precision.param_dtype {} with localsgd_frequency {}: the executor runs "
-                                   "LocalSGD and SlowMo with fp32 parameters only",
-                                   p.param_dtype, plan.localsgd_frequency));
-  }
-  if (plan.adascale && p.loss_scale.mode != LossScale::Mode::none) {
-    // AdaScale reads the gradients before the loss scaler unscales and checks them.
-    throw ExecError("adascale with precision.loss_scale: the executor runs AdaScale without loss scaling only");
-  }
   return d;
 }
 

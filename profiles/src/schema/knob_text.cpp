@@ -182,6 +182,9 @@ nlohmann::ordered_json knob_table_json() {
   out["schema"] = "zeroplan.knobs/1";
   out["knobs"] = std::move(rows);
   out["tune_knobs"] = std::move(dims);
+  ojson refusals = ojson::array();
+  for (const RunRule& r : run_rules()) refusals.push_back({{"knobs", r.knobs}, {"refuses", r.refuses}});
+  out["run_refuses"] = std::move(refusals);
   return out;
 }
 
@@ -206,6 +209,12 @@ std::string knob_table_text() {
   out += "Defaults that name other knobs are dependent: a knob you do not set follows them. yes: honoured; no: a "
          "plan that uses it is rejected; ignored: accepted, no effect. tune --knobs: the search dimension that "
          "varies it.\n";
+  out += "run also refuses (simulate and tune accept them; autopilot's tuner does not propose them):\n";
+  for (const RunRule& r : run_rules()) {
+    std::string knobs;
+    for (const std::string& k : r.knobs) knobs += (knobs.empty() ? "" : ", ") + k;
+    out += "  " + r.refuses + " [" + knobs + "]\n";
+  }
   return out;
 }
 

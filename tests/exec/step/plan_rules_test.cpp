@@ -8,6 +8,7 @@
 #include "plan_rule_cases.h"
 #include "zeroplan/exec/exec_errors.h"
 #include "zeroplan/exec/run.h"
+#include "zeroplan/profiles/knobs.h"
 
 namespace zeroplan::exec {
 namespace {
@@ -25,6 +26,28 @@ TEST(PlanRules, RunRefusesEachRuleWithItsOneMessage) {
       ADD_FAILURE() << "rule " << i << ": run accepted the plan";
     } catch (const ExecError& e) {
       EXPECT_EQ(std::string(e.what()), message) << "rule " << i;
+    }
+  }
+}
+
+// The executor's refusals of valid plans (the registry's run rules, listed by `plan --fields`): each is
+// refused before any rank starts with its rule's one line, and only by it (validate accepts the plan).
+TEST(PlanRules, RunRefusesEachRunRuleWithItsOneLine) {
+  const std::vector<RunRule>& rules = run_rules();
+  const auto cases = zeroplan::testing::run_rule_cases();
+  ASSERT_EQ(cases.size(), rules.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Plan p = zeroplan::testing::rule_case_base();
+    cases[i](p);
+    EXPECT_NO_THROW(validate(p)) << "run rule " << i << " (" << rules[i].refuses << "): the plan is valid";
+    for (std::size_t j = 0; j < i; ++j) EXPECT_EQ(rules[j].broken(p), "") << "run rule " << i << " breaks rule " << j;
+    const std::string line = rules[i].broken(p);
+    ASSERT_FALSE(line.empty()) << "run rule " << i << " (" << rules[i].refuses << ")";
+    try {
+      check_plan_runs(p);
+      ADD_FAILURE() << "run rule " << i << ": run accepted the plan";
+    } catch (const ExecError& e) {
+      EXPECT_EQ(std::string(e.what()), line) << "run rule " << i;
     }
   }
 }

@@ -78,10 +78,11 @@ struct Dtypes {
   bool master = false;    // fp32 master shard beside 16-bit params (master_fp32, fairscale's _fp32_shard)
   bool autocast = false;  // 16-bit compute: units run under autocast to it
 };
-Dtypes dtypes_of(const Plan& plan);  // precision.cpp; throws ExecError for combinations it cannot run
+Dtypes dtypes_of(const Plan& plan);  // precision.cpp; the combinations it cannot run are run rules (knobs.h)
 
 // What every driver refuses before it builds anything (context.cpp): a knob the registry marks as not run,
-// an invalid plan, a world size other than the ranks running it, AdaScale with LocalSGD. ExecError.
+// an invalid plan, a world size other than the ranks running it, a plan that breaks one of the registry's
+// run rules (knobs.h run_rules: 16-bit LocalSGD, AdaScale with loss scaling, ...). ExecError.
 void check_runnable(const Plan& plan, int world_size);
 // Call from a catch block (context.cpp): an ExecError goes on as it is; a refused device allocation becomes
 // OutOfDeviceMemory and any other torch error UnitFailure, both naming the unit and phase `c` is at (torch's

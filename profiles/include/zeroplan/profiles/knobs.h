@@ -8,6 +8,7 @@
 //   apply_dependent_defaults(before, plan, {"zero_stage"});  // reshard_after_forward follows zero_stage 3
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -89,6 +90,18 @@ std::vector<std::string> unsupported_knobs(const Plan& plan, Component component
 // The tune knobs all of whose knobs `component` honours (Support::yes), comma-separated, canonical order:
 // for run, what autopilot lets the tuner vary.
 std::string tune_knobs_supported_by(Component component);
+
+// The executor's refusals: plans validate accepts (simulate predicts them, tune may propose them) that
+// `zeroplan run` and zeroplan.wrap do not run, each with the knobs it reads, what it refuses in a few
+// words (`plan --fields`) and, for a plan that breaks it, the one line the executor refuses it with.
+struct RunRule {
+  std::vector<std::string> knobs;
+  std::string refuses;
+  std::function<std::string(const Plan&)> broken;  // "" when the plan is run
+};
+const std::vector<RunRule>& run_rules();
+// The first run rule `plan` breaks, its line; "" when the executor runs it.
+std::string run_refusal(const Plan& plan);
 
 // `zeroplan plan --fields`: the registry as a text table (one row per knob) and as JSON.
 std::string knob_table_text();
