@@ -217,6 +217,7 @@ int run_autopilot(Args& a, const Globals& g) {
   constraints.set_global_batch(a.global_batch).set_world_size(a.nproc).set_nodes(1);
   constraints.knobs = tuner::parse_knobs(a.knobs);
   constraints.allow_approximate_averaging = a.allow_approximate_averaging;
+  constraints.runnable = true;  // it runs what it picks: none of the executor's refusals (knobs.h run_rules)
   tuner::TuneOptions topts;
   topts.set_top_k(std::max(a.verify, 1));
   if (!g.quiet) topts.set_progress(tuner::stderr_progress_bar());

@@ -69,5 +69,41 @@ TEST(PlanRules, ValidateAndTheTunerRefuseEachRuleWithItsOneMessage) {
   EXPECT_GE(tuner_checked, 25);
 }
 
+// The executor's refusals (run_rules): with TuneConstraints::runnable (autopilot's) the tuner, with each
+// case's knobs fixed, proposes no plan that breaks the rule and counts it under "run: <its line>" (or
+// refuses the fixed values with that line); without it the case's plans are searched as any valid plan.
+TEST(PlanRules, TheRunnableTunerPrunesEachRunRule) {
+  const std::vector<RunRule>& rules = run_rules();
+  const auto cases = zeroplan::testing::run_rule_cases();
+  ASSERT_EQ(cases.size(), rules.size()) << "one case per run rule";
+  const ModelProfile m = testing::small_gpt();
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Plan p = zeroplan::testing::rule_case_base();
+    cases[i](p);
+    SCOPED_TRACE("run rule " + std::to_string(i) + ": " + rules[i].refuses);
+    const std::string message = "run: " + rules[i].broken(p);
+    const Plan base = zeroplan::testing::rule_case_base();
+    TuneConstraints c;
+    c.set_global_batch(p.global_batch).set_world_size(p.world_size).set_allow_approximate_averaging(true);
+    c.set_optimizer(p.optimizer.name);
+    for (const Knob& knob : knobs()) {
+      if (knob.name == "world_size" || knob.name == "global_batch" || knob.name == "optimizer.name") continue;
+      const nlohmann::json v = knob_value(p, knob);
+      if (v != knob_value(base, knob)) c.fix(knob.name, v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    std::size_t breaking = 0;
+    for (const Candidate& cand : enumerate_space(m, testing::a100(1), c).candidates) breaking += !rules[i].broken(cand.plan).empty();
+    EXPECT_GT(breaking, 0u) << "without runnable the case's plans are candidates";
+    c.set_runnable(true);
+    try {
+      const Space s = enumerate_space(m, testing::a100(1), c);
+      for (const Candidate& cand : s.candidates) EXPECT_EQ(rules[i].broken(cand.plan), "") << to_json_string(cand.plan);
+      EXPECT_GT(s.invalid.count(message), 0u) << "not counted: " << message;
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(std::string(e.what()), message) << "the tuner refused the fixed values otherwise";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zeroplan::tuner

@@ -106,7 +106,7 @@ Space enumerate_space(const ModelProfile& model, const ClusterProfile& cluster_i
 
   Expander e({base}, s.invalid);
   static_assert(kSteps == 20);
-  const Rules rules(step_knobs());
+  const Rules rules(step_knobs(), c.runnable);
   Enumeration x{e, rules, c, cluster, w, units, base, s};
   x.expand_sharding();
   x.expand_pipeline();

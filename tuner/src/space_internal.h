@@ -2,14 +2,17 @@
 // expander, the Plan's rules placed at their steps, and the steps' shared state.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "zeroplan/profiles/cluster.h"
+#include "zeroplan/profiles/knobs.h"
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/plan.h"
 #include "zeroplan/tuner/space.h"
@@ -53,37 +56,48 @@ class Expander {
 // last expansion step that sets a knob it reads, so a partial plan is dropped as soon as it breaks one and
 // counted under the message validate throws. Rules that read a knob no step sets are applied at the first
 // step; those that read a fitted knob (checkpointing, the activation ratio) are left to each candidate's
-// validate at the end.
+// validate at the end. With TuneConstraints::runnable the executor's run rules (knobs.h) join them.
 class Rules {
  public:
-  explicit Rules(const std::vector<std::vector<std::string>>& steps) : at_(steps.size()) {
+  // runnable: the executor's run rules too (knobs.h run_rules), counted under "run: <its line>".
+  Rules(const std::vector<std::vector<std::string>>& steps, bool runnable) : at_(steps.size()) {
     std::map<std::string, std::size_t> last;
     for (std::size_t i = 0; i < steps.size(); ++i)
       for (const std::string& k : steps[i]) last[k] = i;
-    for (const PlanRule& r : plan_rules()) {
+    // The last step that sets one of `knobs`; nullopt when one of them is fitted per candidate.
+    auto due = [&](const std::vector<std::string>& knobs) -> std::optional<std::size_t> {
       std::size_t step = 0;
-      bool fitted = false;
-      for (const std::string& k : r.knobs) {
-        if (k == "checkpointing" || k == "offload.activations_ratio") fitted = true;
-        else if (const auto it = last.find(k); it != last.end()) step = std::max(step, it->second);
+      for (const std::string& k : knobs) {
+        if (k == "checkpointing" || k == "offload.activations_ratio") return std::nullopt;
+        if (const auto it = last.find(k); it != last.end()) step = std::max(step, it->second);
       }
-      if (!fitted) at_[step].push_back(&r);
-    }
+      return step;
+    };
+    for (const PlanRule& r : plan_rules())
+      if (const auto step = due(r.knobs)) at_[*step].push_back([&r](const Plan& p) {
+          std::string why = r.broken(p);
+          return why.empty() ? why : plan_rule_message(why);
+        });
+    if (!runnable) return;
+    for (const RunRule& r : run_rules())
+      if (const auto step = due(r.knobs)) at_[*step].push_back([&r](const Plan& p) {
+          std::string why = r.broken(p);
+          return why.empty() ? why : "run: " + why;
+        });
   }
 
-  // The rule of step `step`: the plan rules due there, then the step's own search rule (`extra`).
+  // The rule of step `step`: the rules due there, then the step's own search rule (`extra`).
   Rule at(std::size_t step, Rule extra = {}) const {
     return [rules = at_[step], extra = std::move(extra)](const Plan& p) {
-      for (const PlanRule* r : rules)
-        if (std::string why = r->broken(p); !why.empty()) return plan_rule_message(why);
+      for (const Rule& r : rules)
+        if (std::string why = r(p); !why.empty()) return why;
       return extra ? extra(p) : std::string();
     };
   }
 
  private:
-  std::vector<std::vector<const PlanRule*>> at_;
+  std::vector<std::vector<Rule>> at_;
 };
-
 
 // The expansion steps of enumerate_space, in order, by the registry names of the knobs each sets.
 enum Step : std::size_t {

@@ -38,6 +38,9 @@ struct TuneConstraints {
   std::map<std::string, std::string> fixed;  // --fix key=value; a fixed knob does not vary
   bool allow_approximate_averaging = false;  // LocalSGD / SlowMo change the optimisation: off unless asked
   std::string optimizer = "adam";            // "adam" | "adamw" | "sgd": part of the training recipe, not tuned
+  // Only plans the executor runs (knobs.h run_rules: autopilot runs what it picks); the others are pruned
+  // and counted under "run: <the rule's line>".
+  bool runnable = false;
   // tune --for: only plans this tool can express (its export writes a config, exports.h), "" = any.
   // "deepspeed" | "fsdp2" (the training script) | "accelerate" (FSDP1 or FSDP2 config) | "fairscale" | "zeroplan".
   std::string for_tool;
@@ -53,6 +56,7 @@ struct TuneConstraints {
   TuneConstraints& fix(std::string key, std::string value) { fixed[std::move(key)] = std::move(value); return *this; }
   TuneConstraints& set_allow_approximate_averaging(bool v) { allow_approximate_averaging = v; return *this; }
   TuneConstraints& set_optimizer(std::string v) { optimizer = std::move(v); return *this; }
+  TuneConstraints& set_runnable(bool v) { runnable = v; return *this; }
   TuneConstraints& set_for_tool(std::string v) { for_tool = std::move(v); return *this; }
 
   // True when `knob` may vary: listed (or the list is empty) and not fixed by any key it groups.
