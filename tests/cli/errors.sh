@@ -53,7 +53,7 @@ expect 1 "^zeroplan: --trace: /nonexistent/t.json: cannot write: no folder /none
 "$zp" -q profile --analytic gpt --preset gpt2-tiny -o "$out/gpt.json" || exit 1
 expect 1 "^zeroplan: --output-dir: /proc/zeroplan-x: cannot write: " \
   -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 -o /proc/zeroplan-x
-expect 1 "tune: --fix zero_stage=7: zero_stage must be 0..3 \(got 7\)" \
+expect 1 "tune: --fix zero_stage=7: zero_stage must be 0, 1, 2 or 3 \(got 7\)" \
   -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 --fix zero_stage=7
 for o in "--top-k 0" "--top-k -1" "--nodes 0"; do
   expect 1 "^zeroplan: ${o% *}: must be >= 1 \(got ${o#* }\)" -q tune --model "$out/gpt.json" --cluster a100-sxm-80gb --global-batch 8 $o

@@ -24,6 +24,26 @@ TEST(Constraints, ParseFixSplitsAndRejectsUnknownKeys) {
   EXPECT_THROW(parse_fix("zerostage=3"), SchemaError);
 }
 
+// A value out of its knob's range is refused at once with validate's own words for that field (no range
+// text parsed here): nothing left to search would otherwise say "0 candidates" without naming the option.
+TEST(Constraints, ParseFixRefusesAValueOutOfRangeInValidatesWords) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"zero_stage=7", "tune: --fix zero_stage=7: zero_stage must be 0, 1, 2 or 3 (got 7)"},
+      {"offload.activations_ratio=1.5", "tune: --fix offload.activations_ratio=1.5: offload.activations_ratio must be in [0, 1] (got 1.5)"},
+      {"microbatches=0", "tune: --fix microbatches=0: microbatches must be >= 1 (got 0)"},
+      {"offload_activations=-1", "tune: --fix offload_activations=-1: offload.activations_ratio must be in [0, 1] (got -1.0)"},
+  };
+  for (const auto& [fix, message] : cases) {
+    try {
+      parse_fix(fix);
+      ADD_FAILURE() << fix << " accepted";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+  EXPECT_EQ(parse_fix("offload_activations=0.5"), (std::pair<std::string, std::string>{"offload.activations_ratio", "0.5"}));
+}
+
 TEST(Constraints, ApplyFixedSetsEveryFieldAndNamesBadValues) {
   Plan p;
   apply_fixed(p, "zero_stage", "3");

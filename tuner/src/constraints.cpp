@@ -120,38 +120,16 @@ std::pair<std::string, std::string> parse_fix(std::string_view assignment) {
     throw SchemaError(fmt::format("tune: --fix: unknown key \"{}\"{}; keys: {}", key,
                                   near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near), text::join(keys)));
   }
-  // The value's type (set on a default plan) and the knob's range ("0..3", ">= 1", "[0, 1]"), now: a value
-  // out of range would otherwise leave nothing to search ("0 candidates") without naming the option.
+  // The value's type and range (set on a default plan, checked by validate's single-field checks), now: a
+  // value out of range would otherwise leave nothing to search ("0 candidates") without naming the option.
   Plan probe;
   set_knob_text(probe, *k, value, "tune: --fix");
-  if (k->type == KnobType::integer || k->type == KnobType::number) {
-    const std::string& r = k->range;
-    double lo = -1e300, hi = 1e300, v = 0;
-    bool bounded = false;
-    if (const auto dots = r.find(".."); dots != std::string::npos && r.find_first_of(" ;,") == std::string::npos) {
-      lo = std::stod(r.substr(0, dots));
-      hi = std::stod(r.substr(dots + 2));
-      bounded = true;
-    } else if (r.rfind(">= ", 0) == 0 && r.find_first_of(";,") == std::string::npos) {
-      lo = std::stod(r.substr(3));
-      bounded = true;
-    } else if (r.size() > 4 && r.front() == '[' && r.back() == ']' && r.find(';') == std::string::npos) {
-      const auto comma = r.find(',');
-      if (comma != std::string::npos) {
-        lo = std::stod(r.substr(1, comma - 1));
-        hi = std::stod(r.substr(comma + 1, r.size() - comma - 2));
-        bounded = true;
-      }
-    }
-    if (bounded) {
-      try {
-        v = std::stod(value);
-      } catch (const std::exception&) {
-        bounded = false;
-      }
-    }
-    if (bounded && !(v >= lo && v <= hi))
-      throw SchemaError(fmt::format("tune: --fix {}={}: {} must be {} (got {})", key, value, k->name, r, value));
+  try {
+    validate_fields(probe);
+  } catch (const SchemaError& e) {
+    std::string why = e.what();
+    if (why.rfind("plan: ", 0) == 0) why.erase(0, 6);
+    throw SchemaError(fmt::format("tune: --fix {}={}: {}", key, value, why));
   }
   return {k->name, std::move(value)};  // the registry's spelling (offload_params -> offload.params)
 }

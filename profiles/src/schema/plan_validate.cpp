@@ -13,8 +13,6 @@ using detail::plan_error;
 using detail::write_checkpointing;
 using detail::write_loss_scale;
 
-namespace {
-
 // ---- single fields: ranges and names --------------------------------------------------------------
 
 void validate_fields(const Plan& p) {
@@ -91,6 +89,8 @@ void validate_fields(const Plan& p) {
                                  std::pair{"allgather_bucket_bytes", b.allgather_bucket_bytes}})
     if (v < 1) plan_error(std::string("buckets.") + field + " must be >= 1 (got " + num(v) + ")");
 }
+
+namespace {
 
 // ---- rules between knobs: each once, with the knobs it reads ---------------------------------------
 

@@ -196,6 +196,9 @@ inline constexpr const char* kPlanSchema = "zeroplan.plan/1";
 //  - optimizer: name known, lr > 0, eps > 0, weight_decay >= 0, momentum in [0,1) and 0 unless sgd,
 //    betas in [0, 1)
 void validate(const Plan& plan);
+// validate's checks of single fields (ranges, names), without the rules between knobs: a value given alone
+// (tune --fix) is checked by the registry's own words.
+void validate_fields(const Plan& plan);
 
 // A rule between knobs, stated once (plan_validate.cpp): validate(plan) checks every one and throws its
 // message; the tuner prunes a partial plan with it as soon as the knobs it reads are set, counting the
