@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <memory>
+#include <tuple>
 
 #include "cli.h"
 #include "plan_args.h"
@@ -39,6 +40,14 @@ void print_summary(const Prediction& p) {
     fmt::print(stderr, "  busy {:<16} {:.6f} s\n", resource, busy);
   print_pool("device", p.device);
   print_pool("host", p.host);
+  const ModelStates& m = p.model_states;
+  for (const auto& [pool, params, grads, optimizer, total] :
+       {std::tuple{"device", m.device_params, m.device_grads, m.device_optimizer, m.device_bytes()},
+        std::tuple{"host", m.host_params, m.host_grads, m.host_optimizer, m.host_bytes()}}) {
+    if (total > 0)
+      fmt::print(stderr, "  model states {:<6} {:>12} = params {} + grads {} + optimizer {} (held all step, ZeRO's count)\n",
+                 pool, gib(total), gib(params), gib(grads), gib(optimizer));
+  }
   if (!p.stages.empty()) {
     fmt::print(stderr, "  pipeline      {} stages x {} microbatches, {}; bubble {:.1f}% of the stages' time\n", p.stages.size(),
                p.plan.microbatches, p.plan.pipeline.schedule, 100 * p.bubble_fraction);

@@ -105,8 +105,9 @@ std::vector<lowering::PipelineStage> lower_into(lowering::Ctx& c) {
 }
 
 // Per stage peaks and busy time; the device and host peaks are the largest stage's; the bubble.
-void pipeline_results(const std::vector<lowering::PipelineStage>& stages, const SimResult& r, const ClusterProfile& cluster,
-                      Simulation& s) {
+// Returns the stage whose device peak is the largest.
+std::size_t pipeline_results(const std::vector<lowering::PipelineStage>& stages, const SimResult& r,
+                             const ClusterProfile& cluster, Simulation& s) {
   Prediction& p = s.prediction;
   double first = std::numeric_limits<double>::infinity(), last = 0, busy = 0;
   std::size_t worst_device = 0, worst_host = 0;
@@ -141,6 +142,20 @@ void pipeline_results(const std::vector<lowering::PipelineStage>& stages, const 
                                 "device peak is stage {}'s",
                                 stages.size(), p.plan.pipeline.schedule, p.plan.pipeline.checkpoint, 100 * p.bubble_fraction,
                                 worst_device));
+  return worst_device;
+}
+
+// The model states of `units` (the model, or a pipeline stage) as the lowering places them for the step.
+ModelStates model_states(const Plan& plan, const ClusterProfile& cluster, const std::vector<lowering::Unit>& units) {
+  const lowering::Residency r = lowering::model_state_residency(plan, cluster, units);
+  ModelStates m;
+  m.device_params = r.dev_params;
+  m.device_grads = r.dev_grads;
+  m.device_optimizer = r.dev_optimizer + r.dev_slowmo;
+  m.host_params = r.host_params;
+  m.host_grads = r.host_grads;
+  m.host_optimizer = r.host_optimizer;
+  return m;
 }
 
 }  // namespace
@@ -177,8 +192,11 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   if (stages.empty()) {
     s.explain.device = explain_pool(r.pools[c.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);
     s.explain.host = explain_pool(r.pools[c.host], cluster.host.mem_bytes, 1.0);
+    p.model_states = model_states(plan, cluster, c.units);
   } else {
-    pipeline_results(stages, r, cluster, s);
+    const lowering::PipelineStage& worst = stages[pipeline_results(stages, r, cluster, s)];
+    const auto first = c.units.begin() + worst.first_unit;
+    p.model_states = model_states(plan, cluster, std::vector<lowering::Unit>(first, first + worst.units));
   }
   p.device = pool_peak(s.explain.device);
   p.host = pool_peak(s.explain.host);

@@ -1,5 +1,6 @@
 #include "zeroplan/profiles/prediction.h"
 
+#include <array>
 #include <cmath>
 
 #include "json_util.h"
@@ -118,6 +119,28 @@ void read_value(const nlohmann::json& j, StagePrediction& s, const std::string& 
   r.finish();
 }
 
+ojson write_model_states(const ModelStates& m) {
+  ojson j;
+  j["device"] = {{"params", m.device_params}, {"grads", m.device_grads}, {"optimizer", m.device_optimizer}};
+  j["host"] = {{"params", m.host_params}, {"grads", m.host_grads}, {"optimizer", m.host_optimizer}};
+  return j;
+}
+
+void read_value(const nlohmann::json& j, ModelStates& m, const std::string& path) {
+  ObjectReader r(j, path);
+  for (const auto& [pool, fields] : {std::pair{"device", std::array{&m.device_params, &m.device_grads, &m.device_optimizer}},
+                                     std::pair{"host", std::array{&m.host_params, &m.host_grads, &m.host_optimizer}}}) {
+    const nlohmann::json* v = r.take(pool, true);
+    if (v == nullptr) continue;
+    ObjectReader q(*v, r.sub(pool));
+    q.req("params", *fields[0]);
+    q.req("grads", *fields[1]);
+    q.req("optimizer", *fields[2]);
+    q.finish();
+  }
+  r.finish();
+}
+
 ojson to_ordered_json(const Prediction& p) {
   ojson j;
   j["schema"] = kPredictionSchema;
@@ -132,6 +155,7 @@ ojson to_ordered_json(const Prediction& p) {
   j["overlapped_comm_s"] = p.overlapped_comm_s;
   j["device"] = write_pool(p.device);
   j["host"] = write_pool(p.host);
+  j["model_states"] = write_model_states(p.model_states);
   j["resource_busy_s"] = p.resource_busy_s;
   j["units"] = write_array(p.units, write_unit_timing);
   if (!p.stages.empty()) {  // pipelined plans only
@@ -164,6 +188,11 @@ void validate(const Prediction& p) {
   check_non_negative("overlapped_comm_s", p.overlapped_comm_s);
   check_pool("device", p.device);
   check_pool("host", p.host);
+  const ModelStates& m = p.model_states;
+  for (const auto& [field, v] : {std::pair{"device.params", m.device_params}, std::pair{"device.grads", m.device_grads},
+                                 std::pair{"device.optimizer", m.device_optimizer}, std::pair{"host.params", m.host_params},
+                                 std::pair{"host.grads", m.host_grads}, std::pair{"host.optimizer", m.host_optimizer}})
+    if (v < 0) prediction_error(std::string("model_states.") + field + " must be >= 0 (got " + num(v) + ")");
   for (const auto& [resource, busy] : p.resource_busy_s) check_non_negative("resource_busy_s." + resource, busy);
   if (!(p.bubble_fraction >= 0 && p.bubble_fraction <= 1))
     prediction_error("bubble_fraction must be in [0, 1] (got " + num(p.bubble_fraction) + ")");
@@ -203,6 +232,7 @@ void from_json(const nlohmann::json& j, Prediction& p) {
   r.req("overlapped_comm_s", p.overlapped_comm_s);
   r.req("device", p.device);
   r.req("host", p.host);
+  r.opt("model_states", p.model_states);
   r.opt("resource_busy_s", p.resource_busy_s);
   r.opt("units", p.units);
   r.opt("stages", p.stages);

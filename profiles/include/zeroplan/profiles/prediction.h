@@ -57,6 +57,20 @@ struct StagePrediction {
   bool operator==(const StagePrediction&) const = default;
 };
 
+// The model states one rank holds for the whole step, sharded and placed as the plan says: what the ZeRO
+// paper's Table 1 counts (16 bytes per parameter with mixed-precision Adam at stage 0, 16 / N at stage 3),
+// without the transients a step also makes (gathered parameters, unsharded gradients, buckets), which the
+// pools' resident lists show at the peak. Stages 2-3 count the gradient shard although it exists only from
+// the first reduce-scatter to the optimizer step. Pipelined plans: the stage with the largest device peak.
+struct ModelStates {
+  std::int64_t device_params = 0, device_grads = 0, device_optimizer = 0;
+  std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
+
+  std::int64_t device_bytes() const { return device_params + device_grads + device_optimizer; }
+  std::int64_t host_bytes() const { return host_params + host_grads + host_optimizer; }
+  bool operator==(const ModelStates&) const = default;
+};
+
 struct Prediction {
   std::string model;         // ModelProfile::name
   std::string cluster;       // ClusterProfile::name
@@ -67,6 +81,7 @@ struct Prediction {
   double lower_bound_s = 0;     // max over resources of busy time, and the critical path of compute
   PoolPeak device;
   PoolPeak host;
+  ModelStates model_states;  // optional in JSON (zeros when absent)
   std::map<std::string, double> resource_busy_s;  // "compute", "h2d", "d2h", "comm.intra", "host_optimizer"
   double exposed_comm_s = 0;     // communication on the critical path
   double overlapped_comm_s = 0;  // communication hidden under compute
