@@ -6,10 +6,14 @@ loss, backward, optimizer step (Adam lr 1e-3, the fused kernel zeroplan steps wi
   zeroplan-s0      zeroplan.wrap, zero_stage 0            ddp          DistributedDataParallel (bucket 25 MB)
   zeroplan-s3      zero_stage 3, reshard_after_forward    fsdp2        fully_shard per decoder layer, then the root
   zeroplan-s3-ckpt zero_stage 3 + checkpointing "all"     fsdp2-ckpt   checkpoint_wrapper per layer, then fully_shard
+  zeroplan-s0-off  zero_stage 0, activations_ratio 1     ddp-off      DDP inside torch.autograd.graph.save_on_cpu
 
 Step time: the slowest rank's wall time per step, median over the steps after warm-up. Peak: each rank's
 peak CPU bytes counted by the same counting allocator (zeroplan's, installed before the model is built for
-the PyTorch modes; the engine's own device for zeroplan's). Prints a table (and JSON with --json).
+the PyTorch modes; the engine's own device for zeroplan's). The offload pair also reports the host side: the
+bytes zeroplan's host pool holds (what it sent) beside the device; on a CPU-only machine save_on_cpu keeps
+each tensor where it is (it is on the CPU already), so PyTorch's row is its hooks' cost, not a smaller peak.
+Prints a table (and JSON with --json).
 
   .venv/bin/python bench/wrap_bench.py                 # every mode, one after another, 2 ranks each
   .venv/bin/python bench/wrap_bench.py --modes ddp,zeroplan-s0 --steps 8
@@ -26,7 +30,7 @@ import sys
 import tempfile
 import time
 
-MODES = ["zeroplan-s0", "ddp", "zeroplan-s3", "fsdp2", "zeroplan-s3-ckpt", "fsdp2-ckpt"]
+MODES = ["zeroplan-s0", "ddp", "zeroplan-s3", "fsdp2", "zeroplan-s3-ckpt", "fsdp2-ckpt", "zeroplan-s0-off", "ddp-off"]
 
 
 def build(args):
@@ -62,8 +66,10 @@ def worker(args):
     if mode.startswith("zeroplan"):
         model = build(args)
         plan = json.loads(zeroplan._C.default_plan(world, world * args.micro_batch))
-        if mode != "zeroplan-s0":
+        if mode.startswith("zeroplan-s3"):
             plan.update(zero_stage=3, reshard_after_forward=True)
+        if mode.endswith("off"):
+            plan["offload"] = dict(plan.get("offload", {}), activations_ratio=1.0)
         if mode.endswith("ckpt"):
             plan["checkpointing"] = "all"
         engine = zeroplan.wrap(model, plan, optimizer="adam", lr=1e-3)
@@ -74,12 +80,14 @@ def worker(args):
             engine.backward(lm_loss(out.logits, ids))
             engine.step()
             times.append(time.perf_counter() - t0)
-        peak = engine.peak_bytes()
+        peak, host = engine.peak_bytes(), engine.host_peak_bytes()
     else:
+        import contextlib
+        host = 0
         meter = zeroplan._C.CpuMeter()
         dist.init_process_group("gloo")
         model = build(args)
-        if mode == "ddp":
+        if mode.startswith("ddp"):
             from torch.nn.parallel import DistributedDataParallel
             model = DistributedDataParallel(model, bucket_cap_mb=25)
         else:
@@ -96,8 +104,11 @@ def worker(args):
         for s in range(args.steps):
             t0 = time.perf_counter()
             ids = batch(args, rank, s)
-            out = model(input_ids=ids)
-            lm_loss(out.logits, ids).backward()
+            saving = torch.autograd.graph.save_on_cpu() if mode == "ddp-off" else contextlib.nullcontext()
+            with saving:
+                out = model(input_ids=ids)
+                loss = lm_loss(out.logits, ids)
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
@@ -106,7 +117,7 @@ def worker(args):
         dist.destroy_process_group()
         meter.stop()
     with open(os.path.join(args.out, f"{mode}-rank{rank}.json"), "w") as f:
-        json.dump({"times": times, "peak": peak}, f)
+        json.dump({"times": times, "peak": peak, "host": host}, f)
 
 
 def free_port():
@@ -147,14 +158,16 @@ def main():
                 sys.exit(f"{mode} failed: {r.stderr[-2000:]}")
             ranks = [json.load(open(os.path.join(tmp, f"{mode}-rank{k}.json"))) for k in range(2)]
             slowest = [max(ts) for ts in zip(*(rk["times"] for rk in ranks))][args.warmup:]
-            rows.append({"mode": mode, "step_s": statistics.median(slowest), "peaks": [rk["peak"] for rk in ranks]})
+            rows.append({"mode": mode, "step_s": statistics.median(slowest), "peaks": [rk["peak"] for rk in ranks],
+                         "host": [rk["host"] for rk in ranks]})
     params = sum(p.numel() for p in build(args).parameters())
     print(f"Llama-style model, {params / 1e6:.1f}M parameters, {args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
           f"micro batch {args.micro_batch} per rank, 2 Gloo ranks x 1 thread; median of {args.steps - args.warmup} steps")
-    print(f"{'mode':<18} {'step (s)':>9} {'peak rank 0 (MiB)':>18} {'peak rank 1 (MiB)':>18}")
+    print(f"{'mode':<18} {'step (s)':>9} {'peak rank 0 (MiB)':>18} {'peak rank 1 (MiB)':>18} {'host pool (MiB)':>16}")
     for r in rows:
-        print(f"{r['mode']:<18} {r['step_s']:>9.3f} {r['peaks'][0] / 2**20:>18.1f} {r['peaks'][1] / 2**20:>18.1f}")
-    pairs = [("zeroplan-s0", "ddp"), ("zeroplan-s3", "fsdp2"), ("zeroplan-s3-ckpt", "fsdp2-ckpt")]
+        print(f"{r['mode']:<18} {r['step_s']:>9.3f} {r['peaks'][0] / 2**20:>18.1f} {r['peaks'][1] / 2**20:>18.1f} "
+              f"{max(r['host']) / 2**20:>16.1f}")
+    pairs = [("zeroplan-s0", "ddp"), ("zeroplan-s3", "fsdp2"), ("zeroplan-s3-ckpt", "fsdp2-ckpt"), ("zeroplan-s0-off", "ddp-off")]
     by = {r["mode"]: r for r in rows}
     for z, p in pairs:
         if z in by and p in by:
