@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "../../tuner/src/space_internal.h"
 #include "fixtures.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/json_io.h"
@@ -64,6 +65,28 @@ TEST(Space, EveryCandidateIsAValidDistinctPlanThatSplitsTheBatch) {
   EXPECT_TRUE(pipelines.contains("2 1f1b never"));
   EXPECT_TRUE(pipelines.contains("4 gpipe except_last"));
   EXPECT_TRUE(pipelines.contains("4 gpipe always"));
+}
+
+// Each expansion step sets only the knobs step_knobs() lists for it (the plan rules are applied at the
+// last step that sets a knob they read, by that list): every knob varied, LocalSGD and pipelines included,
+// fp16 too (V100), and with fixed values; the check throws naming the step and the knob otherwise.
+TEST(Space, EachExpansionStepSetsOnlyTheKnobsItLists) {
+  space_detail::g_check_step_knobs = true;
+  const ModelProfile m = small_gpt();
+  for (const char* cluster : {"a100-sxm-80gb:1", "v100-sxm2-32gb:2"}) {
+    TuneConstraints c;
+    c.set_global_batch(64).set_allow_approximate_averaging(true).set_optimizer("sgd");
+    EXPECT_NO_THROW(enumerate_space(m, resolve_cluster(cluster), c)) << cluster;
+    c.fix("microbatches", "2");
+    EXPECT_NO_THROW(enumerate_space(m, resolve_cluster(cluster), c)) << cluster;
+  }
+  std::map<std::string, std::int64_t> invalid;
+  space_detail::Expander e({Plan{}}, invalid);
+  EXPECT_THROW(e.expand<int>([](const Plan&) { return std::vector<int>{3}; }, [](Plan& p, const int& v) { p.zero_stage = v; },
+                             space_detail::StepRule{space_detail::kReshard, {}}),
+               std::logic_error)
+      << "zero_stage set at the resharding step";
+  space_detail::g_check_step_knobs = false;
 }
 
 TEST(Space, OnlyListedKnobsVaryAndFixedValuesHold) {

@@ -22,6 +22,18 @@ namespace zeroplan::tuner::space_detail {
 // Returns the reason `p` is invalid after the knob just set, or "" when it is fine so far.
 using Rule = std::function<std::string(const Plan&)>;
 
+// The rule an expansion step applies, and the step (its index in step_knobs()).
+struct StepRule {
+  std::size_t step = 0;
+  Rule rule;
+};
+
+// Tests: every expansion checks that its setter changed only the knobs step_knobs() lists for its step (the
+// rules are applied at the last step that sets a knob they read, from that list).
+inline bool g_check_step_knobs = false;
+// Throws std::logic_error naming the first knob `after` changed from `before` outside step `step`'s list.
+void check_step_knobs(std::size_t step, const Plan& before, const Plan& after);
+
 class Expander {
  public:
   Expander(std::vector<Plan> start, std::map<std::string, std::int64_t>& invalid)
@@ -30,14 +42,15 @@ class Expander {
   // For each plan and each value (a setter), keep the result unless `rule` names a reason.
   template <class T>
   void expand(const std::function<std::vector<T>(const Plan&)>& values, const std::function<void(Plan&, const T&)>& set,
-              const Rule& rule) {
+              const StepRule& rule) {
     std::vector<Plan> next;
     next.reserve(plans_.size() * 2);
     for (const Plan& p : plans_) {
       for (const T& v : values(p)) {
         Plan q = p;
         set(q, v);
-        std::string why = rule ? rule(q) : std::string();
+        if (g_check_step_knobs) check_step_knobs(rule.step, p, q);
+        std::string why = rule.rule ? rule.rule(q) : std::string();
         if (why.empty()) next.push_back(std::move(q));
         else ++invalid_[why];
       }
@@ -87,12 +100,12 @@ class Rules {
   }
 
   // The rule of step `step`: the rules due there, then the step's own search rule (`extra`).
-  Rule at(std::size_t step, Rule extra = {}) const {
-    return [rules = at_[step], extra = std::move(extra)](const Plan& p) {
-      for (const Rule& r : rules)
-        if (std::string why = r(p); !why.empty()) return why;
-      return extra ? extra(p) : std::string();
-    };
+  StepRule at(std::size_t step, Rule extra = {}) const {
+    return {step, [rules = at_[step], extra = std::move(extra)](const Plan& p) {
+              for (const Rule& r : rules)
+                if (std::string why = r(p); !why.empty()) return why;
+              return extra ? extra(p) : std::string();
+            }};
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 
 #include "space_internal.h"
 #include "zeroplan/profiles/errors.h"
@@ -40,6 +41,23 @@ const std::vector<std::vector<std::string>>& step_knobs() {
   return steps;
 }
 
+
+void check_step_knobs(std::size_t step, const Plan& before, const Plan& after) {
+  const std::vector<std::string>& listed = step_knobs().at(step);
+  Plan restored = after;  // the listed knobs put back: nothing else may differ
+  for (const std::string& name : listed) {
+    const Knob& k = knob(name);
+    k.assign(restored, knob_value(before, k), k.name);
+  }
+  if (restored == before) return;
+  for (const Knob& k : knobs()) {
+    if (std::find(listed.begin(), listed.end(), k.name) != listed.end()) continue;
+    if (knob_value(before, k) != knob_value(after, k))
+      throw std::logic_error(fmt::format("tuner expansion step {} sets {} ({} -> {}), which step_knobs() does not list for it",
+                                         step, k.name, knob_value(before, k).dump(), knob_value(after, k).dump()));
+  }
+  throw std::logic_error(fmt::format("tuner expansion step {} changes the plan outside the knobs it lists", step));
+}
 
 std::vector<int> divisors(int n) {
   std::vector<int> d;
