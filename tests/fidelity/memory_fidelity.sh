@@ -30,6 +30,7 @@ plans=(
   "zero_stage=2 micro_batch=2 microbatches=2"
   "zero_stage=2 buckets.reduce_buffer_elems=200000"
   "zero_stage=3 micro_batch=2 microbatches=2"
+  "zero_stage=3 buckets.prefetch_depth=2"
   "zero_stage=3 reshard_after_forward=false offload.params=true offload.grads=true offload.optimizer=true"
   "zero_stage=0 checkpointing=all checkpoint_offload=true"
   "zero_stage=3 micro_batch=2 microbatches=2 checkpointing=all checkpoint_offload=true"

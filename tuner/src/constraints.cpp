@@ -146,9 +146,10 @@ void apply_fixed(Plan& p, const std::string& key, const std::string& v) {
     } else fix_error(key, v, "expected fp32, bf16 or fp16");
   } else if (key == "buckets") {
     if (v == "default") {
-      const bool prefetch = p.buckets.prefetch;
+      const Buckets was = p.buckets;  // the sizes only: prefetch is a knob of its own
       p.buckets = Buckets{};
-      p.buckets.prefetch = prefetch;
+      p.buckets.prefetch = was.prefetch;
+      p.buckets.prefetch_depth = was.prefetch_depth;
     }
     else if (v == "large") {
       const Buckets d{};

@@ -103,9 +103,10 @@ const std::vector<KnobField>& fields() {
                             text::bytes(p.buckets.allgather_bucket_bytes));
        },
        [](Plan& p, const Plan& w) {
-         const bool prefetch = p.buckets.prefetch;
+         const Buckets was = p.buckets;  // the sizes only: prefetch is a knob of its own
          p.buckets = w.buckets;
-         p.buckets.prefetch = prefetch;
+         p.buckets.prefetch = was.prefetch;
+         p.buckets.prefetch_depth = was.prefetch_depth;
        }},
       {"flat_params", [](const Plan& p) { return yes_no(p.flat_params); },
        [](Plan& p, const Plan& w) { p.flat_params = w.flat_params; }},

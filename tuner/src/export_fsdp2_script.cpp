@@ -105,6 +105,10 @@ def main():
         for m in units:
             fully_shard(m, **kw)
         fully_shard(model, **kw)
+        if ZERO_STAGE == 3 and PREFETCH_DEPTH > 1:  # the plan gathers more than the next unit ahead
+            for i, m in enumerate(units):
+                m.set_modules_to_forward_prefetch(units[i + 1:i + 1 + PREFETCH_DEPTH])
+                m.set_modules_to_backward_prefetch(units[max(0, i - PREFETCH_DEPTH):i][::-1])
         wrapped = model
     else:
         from torch.nn.parallel import DistributedDataParallel
@@ -237,7 +241,7 @@ Export export_fsdp2_script(const Plan& p, const ModelProfile& model) {
       "from datetime import timedelta\n\nimport torch\nimport torch.distributed as dist\n\n"
       "# The plan (zeroplan's Plan document below, for the record).\n"
       "WORLD_SIZE = {world}\nMICRO_BATCH = {micro}\nMICROBATCHES = {microbatches}\nZERO_STAGE = {stage}\n"
-      "RESHARD_AFTER_FORWARD = {reshard}\nPARAM_DTYPE = {param}\nREDUCE_DTYPE = {reduce}\nOFFLOAD = {offload}\n"
+      "RESHARD_AFTER_FORWARD = {reshard}\nPREFETCH_DEPTH = {depth}\nPARAM_DTYPE = {param}\nREDUCE_DTYPE = {reduce}\nOFFLOAD = {offload}\n"
       "CHECKPOINT = {ckpt}\nUNIT_CLASSES = ({classes},)\nOPTIMIZER = {opt}\nMAX_GRAD_NORM = {clip}\n"
       "MODEL_NAME = \"{name}\"\nPLAN = {plan}\n",
       fmt::arg("summary", exports::plan_summary(p)),
@@ -246,6 +250,7 @@ Export export_fsdp2_script(const Plan& p, const ModelProfile& model) {
                                           : "DistributedDataParallel"),
       fmt::arg("world", p.world_size), fmt::arg("micro", p.micro_batch), fmt::arg("microbatches", p.microbatches),
       fmt::arg("stage", p.zero_stage), fmt::arg("reshard", py_bool(p.zero_stage == 3 && p.reshard_after_forward)),
+      fmt::arg("depth", p.buckets.prefetch ? p.buckets.prefetch_depth : 1),
       fmt::arg("param", py_dtype(p.precision.param_dtype)),
       fmt::arg("reduce", reduce),
       fmt::arg("offload", py_bool(all)), fmt::arg("ckpt", py_bool(p.checkpointing.mode != Checkpointing::Mode::none)),

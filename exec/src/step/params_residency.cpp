@@ -1,7 +1,7 @@
 // Parameter residency. Stages 0-2: every unit's parameters are views of one full flat buffer, always
 // resident. Stage 3 (FSDP): this rank's shard of every unit lives in one shard buffer (on the host with
-// offload.params); a unit's full buffer is all-gathered before its forward and its backward (the unit that
-// runs next prefetched), and freed after use (after forward only with reshard_after_forward and unless
+// offload.params); a unit's full buffer is all-gathered before its forward and its backward (the
+// buckets.prefetch_depth units that run next prefetched), and freed after use (after forward only with reshard_after_forward and unless
 // pinned: unit 0, FSDP's root, and owners of borrowed weights). All of them in the param dtype.
 // OffloadModel: the full flat buffer lives on the host; a unit's device buffer is filled while its slice
 // visits the device (offload_model.cpp).
@@ -114,7 +114,9 @@ void ParamResidency::before_fwd(int u, int micro) {
   if (!sharded_) return;
   ensure(u, micro);
   for (const auto& b : c_.unit(u).borrows) ensure(b.owner, micro);
-  if (c_.plan.buckets.prefetch && u + 1 < c_.unit_count()) gather(u + 1, micro);
+  // Prefetch: the next prefetch_depth units' all-gathers go out now (FSDP2: one).
+  const int depth = c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth : 0;
+  for (int k = 1; k <= depth && u + k < c_.unit_count(); ++k) gather(u + k, micro);
 }
 
 void ParamResidency::after_fwd(int u) {
@@ -125,7 +127,8 @@ void ParamResidency::before_bwd(int u, int micro) {
   if (!sharded_) return;
   ensure(u, micro);
   for (const auto& b : c_.unit(u).borrows) ensure(b.owner, micro);
-  if (c_.plan.buckets.prefetch && u > 0) gather(u - 1, micro);
+  const int depth = c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth : 0;
+  for (int k = 1; k <= depth && u - k >= 0; ++k) gather(u - k, micro);
 }
 
 void ParamResidency::after_bwd(int u) {

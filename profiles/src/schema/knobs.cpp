@@ -192,6 +192,11 @@ std::vector<Knob> build() {
       Entry("buckets.prefetch", T::boolean, "", "true", "stage 3: gather the next unit's parameters while computing",
             ZP_ASSIGN(buckets.prefetch))
           .tune_knob("prefetch").alias("prefetch"),
+      Entry("buckets.prefetch_depth", T::integer, ">= 1", "1",
+            "stage 3 with prefetch: units gathered ahead of the one computing, forward and backward (FSDP2: 1; "
+            "more hides slower all-gathers for as many gathered units more)",
+            ZP_ASSIGN(buckets.prefetch_depth))
+          .alias("prefetch_depth"),
       Entry("flat_params", T::boolean, "", "false",
             "optimizer steps on one flat buffer per unit instead of per tensor (run: always flat)",
             ZP_ASSIGN(flat_params))

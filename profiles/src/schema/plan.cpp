@@ -76,6 +76,7 @@ ojson write_buckets(const Buckets& b) {
   j["reduce_buffer_elems"] = b.reduce_buffer_elems;
   j["allgather_bucket_bytes"] = b.allgather_bucket_bytes;
   j["prefetch"] = b.prefetch;
+  j["prefetch_depth"] = b.prefetch_depth;
   return j;
 }
 
@@ -215,6 +216,7 @@ void read_value(const nlohmann::json& j, Buckets& b, const std::string& path) {
   r.opt("reduce_buffer_elems", b.reduce_buffer_elems);
   r.opt("allgather_bucket_bytes", b.allgather_bucket_bytes);
   r.opt("prefetch", b.prefetch);
+  r.opt("prefetch_depth", b.prefetch_depth);
   r.finish();
 }
 

@@ -88,6 +88,7 @@ void validate_fields(const Plan& p) {
                                  std::pair{"reduce_buffer_elems", b.reduce_buffer_elems},
                                  std::pair{"allgather_bucket_bytes", b.allgather_bucket_bytes}})
     if (v < 1) plan_error(std::string("buckets.") + field + " must be >= 1 (got " + num(v) + ")");
+  if (b.prefetch_depth < 1) plan_error("buckets.prefetch_depth must be >= 1 (got " + num(b.prefetch_depth) + ")");
 }
 
 namespace {

@@ -162,6 +162,7 @@ struct ParamResidency {
   TaskId last_gather = kNone;
  private:
   TaskId gather(int u, int mb, TaskId after);
+  int back_distance() const;
   Ctx& c_;
   std::vector<TaskId> gathered_;  // per unit: gather task of the current phase
   std::vector<AllocId> gathered_alloc_;

@@ -1,5 +1,5 @@
 // Parameter residency at stage 3 (FSDP): all-gather a unit's flat parameter before its forward and (when
-// resharded) again before its backward, free it after use, prefetch the next unit; offloaded shards are
+// resharded) again before its backward, free it after use, prefetch the next buckets.prefetch_depth units; offloaded shards are
 // copied into their chunk of the full buffer first. The last unit's backward follows its forward at once, so it is kept; the first unit
 // (the root's own parameters, FSDP's root is never resharded after forward) and every owner of shared
 // parameters (its borrowers use them in between) stay gathered from forward to backward.
@@ -8,6 +8,12 @@
 #include "zeroplan/sim/cost_models.h"
 
 namespace zeroplan::sim::lowering {
+
+// How many units before the one gathered its gather waits for: 1 without prefetch (right before use), else
+// one more than the prefetch depth.
+int ParamResidency::back_distance() const {
+  return c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth + 1 : 1;
+}
 
 TaskId ParamResidency::gather(int u, int mb, TaskId after) {
   const Unit& x = c_.units[static_cast<std::size_t>(u)];
@@ -37,10 +43,11 @@ TaskId ParamResidency::before_fwd(int u, int mb) {
     gathered_.assign(c_.units.size(), kNone);
     gathered_alloc_.assign(c_.units.size(), kNone);
   }
-  // Prefetch: the gather of u may run during the forward of u-1 (it waits for u-2's); else after u-1's.
-  // The first units' gathers wait for the end of the previous microbatch (the executor issues them as
-  // this microbatch's forward starts), not for nothing.
-  const int back = c_.plan.buckets.prefetch ? 2 : 1;
+  // Prefetch (depth d, buckets.prefetch_depth): the gather of u is issued as the forward of u-d starts, so
+  // it may run during the forwards of u-d..u-1 (it waits for u-d-1's); else after u-1's. The first units'
+  // gathers wait for the end of the previous microbatch (the executor issues them as this microbatch's
+  // forward starts), not for nothing.
+  const int back = back_distance();
   if (u == 0) mb_start_ = mb > 0 ? c_.last_compute : kNone;
   const TaskId after = u - back >= 0 ? c_.fwd[static_cast<std::size_t>(u - back)] : mb_start_;
   return gathered_[static_cast<std::size_t>(u)] = gather(u, mb, after);
@@ -61,7 +68,7 @@ void ParamResidency::after_fwd(int u, int mb, TaskId fwd) {
 TaskId ParamResidency::before_bwd(int u, int mb) {
   if (c_.plan.zero_stage != 3) return kNone;
   if (gathered_[static_cast<std::size_t>(u)] != kNone) return kNone;  // still gathered since the forward
-  const int back = c_.plan.buckets.prefetch ? 2 : 1;
+  const int back = back_distance();
   const auto units = static_cast<int>(c_.units.size());
   // The unit before the last is prefetched as the last unit's backward starts (FSDP's BACKWARD_PRE, the
   // executor): after the last forward and its loss, not during them.

@@ -69,6 +69,36 @@ TEST(ParamResidencyPiece, Stage3WithoutReshardOrPrefetch) {
   EXPECT_TRUE(rig.calls().empty());
 }
 
+// buckets.prefetch_depth 2: a unit's forward gathers the next two (FSDP2's explicit prefetching), its backward
+// the two before it; a gather already in flight is not issued again, so each unit is gathered once per pass.
+TEST(ParamResidencyPiece, PrefetchDepthGathersThatManyUnitsAhead) {
+  Rig rig([](Plan& p) {
+    p.zero_stage = 3;
+    p.reshard_after_forward = true;
+    p.buckets.prefetch_depth = 2;
+  });
+  pieces::ParamResidency params(*rig.c);
+  pieces::Ctx& c = *rig.c;
+  params.before_fwd(0, 0);  // unit 0, and units 1 and 2 prefetched
+  std::vector<CollectiveCall> calls = rig.calls();
+  ASSERT_EQ(calls.size(), 3u);
+  for (int u = 0; u < 3; ++u) EXPECT_EQ(calls[static_cast<std::size_t>(u)].bytes, padded_bytes(c.unit(u))) << "unit " << u;
+  EXPECT_FALSE(resident(c, 3)) << "three ahead is beyond the depth";
+  params.after_fwd(0);
+  params.before_fwd(1, 0);  // only unit 3 is new
+  EXPECT_EQ(rig.calls().size(), 4u);
+  EXPECT_TRUE(resident(c, 3));
+  for (int u = 1; u < 4; ++u) {
+    if (u > 1) params.before_fwd(u, 0);
+    params.after_fwd(u);
+  }
+  EXPECT_EQ(rig.calls().size(), 4u) << "each unit gathered once in the forward";
+  rig.comm.reset();
+  params.before_bwd(3, 0);  // units 3, 2 and 1 (unit 0 is pinned, still gathered)
+  EXPECT_EQ(rig.calls().size(), 3u);
+  EXPECT_TRUE(resident(c, 1));
+}
+
 // Stages 0-2: every unit resident in one full buffer; the piece gathers nothing, ever.
 TEST(ParamResidencyPiece, Stages0To2KeepEveryUnitAndGatherNothing) {
   for (const int stage : {0, 1, 2}) {

@@ -79,6 +79,7 @@ struct Buckets {
   std::int64_t reduce_buffer_elems = 1LL << 23;        // fairscale ShardedDDP reduce_buffer_size default
   std::int64_t allgather_bucket_bytes = 25LL << 20;    // ZeRO-1/2 all-gather of updated shards
   bool prefetch = true;                                // ZeRO-3: gather the next unit while computing
+  int prefetch_depth = 1;                              // ZeRO-3 with prefetch: units gathered ahead (FSDP2: 1)
 
   bool operator==(const Buckets&) const = default;
 };

@@ -26,6 +26,7 @@ MICRO_BATCH = 2
 MICROBATCHES = 4
 ZERO_STAGE = 3
 RESHARD_AFTER_FORWARD = True
+PREFETCH_DEPTH = 1
 PARAM_DTYPE = torch.bfloat16
 REDUCE_DTYPE = torch.bfloat16
 OFFLOAD = True
@@ -84,7 +85,8 @@ PLAN = json.loads(r'''{
     "all_reduce_bucket_bytes": 26214400,
     "reduce_buffer_elems": 8388608,
     "allgather_bucket_bytes": 26214400,
-    "prefetch": true
+    "prefetch": true,
+    "prefetch_depth": 1
   },
   "flat_params": true,
   "optimizer": {
@@ -191,6 +193,10 @@ def main():
         for m in units:
             fully_shard(m, **kw)
         fully_shard(model, **kw)
+        if ZERO_STAGE == 3 and PREFETCH_DEPTH > 1:  # the plan gathers more than the next unit ahead
+            for i, m in enumerate(units):
+                m.set_modules_to_forward_prefetch(units[i + 1:i + 1 + PREFETCH_DEPTH])
+                m.set_modules_to_backward_prefetch(units[max(0, i - PREFETCH_DEPTH):i][::-1])
         wrapped = model
     else:
         from torch.nn.parallel import DistributedDataParallel
