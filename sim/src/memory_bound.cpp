@@ -49,8 +49,11 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
 // forward it ran before its first backward (its schedule: profiles' pipeline_order), while it runs the last
 // of them: the earlier ones are held. Each holds, until its backward, what its forward kept on the device (the
 // lowering's Activations::on_fwd): a unit's saved bytes, or a checkpointed unit's input (none with
-// checkpoint_offload); a pipeline-checkpointed microbatch keeps the stage's received input only. With
-// activation offload the offloaded share leaves, so nothing is counted (a bound must not exceed the peak).
+// checkpoint_offload), and the stage's last output (the loss's allocation); a pipeline-checkpointed
+// microbatch keeps the stage's received input only. With activation offload a unit's offloaded share leaves
+// after the next unit's forward, except the stage's last two units' (at its backward: the forward runs on
+// into the next stage), and only what a unit saves beside its input goes where the profile lists no saved
+// tensors; with a list nothing else is counted (a bound must not exceed the peak).
 std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Unit>& all, std::size_t first,
                                 std::size_t last, int stage) {
   std::vector<int> before_backward;  // microbatches forwarded before the stage's first backward
@@ -58,12 +61,17 @@ std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Un
     if (!op.forward) break;
     before_backward.push_back(op.microbatch);
   }
-  std::int64_t kept = 0;  // one microbatch, not pipeline-checkpointed
-  if (plan.offload.activations_ratio <= 0) {
-    for (std::size_t i = first; i < last; ++i) {
-      const lowering::Unit& u = all[i];
-      if (!u.checkpoint) kept += u.saved;
-      else if (!plan.checkpoint_offload && i > 0) kept += all[i - 1].output;
+  const bool offload = plan.offload.activations_ratio > 0;
+  std::int64_t kept = all[last - 1].output;  // one microbatch, not pipeline-checkpointed
+  for (std::size_t i = first; i < last; ++i) {
+    const lowering::Unit& u = all[i];
+    const std::int64_t input = i > 0 ? all[i - 1].output : 0;
+    if (u.checkpoint) {
+      if (!plan.checkpoint_offload) kept += input;
+    } else if (!offload || i + 2 >= last) {
+      kept += u.saved;
+    } else if (!u.tensor_list) {
+      kept += std::min(u.saved, input);
     }
   }
   const std::int64_t received = first > 0 ? all[first - 1].output : 0;
