@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "zeroplan/sim/cost_models.h"
 
@@ -71,10 +72,10 @@ double fit_time(const CollectiveFit& f, double bytes) {
   return std::max(t0, t0 + slope * (bytes - x0));
 }
 
-// Fitted time for (op, backend, scope, ranks, dtype), or a negative number when no fit applies: a fit
-// measured with the dtype wins over one for any dtype ("", measured in fp32).
-double fitted_time(const ClusterProfile& c, CollOp op, std::string_view backend, std::string_view scope,
-                   double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
+// The fits that apply to (op, backend, scope, ranks, algo, dtype): a fit measured with the dtype wins
+// over one for any dtype ("", measured in fp32).
+std::vector<const CollectiveFit*> applicable_fits(const ClusterProfile& c, CollOp op, std::string_view backend,
+                                                  std::string_view scope, int ranks, CollAlgo algo, std::string_view dtype) {
   auto applies = [&](const CollectiveFit& f) {
     if (f.op != to_string(op) || f.backend != backend || f.scope != scope) return false;
     if (algo == CollAlgo::ring && f.algorithm != "ring") return false;
@@ -83,13 +84,40 @@ double fitted_time(const ClusterProfile& c, CollOp op, std::string_view backend,
   };
   const bool own = std::any_of(c.collectives.begin(), c.collectives.end(),
                                [&](const CollectiveFit& f) { return applies(f) && f.dtype == dtype; });
-  double best = std::numeric_limits<double>::infinity();
+  std::vector<const CollectiveFit*> out;
   for (const CollectiveFit& f : c.collectives) {
     if (!applies(f)) continue;
     if (own ? f.dtype != dtype : !(f.dtype.empty() || f.dtype == "fp32")) continue;
-    best = std::min(best, fit_time(f, bytes));
+    out.push_back(&f);
   }
+  return out;
+}
+
+// Fitted time for (op, backend, scope, ranks, dtype), or a negative number when no fit applies.
+double fitted_time(const ClusterProfile& c, CollOp op, std::string_view backend, std::string_view scope,
+                   double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const CollectiveFit* f : applicable_fits(c, op, backend, scope, ranks, algo, dtype)) best = std::min(best, fit_time(*f, bytes));
   return std::isfinite(best) ? best : -1.0;
+}
+
+// inf over bytes > 0 of fit_time(f, bytes) / bytes, or a negative number when the fit has a negative time
+// or bytes (no bound claimed). fit_time is linear between its points (and beyond the last), so the
+// ratio is monotone on each piece: its infimum is at a piece's end, or the last slope far beyond.
+double least_time_per_byte(const CollectiveFit& f) {
+  const auto& p = f.points;
+  if (p.size() < 2) return f.alpha_s >= 0 && f.beta_s_per_byte >= 0 ? f.beta_s_per_byte : -1.0;
+  for (std::size_t k = 0; k < p.size(); ++k)
+    if (!(p[k].first > 0 && p[k].second >= 0) || (k > 0 && !(p[k].first > p[k - 1].first))) return -1.0;
+  double least = p.front().second / p.front().first;  // up to the first point: its time
+  for (std::size_t k = 1; k < p.size(); ++k) {
+    const auto& [x0, t0] = p[k - 1];
+    const auto& [x1, t1] = p[k];
+    const double slope = std::max(0.0, (t1 - t0) / (x1 - x0));
+    least = std::min({least, t0 / x0, (t0 + slope * (x1 - x0)) / x1});
+    if (k + 1 == p.size()) least = std::min(least, slope);  // the last piece goes on at its slope
+  }
+  return least;
 }
 
 }  // namespace
@@ -150,5 +178,29 @@ double uncalibrated_collective_time(const ClusterProfile& c, CollOp op, double b
   return 0.0;
 }
 }  // namespace
+
+double collective_time_lower_bound(const ClusterProfile& c, CollOp op, double bytes, int ranks, std::string_view dtype) {
+  if (ranks <= 1 || bytes <= 0) return 0.0;
+  const std::string_view backend = default_backend(c);
+  const std::string_view scope = ranks <= std::max(1, c.devices_per_node) ? "intra_node" : "inter_node";
+  double least = std::numeric_limits<double>::infinity();
+  for (const CollAlgo algo : {CollAlgo::ring, CollAlgo::tree, CollAlgo::best}) {
+    CollectiveOptions o;
+    o.algo = algo;
+    o.dtype = std::string(dtype);
+    const std::vector<const CollectiveFit*> fits = applicable_fits(c, op, backend, scope, ranks, algo, o.dtype);
+    if (fits.empty()) {
+      // From the links: alpha-beta terms with latencies >= 0 (and their minimum for `best`), concave in the
+      // bytes and 0 at none: one collective of the total is the cheapest split.
+      least = std::min(least, collective_time(c, op, bytes, ranks, o));
+      continue;
+    }
+    double per_byte = std::numeric_limits<double>::infinity();
+    for (const CollectiveFit* f : fits) per_byte = std::min(per_byte, least_time_per_byte(*f));
+    if (!(per_byte > 0)) return 0.0;  // a negative time or a free byte somewhere: no bound claimed
+    least = std::min(least, bytes * per_byte * c.calibration.comm_time_scale);
+  }
+  return std::isfinite(least) ? std::max(0.0, least) : 0.0;
+}
 
 }  // namespace zeroplan::sim

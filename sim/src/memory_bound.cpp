@@ -104,19 +104,4 @@ MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& 
   return out;
 }
 
-double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan) {
-  if (plan.pipeline_stages <= 1) return 0;
-  const std::vector<lowering::Unit> units = lowering::expand_units(model, plan, &cluster);
-  double before = 0, best = 0;
-  std::size_t first = 0;
-  for (const int n : pipeline_balance(plan, model)) {
-    double stage = 0;
-    for (std::size_t i = first; i < first + static_cast<std::size_t>(n); ++i) stage += units[i].fwd_s + units[i].bwd_s;
-    first += static_cast<std::size_t>(n);
-    best = std::max(best, before + plan.microbatches * stage);
-    before += stage;
-  }
-  return best * compute_time_factor(model, cluster);
-}
-
 }  // namespace zeroplan::sim

@@ -46,6 +46,19 @@ class Fitter {
     return true;
   }
   bool ruled_out(const Plan& p) { return device_ruled_out(p) || host_ruled_out(p); }
+  // True when the step-time bound proves `p` slower than the ranking's cutoff (SearchOptions).
+  bool time_ruled_out(const Plan& p) {
+    if (!opt_.prune || !(opt_.rank_cutoff_s < std::numeric_limits<double>::infinity())) return false;
+    try {
+      if (!(opt_.rank_cutoff_s < ev_.step_time_lower_bound(p))) return false;
+    } catch (const SchemaError&) {  // not bounded: simulating it says why
+      return false;
+    } catch (const sim::SimError&) {
+      return false;
+    }
+    time_cut_ = true;
+    return true;
+  }
 
   // Simulates; returns nullopt on a simulator error (recorded).
   std::optional<Prediction> sim(const Plan& p) {
@@ -67,12 +80,15 @@ class Fitter {
     }
   }
 
-  void finish() {
+  void finish(const Plan& candidate) {
     if (best_) {
       out_.status = Status::fits;
       out_.plan = *best_plan_;
       out_.prediction = std::move(*best_);
       out_.device_excess_bytes = out_.host_excess_bytes = 0;
+    } else if (time_cut_) {  // what it had left could not be ranked
+      out_.status = Status::dominated;
+      out_.plan = candidate;
     } else if (miss_) {
       out_.status = Status::out_of_memory;
       out_.plan = *miss_plan_;
@@ -117,6 +133,7 @@ class Fitter {
   std::optional<Plan> best_plan_, miss_plan_, bound_miss_plan_;
   std::int64_t miss_excess_ = 0, bound_miss_device_ = 0, bound_miss_host_ = 0;
   std::string error_;
+  bool time_cut_ = false;
 };
 
 Plan with_ratio(Plan p, int steps) {
@@ -243,6 +260,7 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
   enum class Next { level, fits, stop };
   // One variant: simulated as is, or with the smallest activation offload ratio that fits.
   auto try_variant = [&](const Plan& p) {
+    if (f.time_ruled_out(p)) return Next::stop;  // and every later level: more recompute
     if (!cand.fit_activations) {
       if (f.host_ruled_out(p)) return Next::stop;  // checkpointing frees no host memory
       if (f.device_ruled_out(p)) return Next::level;
@@ -287,7 +305,7 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
       offload_fits_host = n != Next::stop;
     }
   }
-  f.finish();
+  f.finish(cand.plan);
   return out;
 }
 

@@ -10,10 +10,8 @@
 #include <chrono>
 #include <exception>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <thread>
-#include <tuple>
 
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/sim/errors.h"
@@ -23,55 +21,23 @@
 namespace zeroplan::tuner {
 namespace {
 
-// The step-time bounds of pipelined plans depend on few fields: computed once per distinct set.
-class TimeBounds {
- public:
-  explicit TimeBounds(const Evaluator& ev) : ev_(ev) {}
-  double operator()(const Plan& p) {
-    const Key key{p.pipeline_stages, p.micro_batch, p.microbatches, p.precision.compute_dtype, p.pipeline.balance};
-    const auto it = cache_.find(key);
-    return it != cache_.end() ? it->second : cache_[key] = ev_.step_time_lower_bound(p);
-  }
+// Candidates are evaluated the most promising first: in order of their step-time lower bound (then their
+// index), in rounds of 1, 2, 4, ... up to kRound. With pruning on, one is not simulated (Status::dominated)
+// when the earlier rounds' outcomes already hold top_k fitting plans faster than its lower bound: it cannot
+// enter the ranking (the Pareto front and the cloud of fitting points then hold the simulated plans only).
+// Only earlier rounds count, so the result does not depend on the threads. Taking the lowest bounds first
+// tightens the ranking's top_k early: a trillion-parameter GPT on 4,096 GPUs has thousands of candidates,
+// most with bounds far above the best plans (a many-stage pipeline costs a second to simulate).
+constexpr std::size_t kRound = 64;
 
- private:
-  struct Key {
-    int stages, micro_batch, microbatches;
-    std::string dtype;
-    PipelineBalance balance;
-    bool operator<(const Key& o) const {
-      return std::tie(stages, micro_batch, microbatches, dtype, balance.mode, balance.units) <
-             std::tie(o.stages, o.micro_batch, o.microbatches, o.dtype, o.balance.mode, o.balance.units);
-    }
-  };
-  const Evaluator& ev_;
-  std::map<Key, double> cache_;
-};
-
-// Pipelined candidates are evaluated after the others, the most promising first: in order of their
-// step-time lower bound (then their index), in rounds of 1, 2, 4, ... up to kPipelinedRound. With pruning on, one is not
-// simulated (Status::dominated) when the earlier rounds' outcomes already hold top_k fitting plans faster
-// than its lower bound: it cannot enter the ranking (the Pareto front and the cloud of fitting points then
-// hold the simulated plans only). Only earlier rounds count, so the result does not depend on the threads.
-// Taking the lowest bounds first tightens the ranking's top_k early: a trillion-parameter GPT on 4,096
-// GPUs has thousands of pipelined candidates, most with bounds far above the best plans.
-constexpr std::size_t kPipelinedRound = 64;
-
-std::vector<std::vector<std::size_t>> phases(const std::vector<Candidate>& cands, TimeBounds& bounds) {
-  std::vector<std::size_t> flat;
-  std::vector<std::pair<double, std::size_t>> piped;
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    if (cands[i].plan.pipeline_stages <= 1) {
-      flat.push_back(i);
-    } else {
-      piped.emplace_back(bounds(cands[i].plan), i);
-    }
-  }
-  std::sort(piped.begin(), piped.end());
+std::vector<std::vector<std::size_t>> rounds(const std::vector<double>& bounds) {
+  std::vector<std::pair<double, std::size_t>> by_bound;
+  for (std::size_t i = 0; i < bounds.size(); ++i) by_bound.emplace_back(bounds[i], i);
+  std::sort(by_bound.begin(), by_bound.end());
   std::vector<std::vector<std::size_t>> out;
-  if (!flat.empty()) out.push_back(std::move(flat));
-  for (std::size_t k = 0, size = 1; k < piped.size(); k += size, size = std::min(2 * size, kPipelinedRound)) {
+  for (std::size_t k = 0, size = 1; k < by_bound.size(); k += size, size = std::min(2 * size, kRound)) {
     std::vector<std::size_t> round;
-    for (std::size_t j = k; j < std::min(piped.size(), k + size); ++j) round.push_back(piped[j].second);
+    for (std::size_t j = k; j < std::min(by_bound.size(), k + size); ++j) round.push_back(by_bound[j].second);
     out.push_back(std::move(round));
   }
   return out;
@@ -89,9 +55,31 @@ double kth_fastest(const std::vector<Outcome>& done, int top_k) {
   return times[k - 1];
 }
 
-bool dominated(const Candidate& cand, double kth, TimeBounds& bounds) {
-  if (cand.plan.pipeline_stages <= 1 || kth == std::numeric_limits<double>::infinity()) return false;
-  return kth < bounds(cand.plan);
+// Each candidate's step-time bound, of its fastest variant (no units checkpointed where the fitter chooses
+// them), on `threads` threads; 0 (no claim) where the plan cannot be bounded: its simulation says why.
+std::vector<double> step_time_bounds(const std::vector<Candidate>& cands, const Evaluator& ev, int threads) {
+  std::vector<double> bounds(cands.size(), 0.0);
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t i = next.fetch_add(1); i < cands.size(); i = next.fetch_add(1)) {
+      Plan fastest = cands[i].plan;
+      if (cands[i].fit_checkpointing) {
+        fastest.checkpointing = Checkpointing{};
+        fastest.checkpoint_offload = false;
+      }
+      try {
+        bounds[i] = ev.step_time_lower_bound(fastest);
+      } catch (const SchemaError&) {
+      } catch (const sim::SimError&) {
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+  }
+  return bounds;
 }
 
 // Evaluates every candidate; outcomes land at their candidate's index, so the result does not depend on
@@ -134,12 +122,13 @@ std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const Mod
       }
     }
   };
-  TimeBounds bounds(ev);
-  for (const std::vector<std::size_t>& phase : phases(cands, bounds)) {
+  const std::vector<double> bounds = step_time_bounds(cands, ev, threads);
+  for (const std::vector<std::size_t>& round : rounds(bounds)) {
     order.clear();
     const double kth = opt.prune ? kth_fastest(out, opt.top_k) : std::numeric_limits<double>::infinity();
-    for (const std::size_t i : phase) {
-      if (dominated(cands[i], kth, bounds)) {
+    sopt.rank_cutoff_s = kth;
+    for (const std::size_t i : round) {
+      if (kth < bounds[i]) {
         out[i].status = Status::dominated;
         out[i].plan = cands[i].plan;
         if (opt.progress) {

@@ -293,5 +293,7 @@ struct SyncAmortisation {
   double amortised_extra_s = 0;  // that spread over the steps between
 };
 SyncAmortisation localsgd_amortisation(const Ctx& c);
+// The same from the plan and the whole model's expanded units (the tuner's step-time bound).
+SyncAmortisation localsgd_amortisation(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units);
 
 }  // namespace zeroplan::sim::lowering

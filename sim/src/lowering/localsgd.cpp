@@ -11,27 +11,33 @@
 
 namespace zeroplan::sim::lowering {
 
-SyncAmortisation localsgd_amortisation(const Ctx& c) {
+SyncAmortisation localsgd_amortisation(const Plan& plan, const ClusterProfile& cluster, const std::vector<Unit>& units) {
   SyncAmortisation a;
-  if (!c.plan.localsgd()) return a;
-  const double params = static_cast<double>(c.total_params);
+  if (!plan.localsgd()) return a;
+  const int n = plan.data_parallel_size();
+  double params = 0, tensors = 0;
+  for (const Unit& u : units) {
+    params += static_cast<double>(u.params);
+    tensors += u.tensors;
+  }
   // On one node every step already reduced gradients over every rank: the replicas are equal and, as in
   // fairscale's hierarchy (and the executor), there is nothing to average.
-  const bool several_nodes = c.n > c.cluster.devices_per_node;
+  const bool several_nodes = n > cluster.devices_per_node;
   CollectiveOptions o;
-  o.dtype = c.plan.precision.param_dtype;
-  const double average = several_nodes ? collective_time(c.cluster, CollOp::all_reduce, params * c.b.param, c.n, o) : 0.0;
+  o.dtype = plan.precision.param_dtype;
+  const double average =
+      several_nodes ? collective_time(cluster, CollOp::all_reduce, params * bytes_of(plan).param, n, o) : 0.0;
   a.sync_extra_s = average;
-  a.amortised_extra_s = average / c.plan.localsgd_frequency;
-  if (c.plan.slowmo()) {
-    double tensors = 0;
-    for (const Unit& u : c.units) tensors += u.tensors;
-    const double update = params * 4.0 * (8.0 + 5.0) / c.cluster.device.mem_bw_bytes_per_s +
-                          5.0 * tensors * c.cluster.device.launch_overhead_s;
+  a.amortised_extra_s = average / plan.localsgd_frequency;
+  if (plan.slowmo()) {
+    const double update = params * 4.0 * (8.0 + 5.0) / cluster.device.mem_bw_bytes_per_s +
+                          5.0 * tensors * cluster.device.launch_overhead_s;
     a.sync_extra_s += update;
-    a.amortised_extra_s += update / c.plan.slowmo_frequency;
+    a.amortised_extra_s += update / plan.slowmo_frequency;
   }
   return a;
 }
+
+SyncAmortisation localsgd_amortisation(const Ctx& c) { return localsgd_amortisation(c.plan, c.cluster, c.units); }
 
 }  // namespace zeroplan::sim::lowering

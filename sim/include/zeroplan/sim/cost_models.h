@@ -143,6 +143,14 @@ struct CollectiveOptions {
 double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
                        const CollectiveOptions& options = {});
 
+// A lower bound of the summed collective_time of any collectives `op` over `ranks` whose bytes add up to
+// `bytes` (buckets of any sizes, any CollAlgo, the default backend, elements of `dtype`), for the tuner's
+// step-time bound: from the links, one collective of the total (their time is concave in the bytes);
+// from fits, the total at the fits' least time per byte (a fit need not be concave); 0 when a fit has a
+// negative time.
+double collective_time_lower_bound(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
+                                   std::string_view dtype);
+
 // The backend the cluster uses: "nccl" on cuda devices, "gloo" on cpu.
 std::string_view default_backend(const ClusterProfile& cluster);
 

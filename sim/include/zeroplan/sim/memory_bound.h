@@ -21,11 +21,19 @@ struct MemoryBound {
 // REQUIRES: validate(plan) and validate(plan, model) pass.
 MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan);
 
-// A lower bound of simulate(plan).step_time_s from the units' compute times alone, O(units), for the
-// tuner's pruning. Pipelined plans: stage b cannot start before the first microbatch's forward crossed
-// the stages before it, must run its m forwards and backwards, and the last backward must cross them
-// back: max over b of sum_{s<b} (F_s + B_s) + m (F_b + B_b), exact for equal stages and free sends.
-// Other plans: 0 (no bound claimed). REQUIRES: as memory_lower_bound.
+// A lower bound of simulate(plan).step_time_s (default SimOptions, any collective_algo), cheap (O(units)
+// and, pipelined, O(stages x microbatches); no task graph), for the tuner's pruning (time_bound.cpp):
+//  - pipelined plans: each stage's forwards, backwards and recomputes (of checkpointed units; of the stage
+//    in pipeline-checkpointed microbatches) replayed in its schedule's order, a forward after the previous
+//    stage's forward of its microbatch and a backward after the next stage's backward of it, with free
+//    sends and collectives;
+//  - other plans: the larger of the compute stream's forwards, recomputes and backwards and the
+//    collectives' stream (stages 0-1: one all-reduce of the gradients; stage 2: a reduce-scatter of them
+//    per microbatch; stages 1-2: the all-gather of the updated parameters; stage 3: the larger of the
+//    gathers of the parameters and the reduce-scatters of the gradients), each at the cheapest split of its
+//    bytes into buckets (OffloadModel: its compute only);
+// plus LocalSGD's amortised averaging. Checkpointing more units only raises it; activation and checkpoint
+// offload leave it as it is (their copies are not counted). REQUIRES: as memory_lower_bound.
 double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan);
 
 }  // namespace zeroplan::sim

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,8 @@ enum class Status {
   out_of_memory_bound,  // pruned: the analytic bound already exceeds the limit (never simulated)
   out_of_memory,      // simulated, does not fit in any variant tried
   error,              // the simulator refused the plan
-  dominated,          // pruned (pipelines): top_k plans are faster than its step-time bound (never simulated)
+  dominated,          // pruned: top_k plans are faster than its step-time bound (never simulated), or than
+                      // the bound of every variant it had left when none had fitted
 };
 std::string_view to_string(Status s);
 
@@ -55,7 +57,11 @@ struct Outcome {
 std::vector<Checkpointing> checkpointing_levels(const ModelProfile& model);
 
 struct SearchOptions {
-  bool prune = true;  // use the analytic bound (false: simulate everything, for brute-force checks)
+  bool prune = true;  // use the analytic bounds (false: simulate everything, for brute-force checks)
+  // With prune: the top_k-th fastest fitting step time found so far (tune.cpp). A variant whose step-time
+  // lower bound is above it cannot be ranked, nor can those after it (more units checkpointed, more
+  // recompute): they are not simulated.
+  double rank_cutoff_s = std::numeric_limits<double>::infinity();
 };
 
 // Evaluates one candidate. Assumes (and the simulator's monotonicity tests check) that raising the
