@@ -121,6 +121,50 @@ TEST(Search, CheckpointOffloadIsTriedAtEachLevelBeforeCheckpointingMore) {
   EXPECT_FALSE(o.plan.checkpoint_offload);
 }
 
+// The fake's step-time bound: its step time at ratio 0 (checkpointing adds 0.1 s).
+class BoundedFake final : public Evaluator {
+ public:
+  LinearFake inner;
+  mutable int simulations = 0;
+  Prediction simulate(const Plan& p) const override {
+    ++simulations;
+    return inner.simulate(p);
+  }
+  MemoryBytes memory_lower_bound(const Plan&) const override { return {}; }
+  double step_time_lower_bound(const Plan& p) const override {
+    return p.checkpointing.mode == Checkpointing::Mode::none ? 1.0 : 1.1;
+  }
+};
+
+TEST(Search, VariantsAboveTheRankingCutoffAreNotSimulated) {
+  BoundedFake fake;
+  fake.inner.activations = 0;  // only checkpointing saves memory
+  const BoundedFake& ev = fake;
+  Candidate c = free_candidate();
+  c.fit_checkpointing = true;
+  const ModelProfile m = small_gpt();
+  const MemoryLimits needs_checkpointing{800, 1 << 20};
+  SearchOptions opt;
+  const Outcome all = evaluate_candidate(c, m, ev, needs_checkpointing, opt);
+  ASSERT_EQ(all.status, Status::fits);
+  EXPECT_DOUBLE_EQ(all.prediction.step_time_s, 1.1);
+  // Top_k plans at 1.05 s: no checkpointed variant can be ranked, so none is simulated and the candidate
+  // (its one variant without checkpointing does not fit) is dominated.
+  opt.rank_cutoff_s = 1.05;
+  fake.simulations = 0;
+  const Outcome cut = evaluate_candidate(c, m, ev, needs_checkpointing, opt);
+  EXPECT_EQ(cut.status, Status::dominated);
+  EXPECT_EQ(cut.plan, c.plan);
+  EXPECT_LT(ev.simulations, all.simulations);
+  EXPECT_EQ(ev.simulations, cut.simulations);
+  // A cutoff above the checkpointed bound changes nothing; without pruning the cutoff is ignored.
+  opt.rank_cutoff_s = 1.2;
+  EXPECT_EQ(evaluate_candidate(c, m, ev, needs_checkpointing, opt).status, Status::fits);
+  opt.rank_cutoff_s = 1.05;
+  opt.prune = false;
+  EXPECT_EQ(evaluate_candidate(c, m, ev, needs_checkpointing, opt).status, Status::fits);
+}
+
 TEST(Search, HostLimitStopsOffloadEarly) {
   const LinearFake fake;
   // Device needs ratio >= 0.5 (host 50), host allows 40: nothing fits.

@@ -260,7 +260,6 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
   enum class Next { level, fits, stop };
   // One variant: simulated as is, or with the smallest activation offload ratio that fits.
   auto try_variant = [&](const Plan& p) {
-    if (f.time_ruled_out(p)) return Next::stop;  // and every later level: more recompute
     if (!cand.fit_activations) {
       if (f.host_ruled_out(p)) return Next::stop;  // checkpointing frees no host memory
       if (f.device_ruled_out(p)) return Next::level;
@@ -296,6 +295,9 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
     p.checkpointing = level;
     const bool checkpoints = level.mode != Checkpointing::Mode::none;
     if (p.checkpoint_offload && !checkpoints) continue;  // nothing to offload
+    // Checkpointed units add recompute (this level's and every later one's): above the ranking's cutoff,
+    // none can be ranked. The candidate's own bound (no units checkpointed) was checked by the tune.
+    if (cand.fit_checkpointing && checkpoints && f.time_ruled_out(p)) break;
     if (try_variant(p) != Next::level) break;
     // The kept inputs on the host before checkpointing more units (copies instead of recompute).
     if (cand.fit_checkpoint_offload && checkpoints && !p.checkpoint_offload && offload_fits_host) {
