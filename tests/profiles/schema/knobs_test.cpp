@@ -59,6 +59,7 @@ const std::map<std::string, Case>& cases() {
       {"buckets.reduce_buffer_elems", {{}, "65536", 65536}},
       {"buckets.allgather_bucket_bytes", {{}, "2097152", 2097152}},
       {"buckets.prefetch", {{}, "false", false}},
+      {"buckets.prefetch_depth", {{{"zero_stage", "3"}}, "2", 2}},
       {"flat_params", {{}, "true", true}},
       {"optimizer.name", {{}, "sgd", "sgd"}},
       {"optimizer.lr", {{}, "0.01", 0.01}},
