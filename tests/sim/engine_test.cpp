@@ -315,6 +315,39 @@ TEST(Graph, CriticalPathFollowsTheLongestChain) {
   EXPECT_GE(run(g).makespan_s, makespan_lower_bound(g));
 }
 
+// The makespan bound's longest chain: one pass in id order when every dependency is an earlier task (the
+// lowering's graphs), the depth-first critical path otherwise; the same length either way, on random graphs
+// (a dependency added later, on a later task, sends the graph down the depth-first path).
+TEST(Graph, LongestChainInIdOrderEqualsTheCriticalPath) {
+  std::uint64_t seed = 12345;
+  auto next = [&seed](std::uint64_t n) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (seed >> 33) % n;
+  };
+  for (int trial = 0; trial < 20; ++trial) {
+    TaskGraph g;
+    const ResourceId r0 = g.add_resource("a", ResourceKind::compute);
+    const ResourceId r1 = g.add_resource("b", ResourceKind::comm);
+    std::vector<TaskId> ids;
+    for (int t = 0; t < 200; ++t) {
+      const TaskId id = g.add_task(t % 3 == 0 ? r1 : r0, 0.25 * static_cast<double>(1 + next(8)), {});
+      for (int k = 0; k < 3 && !ids.empty(); ++k) g.add_dep(id, ids[next(ids.size())]);
+      ids.push_back(id);
+    }
+    EXPECT_EQ(longest_chain_s(g), critical_path(g).length_s);
+    const TaskId late = g.add_task(r0, 9.0, {});  // an earlier task waits for a later one: acyclic, depth-first now
+    g.add_dep(ids[5], late);
+    EXPECT_NO_THROW(check_acyclic(g));
+    EXPECT_EQ(longest_chain_s(g), critical_path(g).length_s);
+  }
+  TaskGraph cyclic;  // a cycle through a later task is still found
+  const ResourceId r = cyclic.add_resource("a", ResourceKind::compute);
+  const TaskId a = cyclic.add_task(r, 1.0, {});
+  const TaskId b = cyclic.add_task(r, 1.0, {}, {a});
+  cyclic.add_dep(a, b);
+  EXPECT_THROW(check_acyclic(cyclic), CycleError);
+}
+
 TEST(Trace, ByteIdenticalAndWellFormed) {
   auto build = [] {
     TaskGraph g;

@@ -33,16 +33,23 @@ std::int64_t prefetch_budget(std::int64_t prefetch_bytes, const std::vector<std:
 std::vector<int> prefetch_points(const std::vector<std::int64_t>& unit_bytes, std::int64_t budget) {
   const int n = static_cast<int>(unit_bytes.size());
   std::vector<int> at(unit_bytes.size(), -1);
+  // Only the units that sent bytes take part (the others keep -1): a model of many units and no offload is
+  // one pass, not units^2 (the simulator asks once per microbatch).
+  std::vector<int> sent;
+  for (int v = 0; v < n; ++v)
+    if (unit_bytes[static_cast<std::size_t>(v)] > 0) sent.push_back(v);
   std::int64_t ahead = 0;  // bytes copied back for units whose backward has not started
+  auto below = sent.rbegin();  // the first sent unit below w, walking down
   for (int w = n - 1; w >= 0; --w) {
     const auto wi = static_cast<std::size_t>(w);
+    while (below != sent.rend() && *below >= w) ++below;
     if (unit_bytes[wi] > 0) {
       if (at[wi] < 0) at[wi] = w;
       else ahead -= unit_bytes[wi];
     }
-    for (int v = w - 1; v >= 0; --v) {
-      const auto vi = static_cast<std::size_t>(v);
-      if (unit_bytes[vi] <= 0 || at[vi] >= 0) continue;
+    for (auto it = below; it != sent.rend(); ++it) {
+      const auto vi = static_cast<std::size_t>(*it);
+      if (at[vi] >= 0) continue;
       if (ahead + unit_bytes[vi] > budget) break;
       at[vi] = w;
       ahead += unit_bytes[vi];

@@ -183,10 +183,11 @@ TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   if (u == n - 1 || points_.empty()) {
     for (int v = n - 1; v >= std::max(0, n - 2); --v) issue_after = let_go(v, mb, last_fwd_, issue_after);
     points_ = prefetch_points(off_bytes_, prefetch_budget(c_.plan.offload.activations_prefetch_bytes, off_bytes_));
+    due_.assign(static_cast<std::size_t>(n), {});  // per unit, the units copied back before its backward, last first
+    for (int v = n - 1; v >= 0; --v)
+      if (const int w = points_[static_cast<std::size_t>(v)]; w >= 0) due_[static_cast<std::size_t>(w)].push_back(v);
   }
-  for (int v = u; v >= 0; --v) {
-    if (points_[static_cast<std::size_t>(v)] == u) copy_back(v, mb, issue_after);
-  }
+  for (const int v : due_[i]) copy_back(v, mb, issue_after);
   if (x.checkpoint) {
     TaskId input_back = kNone;
     if (d2h_[i] != kNone) {  // checkpoint_offload: the input comes back when the backward reaches the unit

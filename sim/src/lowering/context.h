@@ -200,6 +200,7 @@ struct Activations {
   std::vector<AllocId> off_device_;
   std::vector<TaskId> h2d_;
   std::vector<int> points_;
+  std::vector<std::vector<int>> due_;  // points_ inverted: per unit, the units whose copies back start there
   TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
   AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward

@@ -18,6 +18,9 @@ struct CriticalPath {
 // Longest dependency chain, ignoring resource order and contention: a lower bound on the makespan.
 // REQUIRES: graph is acyclic.
 CriticalPath critical_path(const TaskGraph& graph);
+// critical_path(graph).length_s, in one pass in id order when every dependency is an earlier task (the
+// lowering's graphs), else by critical_path.
+double longest_chain_s(const TaskGraph& graph);
 
 // max(critical path, the busiest resource's work, each shared group's work / capacity): no schedule of
 // this graph is shorter.
