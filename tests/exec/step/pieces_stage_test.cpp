@@ -190,8 +190,8 @@ TEST(CheckpointPiece, TwoRanksShardsResumeOnOneRankAtStageZero) {
   }
   // The same data order (global batch 4): two microbatches of 2 on the one rank.
   piece_rig::Rig one([](Plan& p) { p.microbatches = 2; }, "gpt", "gpt2-tiny", {}, 0, 1);
-  const torch::Tensor fresh = Saver(one).params.flat().clone();
   Saver s(one);
+  const torch::Tensor fresh = s.params.flat().clone();  // as built, before the resume
   EXPECT_EQ(s.ck.load(dir.string()), 5);
   for (int u = 0; u < one.c->unit_count(); ++u) {
     const pieces::UnitRT& U = one.c->unit(u);
