@@ -17,8 +17,26 @@ namespace {
 
 using Interval = std::pair<double, double>;
 
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
+// The intervals of the tasks on resources of `kind`, sorted. A resource's tasks in id order are in start
+// order almost always (it runs them one after another): each resource's run is sorted only when it is
+// not, and the runs merged (the whole list sorted cost a twentieth of a GPT-3 step's simulation).
+std::vector<Interval> sorted_intervals(const TaskGraph& g, const SimResult& r, ResourceKind kind) {
+  std::vector<std::vector<Interval>> runs(g.resources().size());
+  const auto& tasks = g.tasks();
+  for (TaskId t = 0; t < tasks.size(); ++t)
+    if (g.resources()[tasks[t].resource].kind == kind) runs[tasks[t].resource].emplace_back(r.start_s[t], r.end_s[t]);
+  std::vector<Interval> out;
+  for (std::vector<Interval>& run : runs) {
+    if (!std::is_sorted(run.begin(), run.end())) std::sort(run.begin(), run.end());
+    const auto mid = static_cast<std::ptrdiff_t>(out.size());
+    out.insert(out.end(), run.begin(), run.end());
+    std::inplace_merge(out.begin(), out.begin() + mid, out.end());
+  }
+  return out;
+}
+
+// The union of `v`, sorted (REQUIRES: v sorted), as disjoint intervals in order.
+std::vector<Interval> merged(const std::vector<Interval>& v) {
   std::vector<Interval> out;
   for (const Interval& i : v) {
     if (i.second <= i.first) continue;
@@ -202,15 +220,8 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   p.host = pool_peak(s.explain.host);
 
   // Time per resource, exposed vs overlapped communication, what bounds the step.
-  std::vector<Interval> comm, compute;
-  const auto& tasks = c.g.tasks();
-  for (TaskId t = 0; t < tasks.size(); ++t) {
-    const ResourceKind k = c.g.resources()[tasks[t].resource].kind;
-    if (k == ResourceKind::comm) comm.emplace_back(r.start_s[t], r.end_s[t]);
-    if (k == ResourceKind::compute) compute.emplace_back(r.start_s[t], r.end_s[t]);
-  }
-  comm = merged(std::move(comm));
-  compute = merged(std::move(compute));
+  const std::vector<Interval> comm = merged(sorted_intervals(c.g, r, ResourceKind::comm));
+  const std::vector<Interval> compute = merged(sorted_intervals(c.g, r, ResourceKind::compute));
   p.overlapped_comm_s = overlap(comm, compute);
   p.exposed_comm_s = std::max(0.0, length(comm) - p.overlapped_comm_s);
   double best = -1;
