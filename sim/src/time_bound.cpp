@@ -40,8 +40,8 @@ double flat_comm_bound(const Plan& plan, const ClusterProfile& cluster, const st
     params += static_cast<double>(u.params);
     if (u.params > 0) padded += static_cast<double>(u.padded);
     gathered += static_cast<double>(u.padded);
-    // Resharded after its forward and gathered again for its backward: all but unit 0 and shared owners.
-    if (plan.reshard_after_forward && i > 0 && !u.pinned) gathered += static_cast<double>(u.padded);
+    // Resharded after its forward and gathered again for its backward.
+    if (plan.reshard_after_forward && !lowering::stays_gathered(units, i)) gathered += static_cast<double>(u.padded);
   }
   const double m = plan.microbatches;
   auto lb = [&](CollOp op, double bytes, int ranks, const std::string& dtype) {

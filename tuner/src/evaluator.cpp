@@ -1,5 +1,7 @@
 #include "zeroplan/tuner/evaluator.h"
 
+#include "zeroplan/profiles/errors.h"
+#include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/memory_bound.h"
 #include "zeroplan/sim/simulate.h"
 
@@ -16,7 +18,14 @@ class Simulator final : public Evaluator {
     const sim::MemoryBound b = sim::memory_lower_bound(model_, cluster_, plan);
     return {b.device_bytes, b.host_bytes};
   }
-  double step_time_lower_bound(const Plan& plan) const override { return sim::step_time_lower_bound(model_, cluster_, plan); }
+  double step_time_lower_bound(const Plan& plan) const override {
+    try {
+      return sim::step_time_lower_bound(model_, cluster_, plan);
+    } catch (const SchemaError&) {
+    } catch (const sim::SimError&) {
+    }
+    return 0.0;
+  }
 
  private:
   ModelProfile model_;

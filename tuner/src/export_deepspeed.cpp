@@ -138,7 +138,7 @@ ojson zero_section(const Plan& p, const ModelProfile& model) {
     z["offload_param"] = op;
     const std::int64_t total = std::max<std::int64_t>(1, model.total_params());
     // Prefetch prefetch_depth units ahead, or none; keep gathered parameters until backward unless resharding.
-    z["stage3_prefetch_bucket_size"] = p.buckets.prefetch ? unit * p.buckets.prefetch_depth : 0;
+    z["stage3_prefetch_bucket_size"] = unit * p.prefetch_ahead();
     z["stage3_param_persistence_threshold"] = 0;  // every parameter is sharded, as in the plan
     z["stage3_max_live_parameters"] = total;
     z["stage3_max_reuse_distance"] = p.reshard_after_forward ? 0 : total;

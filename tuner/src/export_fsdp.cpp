@@ -43,7 +43,7 @@ void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
 std::string mixed_precision(const Plan& p) { return p.precision.param_dtype == "fp32" ? "'no'" : p.precision.param_dtype; }
 
 void common_notes(const Plan& p, Export& e) {
-  if (p.zero_stage == 3 && p.buckets.prefetch && p.buckets.prefetch_depth > 1)
+  if (p.zero_stage == 3 && p.prefetch_ahead() > 1)
     e.notes.push_back(fmt::format("the plan gathers {} units ahead: FSDP prefetches one; set it in code (FSDP2: "
                                   "set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with the next {} units, "
                                   "as train_fsdp2.py does)",

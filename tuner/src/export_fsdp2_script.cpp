@@ -250,7 +250,7 @@ Export export_fsdp2_script(const Plan& p, const ModelProfile& model) {
                                           : "DistributedDataParallel"),
       fmt::arg("world", p.world_size), fmt::arg("micro", p.micro_batch), fmt::arg("microbatches", p.microbatches),
       fmt::arg("stage", p.zero_stage), fmt::arg("reshard", py_bool(p.zero_stage == 3 && p.reshard_after_forward)),
-      fmt::arg("depth", p.buckets.prefetch ? p.buckets.prefetch_depth : 1),
+      fmt::arg("depth", std::max(1, p.prefetch_ahead())),  // FSDP2 prefetches one unit at least
       fmt::arg("param", py_dtype(p.precision.param_dtype)),
       fmt::arg("reduce", reduce),
       fmt::arg("offload", py_bool(all)), fmt::arg("ckpt", py_bool(p.checkpointing.mode != Checkpointing::Mode::none)),

@@ -49,13 +49,7 @@ class Fitter {
   // True when the step-time bound proves `p` slower than the ranking's cutoff (SearchOptions).
   bool time_ruled_out(const Plan& p) {
     if (!opt_.prune || !(opt_.rank_cutoff_s < std::numeric_limits<double>::infinity())) return false;
-    try {
-      if (!(opt_.rank_cutoff_s < ev_.step_time_lower_bound(p))) return false;
-    } catch (const SchemaError&) {  // not bounded: simulating it says why
-      return false;
-    } catch (const sim::SimError&) {
-      return false;
-    }
+    if (!(opt_.rank_cutoff_s < ev_.step_time_lower_bound(p))) return false;
     time_cut_ = true;
     return true;
   }

@@ -67,11 +67,7 @@ std::vector<double> step_time_bounds(const std::vector<Candidate>& cands, const 
         fastest.checkpointing = Checkpointing{};
         fastest.checkpoint_offload = false;
       }
-      try {
-        bounds[i] = ev.step_time_lower_bound(fastest);
-      } catch (const SchemaError&) {
-      } catch (const sim::SimError&) {
-      }
+      bounds[i] = ev.step_time_lower_bound(fastest);
     }
   };
   {

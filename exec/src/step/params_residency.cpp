@@ -115,7 +115,7 @@ void ParamResidency::before_fwd(int u, int micro) {
   ensure(u, micro);
   for (const auto& b : c_.unit(u).borrows) ensure(b.owner, micro);
   // Prefetch: the next prefetch_depth units' all-gathers go out now (FSDP2: one).
-  const int depth = c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth : 0;
+  const int depth = c_.plan.prefetch_ahead();
   for (int k = 1; k <= depth && u + k < c_.unit_count(); ++k) gather(u + k, micro);
 }
 
@@ -127,7 +127,7 @@ void ParamResidency::before_bwd(int u, int micro) {
   if (!sharded_) return;
   ensure(u, micro);
   for (const auto& b : c_.unit(u).borrows) ensure(b.owner, micro);
-  const int depth = c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth : 0;
+  const int depth = c_.plan.prefetch_ahead();
   for (int k = 1; k <= depth && u - k >= 0; ++k) gather(u - k, micro);
 }
 

@@ -152,6 +152,10 @@ double expected_max_of_normals(int n);
 double rank_skew_fraction(const ModelProfile& model, const ClusterProfile& cluster, int ranks);
 void place_model_states(Ctx& c);                                          // model_states.cpp
 
+// Stage 3 with reshard_after_forward: whether unit i stays gathered from its forward to its backward (unit 0,
+// FSDP's root, and owners of shared weights, as the executor keeps them); the others are gathered again.
+inline bool stays_gathered(const std::vector<Unit>& units, std::size_t i) { return i == 0 || units[i].pinned; }
+
 // Parameter residency (stage 3 gather/free/prefetch, offloaded params): params_residency.cpp
 struct ParamResidency {
   explicit ParamResidency(Ctx& c) : c_(c) {}

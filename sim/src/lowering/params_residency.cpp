@@ -12,7 +12,7 @@ namespace zeroplan::sim::lowering {
 // How many units before the one gathered its gather waits for: 1 without prefetch (right before use), else
 // one more than the prefetch depth.
 int ParamResidency::back_distance() const {
-  return c_.plan.buckets.prefetch ? c_.plan.buckets.prefetch_depth + 1 : 1;
+  return c_.plan.prefetch_ahead() + 1;
 }
 
 TaskId ParamResidency::gather(int u, int mb, TaskId after) {
@@ -58,7 +58,7 @@ void ParamResidency::after_fwd(int u, int mb, TaskId fwd) {
   if (c_.plan.zero_stage != 3) return;
   // Kept as the executor keeps them: unit 0 (FSDP's root) and owners of borrowed weights; the last unit
   // is resharded too and gathered again for its backward (after the loss).
-  const bool keep = u == 0 || c_.units[static_cast<std::size_t>(u)].pinned;
+  const bool keep = stays_gathered(c_.units, static_cast<std::size_t>(u));
   if (c_.plan.reshard_after_forward && !keep) {
     c_.g.set_free_at(gathered_alloc_[static_cast<std::size_t>(u)], fwd);
     gathered_[static_cast<std::size_t>(u)] = kNone;

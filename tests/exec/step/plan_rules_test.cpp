@@ -13,6 +13,16 @@
 namespace zeroplan::exec {
 namespace {
 
+// What run checks before any rank starts refuses `p` with exactly `message` (`what` names the rule).
+void expect_run_refuses(const Plan& p, const std::string& message, const std::string& what) {
+  try {
+    check_plan_runs(p);
+    ADD_FAILURE() << what << ": run accepted the plan";
+  } catch (const ExecError& e) {
+    EXPECT_EQ(std::string(e.what()), message) << what;
+  }
+}
+
 TEST(PlanRules, RunRefusesEachRuleWithItsOneMessage) {
   const std::vector<PlanRule>& rules = plan_rules();
   const auto cases = zeroplan::testing::plan_rule_cases();
@@ -20,13 +30,7 @@ TEST(PlanRules, RunRefusesEachRuleWithItsOneMessage) {
   for (std::size_t i = 0; i < cases.size(); ++i) {
     Plan p = zeroplan::testing::rule_case_base();
     cases[i](p);
-    const std::string message = plan_rule_message(rules[i].broken(p));
-    try {
-      check_plan_runs(p);
-      ADD_FAILURE() << "rule " << i << ": run accepted the plan";
-    } catch (const ExecError& e) {
-      EXPECT_EQ(std::string(e.what()), message) << "rule " << i;
-    }
+    expect_run_refuses(p, plan_rule_message(rules[i].broken(p)), "rule " + std::to_string(i));
   }
 }
 
@@ -43,12 +47,7 @@ TEST(PlanRules, RunRefusesEachRunRuleWithItsOneLine) {
     for (std::size_t j = 0; j < i; ++j) EXPECT_EQ(rules[j].broken(p), "") << "run rule " << i << " breaks rule " << j;
     const std::string line = rules[i].broken(p);
     ASSERT_FALSE(line.empty()) << "run rule " << i << " (" << rules[i].refuses << ")";
-    try {
-      check_plan_runs(p);
-      ADD_FAILURE() << "run rule " << i << ": run accepted the plan";
-    } catch (const ExecError& e) {
-      EXPECT_EQ(std::string(e.what()), line) << "run rule " << i;
-    }
+    expect_run_refuses(p, line, "run rule " + std::to_string(i));
   }
 }
 

@@ -152,6 +152,8 @@ struct Plan {
   bool localsgd() const { return localsgd_frequency > 1; }
   // The optimizer steps on the host: offload.optimizer, or OffloadModel (everything lives there).
   bool optimizer_on_host() const { return offload.optimizer || offload_model.enabled; }
+  // Stage 3: the units whose parameters are gathered ahead of the one computing (0 without prefetch).
+  int prefetch_ahead() const { return buckets.prefetch ? buckets.prefetch_depth : 0; }
   // fairscale SlowMo is on when its update is not the identity (slowmo_momentum != 0 or slowmo_lr != 1):
   // then it keeps the slow momentum and the previous parameters, and updates every slowmo_frequency steps.
   bool slowmo() const { return localsgd() && slowmo_frequency > 0 && (slowmo_momentum != 0 || slowmo_lr != 1); }

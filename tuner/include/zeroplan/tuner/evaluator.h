@@ -25,7 +25,8 @@ class Evaluator {
   // Lower bounds of simulate(plan).device.total_bytes() and .host.total_bytes(), cheap (no
   // simulation). Thread-safe. {0, 0} is always correct (no pruning).
   virtual MemoryBytes memory_lower_bound(const Plan& plan) const = 0;
-  // A lower bound of simulate(plan).step_time_s, cheap. Thread-safe. 0 is always correct (no pruning).
+  // A lower bound of simulate(plan).step_time_s, cheap. Thread-safe, never throws: 0 is always correct (no
+  // pruning), and is what a plan that cannot be bounded gets (its simulation says why).
   virtual double step_time_lower_bound(const Plan& plan) const { (void)plan; return 0; }
 };
 
