@@ -21,7 +21,7 @@
 # predictions, run records, comparisons and summary.md.
 #
 #   scripts/gpu-check.sh [--python PY] [--out DIR] [--build-dir DIR] [--jobs N] [--debs DIR] [--steps N]
-#                        [--quick] [--build-only] [--deadline-s S] [--bundle DIR]
+#                        [--quick] [--build-only] [--deadline-s S] [--bundle DIR] [--grids LIST]
 #   --quick        fit a lent machine's few minutes: build only the binary and the two CUDA test
 #                  binaries, profile with fewer rounds, run each plan 8 steps (2 warm-up)
 #   --build-only   stop after the build (no GPU needed: checks a foreign torch builds, CUDA on)
@@ -30,6 +30,9 @@
 #   --bundle DIR   at the end copy summary.md, log.txt and versions.txt to DIR, with everything in
 #                  DIR/gpu-check.tgz (a device tool's $OUT: few files, two folders deep)
 #   --debs DIR     .deb files (scripts/gpu-kit-pack.sh) unpacked into the build folder, searched first
+#   --grids LIST   the fidelity grids to run, in this order, comma-separated (default gpt2-small):
+#                  gpt2-small (the nine plans of step 5), resnet50-offload (hfai's activation-offload
+#                  study: ResNet-50 in fp32 at batch 256, ratios 0, 0.1, 0.5 and 1, profiled at batch 256)
 #   scripts/gpu-check.sh --dry-run [...]   on any machine: checks the prerequisites, prints every step it
 #                                          would run, and (when a Python with torch is there) configures
 #                                          into a scratch folder that it removes; never builds or runs.
@@ -49,7 +52,8 @@ quick=0
 build_only=0
 deadline_s=0
 bundle=""
-usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+grids=gpt2-small
+usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -63,6 +67,7 @@ while (($#)); do
     --build-only) build_only=1 ;;
     --deadline-s) deadline_s=${2:?--deadline-s needs a number of seconds}; shift ;;
     --bundle) bundle=${2:?--bundle needs a folder}; shift ;;
+    --grids) grids=${2:?--grids needs a list}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument \"$1\" (see --help)" >&2; exit 1 ;;
   esac
@@ -71,6 +76,14 @@ done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: --jobs must be a positive integer (got \"$jobs\")" >&2; exit 1; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check: --steps must be a positive integer (got \"$steps\")" >&2; exit 1; }
 [[ "$deadline_s" =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline-s must be a number of seconds (got \"$deadline_s\")" >&2; exit 1; }
+IFS=, read -r -a grid_list <<<"$grids"
+for g in "${grid_list[@]}"; do
+  case "$g" in
+    gpt2-small|resnet50-offload) ;;
+    *) echo "gpu-check: --grids: unknown grid \"$g\" (gpt2-small, resnet50-offload)" >&2; exit 1 ;;
+  esac
+done
+((${#grid_list[@]})) || { echo "gpu-check: --grids names no grid" >&2; exit 1; }
 if [ -n "$debs" ] && ! compgen -G "$debs/*.deb" >/dev/null; then
   echo "gpu-check: --debs $debs holds no .deb files (scripts/gpu-kit-pack.sh makes them)" >&2; exit 1
 fi
@@ -276,8 +289,10 @@ elif ! step probe-gpu "$zp" probe --device cuda --base "$base_cluster" -o "$clus
   fallback_cluster
 fi
 
-# 5. single-GPU fidelity grid on gpt2-small: simulate, run, compare.
-grid=(
+# 5. single-GPU fidelity grids: simulate, run, compare each plan.
+#    gpt2-small in bf16 at batch 4 x 1024: stages, optimizer offload, checkpointing, activation offload,
+#    OffloadModel.
+gpt2_grid=(
   "s0:--set zero_stage=0"
   "s1:--set zero_stage=1"
   "s1-offload:--set zero_stage=1 --set offload.optimizer=true"
@@ -288,18 +303,46 @@ grid=(
   "s0-act1:--set zero_stage=0 --set offload.activations_ratio=1"
   "om2:--set zero_stage=0 --set offload_model.enabled=true --set offload_model.slices=2"
 )
-precision=(--set precision.param_dtype=bf16 --set precision.compute_dtype=bf16 --set precision.reduce_dtype=bf16)
-for entry in "${grid[@]}"; do
-  name=${entry%%:*}
-  read -r -a sets <<<"${entry#*:}"
-  # A plan's steps stop at its first failure (its row then says "not run"); the next plan still runs.
-  step "simulate-$name" "$zp" simulate --model "$out/gpt2-small.json" --cluster "$cluster" --world-size 1 \
-    --global-batch 4 "${precision[@]}" "${sets[@]}" -o "$out/prediction-$name.json" &&
-  step "run-$name" "$zp" run --device cuda --model gpt --preset gpt2-small --opt seq=1024 --global-batch 4 \
-    "${precision[@]}" "${sets[@]}" --steps "$steps" --warmup "$warmup" -o "$out/run-$name.json" &&
-  step "compare-$name" "$zp" compare --predicted "$out/prediction-$name.json" --measured "$out/run-$name.json" \
-    -o "$out/comparison-$name.json" ||
-  log "plan $name: stopped at its failed step"
+#    resnet50-offload: hfai's CPUOffload study (ResNet-50, fp32, batch 256; hfai measured 22.4 / 20.3 /
+#    11.8 / 4.4 GB on an A100 40GB at ratios 0 / 0.1 / 0.5 / 1), profiled at that batch here.
+resnet_grid=(
+  "r50-act0:--set zero_stage=0"
+  "r50-act0.1:--set zero_stage=0 --set offload.activations_ratio=0.1"
+  "r50-act0.5:--set zero_stage=0 --set offload.activations_ratio=0.5"
+  "r50-act1:--set zero_stage=0 --set offload.activations_ratio=1"
+)
+gpt2_precision=(--set precision.param_dtype=bf16 --set precision.compute_dtype=bf16 --set precision.reduce_dtype=bf16)
+run_grid() {  # run_grid PROFILE "MODEL ARGS" "SIMULATE/RUN ARGS" ENTRY...
+  local profile=$1 name sets entry
+  read -r -a model_args <<<"$2"
+  read -r -a common <<<"$3"
+  shift 3
+  for entry in "$@"; do
+    name=${entry%%:*}
+    read -r -a sets <<<"${entry#*:}"
+    # A plan's steps stop at its first failure (its row then says "not run"); the next plan still runs.
+    step "simulate-$name" "$zp" simulate --model "$profile" --cluster "$cluster" --world-size 1 \
+      "${common[@]}" "${sets[@]}" -o "$out/prediction-$name.json" &&
+    step "run-$name" "$zp" run --device cuda "${model_args[@]}" \
+      "${common[@]}" "${sets[@]}" --steps "$steps" --warmup "$warmup" -o "$out/run-$name.json" &&
+    step "compare-$name" "$zp" compare --predicted "$out/prediction-$name.json" --measured "$out/run-$name.json" \
+      -o "$out/comparison-$name.json" ||
+    log "plan $name: stopped at its failed step"
+  done
+}
+grid=()   # every plan of the grids run, in order (the table's rows)
+for g in "${grid_list[@]}"; do
+  case "$g" in
+    gpt2-small)
+      grid+=("${gpt2_grid[@]}")
+      run_grid "$out/gpt2-small.json" "--model gpt --preset gpt2-small --opt seq=1024" \
+        "--global-batch 4 ${gpt2_precision[*]}" "${gpt2_grid[@]}" ;;
+    resnet50-offload)
+      grid+=("${resnet_grid[@]}")
+      step profile-resnet50-b256 "$zp" profile --model resnet --preset resnet50 --batch 256 --batches 128,256 \
+        --device cuda "${rounds[@]}" -o "$out/resnet50-b256.json"
+      run_grid "$out/resnet50-b256.json" "--model resnet --preset resnet50" "--global-batch 256" "${resnet_grid[@]}" ;;
+  esac
 done
 
 # The table: predicted against measured, per plan (torch version and GPU on top).

@@ -148,6 +148,24 @@ for f in summary.md log.txt versions.txt gpu-check.tgz; do [ -s "$tmp/bundle/$f"
 tar -tzf "$tmp/bundle/gpu-check.tgz" >"$tmp/bundle-list"   # (not piped into grep -q: pipefail and SIGPIPE)
 grep -q 'out4/prediction-s0.json' "$tmp/bundle-list" || fail "the bundle's archive has no prediction"
 
+# --grids: hfai's ResNet-50 activation-offload grid first (profiled at batch 256, fp32), then gpt2-small;
+# an unknown grid is refused.
+"$kit" --grids resnet50-offload,gpt2-small --python "$tmp/bin/python" --out "$tmp/out7" --build-dir "$tmp/build7" \
+  >"$tmp/stdout7" 2>&1 || fail "the run with two grids exited $? ($(tail -3 "$tmp/stdout7"))"
+grep -q 'step profile-resnet50-b256: .*--batch 256 --batches 128.\{0,1\},256' "$tmp/out7/log.txt" || fail "no batch-256 ResNet-50 profile"
+grep -q 'step run-r50-act0.5: .*--model resnet --preset resnet50 --global-batch 256 --set zero_stage=0 --set offload.activations_ratio=0.5' \
+  "$tmp/out7/log.txt" || fail "the ResNet-50 ratio 0.5 plan did not run as hfai's"
+grep -q 'step simulate-r50-act1: .*resnet50-b256.json' "$tmp/out7/log.txt" || fail "the ResNet-50 plans were not simulated on the batch-256 profile"
+grep -q 'step run-r50-act0: .*precision' "$tmp/out7/log.txt" && fail "the ResNet-50 grid ran in bf16 (hfai's is fp32)"
+[ "$(grep -c '^| \(s\|om\|r50\)' "$tmp/out7/summary.md")" = 13 ] || fail "two grids: not 13 plan rows: $(cat "$tmp/out7/summary.md")"
+[ "$(grep -m1 '^| \(s\|r50\)' "$tmp/out7/summary.md" | cut -d' ' -f2)" = r50-act0 ] || fail "the grids' rows are not in --grids order"
+set +e
+"$kit" --grids gpt2-small,bert --python "$tmp/bin/python" --out "$tmp/out8" >"$tmp/stdout8" 2>&1
+rc=$?
+set -e
+[ "$rc" = 1 ] || fail "an unknown grid exited $rc, not 1"
+grep -q 'unknown grid "bert"' "$tmp/stdout8" || fail "the unknown grid is not named: $(cat "$tmp/stdout8")"
+
 # --deadline-s: a build slower than the deadline; every later step skipped, the table still written, exit 4.
 set +e
 ZP_BUILD_SLEEP=2 "$kit" --deadline-s 1 --python "$tmp/bin/python" --out "$tmp/out5" --build-dir "$tmp/build5" >"$tmp/stdout5" 2>&1
