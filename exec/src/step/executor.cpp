@@ -64,6 +64,10 @@ class Executor::Impl {
       if (plan.adascale) adascale_ = std::make_unique<AdaScale>(*c_);
       if (plan.offload_model.enabled) offload_model_ = std::make_unique<OffloadModel>(*c_, *params_, *grads_, adascale_.get());
       checkpoint_ = std::make_unique<Checkpoint>(*c_, *params_, *optimizer_, *precision_);
+      // On CUDA the next microbatch is made while the device computes, in pinned memory (a DataLoader
+      // worker with pin_memory); on a CPU device in line, as the simulator's compute takes every core.
+      const bool cuda = dev.torch_device().is_cuda();
+      batches_ = std::make_unique<pieces::Batches>(*model.task, c_->rank, plan.microbatches, plan.micro_batch, cuda, cuda);
     });
   }
 
@@ -189,10 +193,8 @@ class Executor::Impl {
   }
 
   zoo::Batch data(std::int64_t step, int k) {
-    Ctx& c = *c_;
-    c.at("all", "data");
-    const std::int64_t mb = c.plan.micro_batch;
-    return c.model.task->batch(step, (static_cast<std::int64_t>(c.rank) * c.plan.microbatches + k) * mb, mb);
+    c_->at("all", "data");
+    return batches_->get(step, k);
   }
 
   // A pipeline stage's step: the schedule's forwards and backwards in the Pipeline piece's order, the
@@ -320,6 +322,7 @@ class Executor::Impl {
   std::unique_ptr<AdaScale> adascale_;  // when plan.adascale
   std::unique_ptr<OffloadModel> offload_model_;  // when plan.offload_model.enabled: its own schedule
   std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<pieces::Batches> batches_;  // the data loader
 };
 
 Executor::Executor(zoo::Model& model, const Plan& plan, Communicator& comm, Device& device, Recorder& recorder,

@@ -26,6 +26,8 @@
 //   Pipeline        pipeline stages: which units this rank runs, the schedule's order, activations and
 //                   their gradients to and from the neighbouring stages, tied weights across stages, the
 //                   loss from the last stage                                                (pipeline.cpp)
+//   Batches         the data loader: this rank's microbatches, the next one made on a worker thread on
+//                   CUDA                                                                    (batches.cpp)
 // and what every step driver does alike: a unit's backward, the loss, the model's input, the RNG state and
 // buffers around a recompute (Recompute)                                              (autograd_step.cpp).
 // Each piece has its header in pieces/; this one includes them all, for the step drivers.
@@ -44,3 +46,4 @@
 #include "pieces/checkpoint.h"
 #include "pieces/offload_model.h"
 #include "pieces/pipeline.h"
+#include "pieces/batches.h"

@@ -63,6 +63,9 @@ class Task {
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
   // Shape of one sample's input (without the batch dimension), for profiles and --help.
   virtual std::vector<int64_t> sample_shape() const = 0;
+  // Whether batch() may run on another thread while the step computes (a data loader's worker): true
+  // for the zoo's tasks (pure functions of their keys); a task that calls back into Python says no.
+  virtual bool batches_in_background() const { return false; }
 };
 
 struct Model {

@@ -191,6 +191,7 @@ class MarkovLanguage : public Task {
   }
 
   std::vector<int64_t> sample_shape() const override { return {seq_}; }
+  bool batches_in_background() const override { return true; }
 
  private:
   uint64_t seed_;

@@ -62,6 +62,7 @@ class TeacherClassification : public Task {
   }
 
   std::vector<int64_t> sample_shape() const override { return {in_}; }
+  bool batches_in_background() const override { return true; }
 
  private:
   uint64_t seed_;

@@ -3,6 +3,8 @@
 // Task: images whose class sets a fixed random 4x4 colour pattern, plus Gaussian noise.
 #include "zoo_impl.h"
 
+#include <ATen/Parallel.h>
+
 #include <zeroplan/profiles/errors.h>
 
 #include <cmath>
@@ -130,21 +132,25 @@ class PatternImages : public Task {
     torch::Tensor target = torch::empty({count}, torch::kInt64);
     auto x = input.accessor<float, 4>();
     auto t = target.accessor<int64_t, 1>();
-    for (int64_t j = 0; j < count; ++j) {
-      Rng rng(sample_key(seed_, step, first_sample + j));
-      const int64_t c = rng.below(classes_);
-      t[j] = c;
-      const float* pattern = &patterns_[static_cast<size_t>(c * 3 * kGrid * kGrid)];
-      for (int64_t ch = 0; ch < 3; ++ch) {
-        for (int64_t y = 0; y < image_; ++y) {
-          const int64_t gy = y * kGrid / image_;
-          for (int64_t xx = 0; xx < image_; ++xx) {
-            const int64_t gx = xx * kGrid / image_;
-            x[j][ch][y][xx] = pattern[(ch * kGrid + gy) * kGrid + gx] + static_cast<float>(rng.normal());
+    // Samples are independent (each from its own key), so they are generated in parallel: the same bits
+    // on any number of threads. (A 256-image batch of 224 x 224 is 38M normals: ~1 s on one thread.)
+    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        Rng rng(sample_key(seed_, step, first_sample + j));
+        const int64_t c = rng.below(classes_);
+        t[j] = c;
+        const float* pattern = &patterns_[static_cast<size_t>(c * 3 * kGrid * kGrid)];
+        for (int64_t ch = 0; ch < 3; ++ch) {
+          for (int64_t y = 0; y < image_; ++y) {
+            const int64_t gy = y * kGrid / image_;
+            for (int64_t xx = 0; xx < image_; ++xx) {
+              const int64_t gx = xx * kGrid / image_;
+              x[j][ch][y][xx] = pattern[(ch * kGrid + gy) * kGrid + gx] + static_cast<float>(rng.normal());
+            }
           }
         }
       }
-    }
+    });
     return {input, target};
   }
 
@@ -153,6 +159,7 @@ class PatternImages : public Task {
   }
 
   std::vector<int64_t> sample_shape() const override { return {3, image_, image_}; }
+  bool batches_in_background() const override { return true; }
 
  private:
   uint64_t seed_;

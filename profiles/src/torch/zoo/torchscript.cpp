@@ -144,6 +144,7 @@ class FixedTargetRegression : public Task {
   }
 
   std::vector<int64_t> sample_shape() const override { return sample_shape_; }
+  bool batches_in_background() const override { return true; }
 
  private:
   uint64_t seed_;
@@ -181,6 +182,7 @@ class PrototypeClassification : public Task {
   }
 
   std::vector<int64_t> sample_shape() const override { return sample_shape_; }
+  bool batches_in_background() const override { return true; }
 
  private:
   uint64_t seed_;
