@@ -51,8 +51,7 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
 // lowering's Activations::on_fwd): a unit's saved bytes, or a checkpointed unit's input (none with
 // checkpoint_offload), and the stage's last output (the loss's allocation); a pipeline-checkpointed
 // microbatch keeps the stage's received input only. With activation offload a unit's offloaded share leaves
-// after the next unit's forward, except the stage's last two units' (at its backward: the forward runs on
-// into the next stage), and only what a unit saves beside its input goes where the profile lists no saved
+// as its forward ends, and only what a unit saves beside its input goes where the profile lists no saved
 // tensors; with a list nothing else is counted (a bound must not exceed the peak).
 std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Unit>& all, std::size_t first,
                                 std::size_t last, int stage) {
@@ -68,7 +67,7 @@ std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Un
     const std::int64_t input = i > 0 ? all[i - 1].output : 0;
     if (u.checkpoint) {
       if (!plan.checkpoint_offload) kept += input;
-    } else if (!offload || i + 2 >= last) {
+    } else if (!offload) {
       kept += u.saved;
     } else if (!u.tensor_list) {
       kept += std::min(u.saved, input);

@@ -25,7 +25,7 @@ torch::Tensor Activations::forward(int u, const torch::Tensor& x, int micro) {
     torch::NoGradGuard no_grad;
     out = U.module->forward(in);
   } else {
-    auto saved = offload_.capture(u, false);  // activation offload sees what autograd saves
+    auto saved = offload_.capture(u, false, in);  // activation offload sees what autograd saves
     out = U.module->forward(in);
   }
   offload_.end_forward(u, in, out);

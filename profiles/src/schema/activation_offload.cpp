@@ -1,6 +1,7 @@
 #include "zeroplan/profiles/activation_offload.h"
 
 #include <algorithm>
+#include <deque>
 
 namespace zeroplan {
 
@@ -25,37 +26,53 @@ std::vector<std::vector<bool>> offloaded_tensors(const std::vector<std::vector<s
   return out;
 }
 
-std::int64_t prefetch_budget(std::int64_t prefetch_bytes, const std::vector<std::int64_t>& unit_bytes) {
-  if (prefetch_bytes >= 0) return prefetch_bytes;
-  return unit_bytes.empty() ? 0 : *std::max_element(unit_bytes.begin(), unit_bytes.end());
+std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes) {
+  // As the executor: a chosen tensor waits (pending) until the next is chosen, then is copied out; the
+  // older copies in flight go while more than the window is in flight.
+  const std::int64_t window = std::max<std::int64_t>(0, prefetch_bytes);
+  std::deque<std::int64_t> in_flight;
+  std::int64_t held = 0, pending = 0, most = 0;
+  bool has_pending = false;
+  for (std::int64_t b : sizes) {
+    most = std::max(most, held + pending + b);  // the new tensor is made beside them
+    if (has_pending) {
+      in_flight.push_back(pending);
+      held += pending;
+      while (in_flight.size() > 1 && held > window) {
+        held -= in_flight.front();
+        in_flight.pop_front();
+      }
+    }
+    pending = b;
+    has_pending = true;
+  }
+  return most;
 }
 
-std::vector<int> prefetch_points(const std::vector<std::int64_t>& unit_bytes, std::int64_t budget) {
-  const int n = static_cast<int>(unit_bytes.size());
-  std::vector<int> at(unit_bytes.size(), -1);
-  // Only the units that sent bytes take part (the others keep -1): a model of many units and no offload is
-  // one pass, not units^2 (the simulator asks once per microbatch).
-  std::vector<int> sent;
-  for (int v = 0; v < n; ++v)
-    if (unit_bytes[static_cast<std::size_t>(v)] > 0) sent.push_back(v);
-  std::int64_t ahead = 0;  // bytes copied back for units whose backward has not started
-  auto below = sent.rbegin();  // the first sent unit below w, walking down
-  for (int w = n - 1; w >= 0; --w) {
-    const auto wi = static_cast<std::size_t>(w);
-    while (below != sent.rend() && *below >= w) ++below;
-    if (unit_bytes[wi] > 0) {
-      if (at[wi] < 0) at[wi] = w;
-      else ahead -= unit_bytes[wi];
+std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes) {
+  // Needed in the reverse of the order saved; `next` the next to copy back, `ahead` the bytes copied
+  // back and not yet unpacked.
+  const auto n = static_cast<std::ptrdiff_t>(sizes.size());
+  std::ptrdiff_t next = n - 1;
+  std::int64_t ahead = 0, most = 0;
+  auto issue = [&] {
+    while (next >= 0) {
+      const std::int64_t b = sizes[static_cast<std::size_t>(next)];
+      if (prefetch_bytes < 0 ? ahead != 0 : ahead + b > prefetch_bytes) break;
+      ahead += b;
+      --next;
     }
-    for (auto it = below; it != sent.rend(); ++it) {
-      const auto vi = static_cast<std::size_t>(*it);
-      if (at[vi] >= 0) continue;
-      if (ahead + unit_bytes[vi] > budget) break;
-      at[vi] = w;
-      ahead += unit_bytes[vi];
-    }
+  };
+  issue();
+  most = ahead;
+  for (std::ptrdiff_t k = n - 1; k >= 0; --k) {
+    const std::int64_t b = sizes[static_cast<std::size_t>(k)];
+    if (k > next) ahead -= b;  // copied ahead
+    else next = k - 1;         // copied now
+    issue();
+    most = std::max(most, b + ahead);
   }
-  return at;
+  return most;
 }
 
 }  // namespace zeroplan

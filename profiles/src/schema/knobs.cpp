@@ -107,7 +107,7 @@ std::vector<Knob> build() {
             ZP_ASSIGN(offload.activations_ratio))
           .tune_knob("offload_activations").alias("offload_activations"),
       Entry("offload.activations_prefetch_bytes", T::integer, "-1 or >= 0", "-1",
-            "offloaded activations copied back ahead of need, in bytes (-1: one unit's worth, 0: none)",
+            "offloaded activations on the device beyond the one in use, in bytes: copies out in flight, copies back ahead of need (-1: one tensor back ahead, 0: none)",
             ZP_ASSIGN(offload.activations_prefetch_bytes))
           .in_use([](const Plan& p) { return p.offload.activations_ratio > 0; }),
       Entry("offload_model.enabled", T::boolean, "zero_stage 0, pipeline_stages 1", "false",

@@ -37,7 +37,7 @@ void validate_fields(const Plan& p) {
   if (!(p.offload.activations_ratio >= 0 && p.offload.activations_ratio <= 1))
     plan_error("offload.activations_ratio must be in [0, 1] (got " + num(p.offload.activations_ratio) + ")");
   if (p.offload.activations_prefetch_bytes < -1 || p.offload.activations_prefetch_bytes > kMaxPrefetchBytes)
-    plan_error("offload.activations_prefetch_bytes must be -1 (one unit) or in [0, 1e15] (got " +
+    plan_error("offload.activations_prefetch_bytes must be -1 (one tensor) or in [0, 1e15] (got " +
                num(p.offload.activations_prefetch_bytes) + ")");
   if (p.offload_model.enabled) {
     if (p.offload_model.slices < 1) plan_error("offload_model.slices must be >= 1 (got " + num(p.offload_model.slices) + ")");

@@ -1,18 +1,17 @@
 // Activation policy per unit: keep the saved activations until the unit's backward; or offload a ratio
 // of them (hfai CPUOffload, as the executor's ActivationOffload runs it, one saved tensor at a time:
-// activation_offload.h picks which of the profile's saved tensors go; their D2H runs on the copy lane
-// after the unit's forward and the device lets them go when the next unit's forward ends, the compute
-// lane waiting for the copy there (the last two units' at the backward's start: the last unit's forward
-// runs on into the loss); before unit u's backward
-// its tensors are back (H2D), units before it prefetched within the byte budget); or checkpoint (keep
-// only the unit's input, recompute the forward before the backward), with checkpoint_offload the kept
-// input on the host (fairscale checkpoint_wrapper offload_to_cpu: D2H on the copy stream after the
-// forward, which frees the device copy; H2D when the backward reaches the unit, after the next unit's
-// backward, with no prefetch: the recompute waits).
-// Forward and backward workspaces are transient allocations of their task. The forward of unit u waits
-// for the D2H of unit u-2.
+// activation_offload.h picks which of the profile's saved tensors go; each is copied out on the copy lane
+// as the forward saves it and held on the device only within the forward window; the compute lane waits
+// for the unit's copies when its forward ends; before unit u's backward its tensors come back (H2D), at
+// most the backward window of them on the device at once, autograd freeing each as it is used); or
+// checkpoint (keep only the unit's input, recompute the forward before the backward), with
+// checkpoint_offload the kept input on the host (fairscale checkpoint_wrapper offload_to_cpu: D2H on the
+// copy stream after the forward, which frees the device copy; H2D when the backward reaches the unit,
+// after the next unit's backward, with no prefetch: the recompute waits).
+// Forward and backward workspaces are transient allocations of their task.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "context.h"
 #include "zeroplan/profiles/activation_offload.h"
@@ -51,6 +50,8 @@ void Activations::pick_offloaded() {
   const std::size_t n = c_.units.size();
   off_sizes_.assign(n, {});
   off_bytes_.assign(n, 0);
+  fwd_window_.assign(n, 0);
+  bwd_window_.assign(n, 0);
   off_device_.assign(n, kNone);
   h2d_.assign(n, kNone);
   const double ratio = c_.plan.offload.activations_ratio;
@@ -73,6 +74,7 @@ void Activations::pick_offloaded() {
       }
       off_bytes_[i] = std::min(off_bytes_[i], x.saved);
     }
+    set_windows();
     return;
   }
   // No saved tensors in the profile (analytic): the ratio of what each kept unit saves beside its input
@@ -84,6 +86,17 @@ void Activations::pick_offloaded() {
     off_bytes_[i] = static_cast<std::int64_t>(std::llround(static_cast<double>(std::max<std::int64_t>(0, x.saved - input)) * ratio));
     if (off_bytes_[i] > 0) off_sizes_[i].push_back(static_cast<double>(off_bytes_[i]));
   }
+  set_windows();
+}
+
+void Activations::set_windows() {
+  const std::int64_t prefetch = c_.plan.offload.activations_prefetch_bytes;
+  for (std::size_t i = 0; i < off_sizes_.size(); ++i) {
+    std::vector<std::int64_t> sizes;
+    for (double b : off_sizes_[i]) sizes.push_back(static_cast<std::int64_t>(std::llround(b)));
+    fwd_window_[i] = std::min(off_bytes_[i], forward_window(sizes, prefetch));
+    bwd_window_[i] = std::min(off_bytes_[i], backward_window(sizes, prefetch));
+  }
 }
 
 namespace {
@@ -93,27 +106,6 @@ double copies_time(const ClusterProfile& cluster, CopyDir dir, const std::vector
   return t;
 }
 }  // namespace
-
-void Activations::copy_back(int v, int mb, TaskId after) {
-  const auto i = static_cast<std::size_t>(v);
-  h2d_[i] = c_.g.add_task(c_.h2d, copies_time(c_.cluster, CopyDir::h2d, off_sizes_[i]), c_.label(c_.n_h2d, v, mb),
-                          {d2h_[i], after}, c_.n_cat_copy);
-  offloaded_[i] = c_.g.alloc(h2d_[i], c_.dev, off_bytes_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, v, mb), kNone);
-  c_.g.set_free_at(host_part_[i], h2d_[i]);
-}
-
-// Unit v's offloaded tensors leave the device once their D2H and `after` (and `also`) are done: a
-// zero-time task on the compute lane, which waits there as the executor's compute thread does. Returns
-// it (`also` when v offloaded nothing or was let go already).
-TaskId Activations::let_go(int v, int mb, TaskId after, TaskId also) {
-  const auto i = static_cast<std::size_t>(v);
-  if (off_device_[i] == kNone) return also;
-  const TaskId t = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, v, mb), {after, d2h_[i], also},
-                                 c_.n_cat_compute);
-  c_.g.set_free_at(off_device_[i], t);
-  off_device_[i] = kNone;
-  return t;
-}
 
 void Activations::on_fwd(int u, int mb, TaskId fwd) {
   if (off_bytes_.empty()) pick_offloaded();
@@ -126,12 +118,13 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   }
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
+  if (u == 0) prev_fwd_ = let_go_ = kNone;
+  // Activation offload: the previous unit's copies out are done before this forward (the executor's
+  // compute thread waited for them when that forward ended).
+  c_.g.add_dep(fwd, let_go_);
+  let_go_ = kNone;
+  const TaskId prev_fwd = std::exchange(prev_fwd_, fwd);
   if (i + 1 == c_.units.size()) last_fwd_ = fwd;
-  if (u >= 2) c_.g.add_dep(fwd, d2h_[i - 2]);
-  // Activation offload: the previous unit's copies had this forward to run; the device lets them go once
-  // both are done, the compute lane waiting for the copy (a zero-time task on it). The last unit's forward
-  // runs on into the loss: its predecessor's go when the backward starts, with its own.
-  if (u >= 1 && i + 1 < c_.units.size()) let_go(u - 1, mb, fwd);
   // A checkpointed forward saves nothing: its peak is bounded by the profiled (grad-mode) one (the last
   // unit's output aside: the loss's allocation below; after the loss the output's gradient waits in
   // its place).
@@ -163,31 +156,37 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   const std::int64_t off = off_bytes_[i];
   pending_[i] = c_.g.alloc(fwd, c_.dev, x.saved - off, MemCategory::activations, c_.label(c_.n_saved, u, mb), kNone);
   if (off <= 0) return;
-  // The offloaded tensors are written on the device by the forward, copied out on the copy lane (into host
-  // memory taken when the forward ends) and let go after the next unit's forward.
+  // The offloaded tensors are copied out on the copy lane as the forward saves them (beside it: after the
+  // previous unit's forward), into host memory taken by the forward, at most the forward window of them
+  // on the device at once;
+  // the compute lane waits for the last copy when the forward ends (a zero-time task on it), which lets
+  // the window go.
+  // (The first unit of a microbatch has no forward before it here: its copies go after its own.)
   const TaskId d2h = c_.g.add_task(c_.d2h, copies_time(c_.cluster, CopyDir::d2h, off_sizes_[i]), c_.label(c_.n_d2h, u, mb),
-                                   {fwd}, c_.n_cat_copy);
-  off_device_[i] = c_.g.alloc(fwd, c_.dev, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
-  host_part_[i] = c_.g.alloc(d2h, c_.host, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+                                   {prev_fwd != kNone ? prev_fwd : fwd}, c_.n_cat_copy);
+  off_device_[i] = c_.g.alloc(fwd, c_.dev, fwd_window_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+  host_part_[i] = c_.g.alloc(fwd, c_.host, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
   d2h_[i] = d2h;
+  let_go_ = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u, mb), {fwd, d2h}, c_.n_cat_compute);
+  c_.g.set_free_at(off_device_[i], let_go_);
+  off_device_[i] = kNone;
+  if (i + 1 == c_.units.size()) last_fwd_ = let_go_;
 }
 
 TaskId Activations::before_bwd(int u, int mb, TaskId params_ready) {
   const auto i = static_cast<std::size_t>(u);
   const Unit& x = c_.units[i];
   const auto n = static_cast<int>(c_.units.size());
-  // Activation offload: at the backward's start the last unit's copies are let go (the compute lane waits
-  // for them) and the copies back planned; before each unit's backward the ones due there start, after
-  // the previous backward.
-  TaskId issue_after = u + 1 < n ? c_.bwd[i + 1] : last_fwd_;
-  if (u == n - 1 || points_.empty()) {
-    for (int v = n - 1; v >= std::max(0, n - 2); --v) issue_after = let_go(v, mb, last_fwd_, issue_after);
-    points_ = prefetch_points(off_bytes_, prefetch_budget(c_.plan.offload.activations_prefetch_bytes, off_bytes_));
-    due_.assign(static_cast<std::size_t>(n), {});  // per unit, the units copied back before its backward, last first
-    for (int v = n - 1; v >= 0; --v)
-      if (const int w = points_[static_cast<std::size_t>(v)]; w >= 0) due_[static_cast<std::size_t>(w)].push_back(v);
+  // Activation offload: the unit's tensors come back when its backward starts (after the next unit's),
+  // at most the backward window of them on the device at once; the backward waits for the copies.
+  if (off_bytes_[i] > 0 && !x.checkpoint) {
+    const TaskId issue_after = u + 1 < n ? c_.bwd[i + 1] : backward_start_ != kNone ? backward_start_ : last_fwd_;
+    h2d_[i] = c_.g.add_task(c_.h2d, copies_time(c_.cluster, CopyDir::h2d, off_sizes_[i]), c_.label(c_.n_h2d, u, mb),
+                            {d2h_[i], issue_after, u + 1 < n ? kNone : last_fwd_}, c_.n_cat_copy);
+    if (u + 1 == n) last_unit_h2d_ = h2d_[i];
+    offloaded_[i] = c_.g.alloc(h2d_[i], c_.dev, bwd_window_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+    c_.g.set_free_at(host_part_[i], h2d_[i]);
   }
-  for (const int v : due_[i]) copy_back(v, mb, issue_after);
   if (x.checkpoint) {
     TaskId input_back = kNone;
     if (d2h_[i] != kNone) {  // checkpoint_offload: the input comes back when the backward reaches the unit

@@ -189,23 +189,30 @@ struct Activations {
   // A pipeline stage's recompute of a checkpointed microbatch, right before its backward, offloads no
   // activations (as the executor's); call before its first on_fwd.
   void keep_on_device() { keep_on_device_ = true; }
+  // A pipeline stage: the compute task after which the microbatch's backward starts (its activations
+  // come back from then on, not right after the forward), and the copy back of the stage's last unit,
+  // which waits for the gradient received too (the pipeline's link adds that).
+  void backward_starts_after(TaskId t) { backward_start_ = t; }
+  TaskId last_unit_copy_back() const { return last_unit_h2d_; }
  private:
+  TaskId backward_start_ = kNone;
+  TaskId last_unit_h2d_ = kNone;
   bool keep_on_device_ = false;
   std::int64_t fwd_workspace(int u) const;
   std::int64_t incoming_grad(int u) const;
   void pick_offloaded();                     // activation_offload.h's policy over the units
-  void copy_back(int v, int mb, TaskId after);  // unit v's offloaded tensors back to the device
-  TaskId let_go(int v, int mb, TaskId after, TaskId also = kNone);  // their device copy freed
+  void set_windows();                        // activation_offload.h's windows of what pick_offloaded picked
   Ctx& c_;
   // Activation offload, per unit: the sizes of the tensors sent (bytes at this micro batch), their sum,
-  // the task after which the device lets them go, the copy back, and where it starts (prefetch_points).
+  // the most of them on the device at once in the forward and in the backward (activation_offload.h's
+  // windows), the device window of the forward, the copy back.
   std::vector<std::vector<double>> off_sizes_;
-  std::vector<std::int64_t> off_bytes_;
+  std::vector<std::int64_t> off_bytes_, fwd_window_, bwd_window_;
   std::vector<AllocId> off_device_;
   std::vector<TaskId> h2d_;
-  std::vector<int> points_;
-  std::vector<std::vector<int>> due_;  // points_ inverted: per unit, the units whose copies back start there
-  TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit
+  TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit (after its copies out)
+  TaskId prev_fwd_ = kNone;  // the previous unit's forward of this microbatch (its copies out run beside it)
+  TaskId let_go_ = kNone;    // the previous unit's copies out done: the next forward waits for it
   std::vector<AllocId> pending_;     // per unit: kept activations (or checkpointed input), freed by the backward
   AllocId loss_ = kNone;             // the last unit's output, kept by the loss until that unit's backward
   std::vector<AllocId> offloaded_;   // per unit: activations copied back (or recomputed), freed by the backward

@@ -158,6 +158,7 @@ class Pipeline {
     AllocId tied_copy = kNone;
     TaskId tied_task = kNone;
     int tied_unit = -1;
+    if (!st.out.work.empty()) acts.backward_starts_after(st.out.work.back());
     for (int u = units - 1; u >= 0; --u) {
       const TaskId params_ready = st.params->before_bwd(u, mb);
       const TaskId acts_ready = acts.before_bwd(u, mb, params_ready);
@@ -274,6 +275,7 @@ class Pipeline {
       }
       const TaskId back = c_.g.add_task(bwd_link, t, b.v->label(grad, 0, j), {b.bwd_first[mb]}, c_.n_cat_comm);
       c_.g.add_dep(a.bwd_last[mb], back);
+      if (const TaskId h2d = a.acts[mb].last_unit_copy_back(); h2d != kNone) c_.g.add_dep(h2d, back);  // offloaded activations come back after it
       c_.g.alloc(a.bwd_last[mb], a.v->dev, bytes, MemCategory::activations, a.v->label(received_grad, last, j),
                  a.bwd_last[mb]);
       sent = c_.g.alloc(back, b.v->dev, bytes, MemCategory::activations, b.v->label(sent_grad, 0, j), kNone);

@@ -58,24 +58,31 @@ TEST(ActivationOffloadPolicy, ScalingEveryTensorKeepsThePicks) {
   }
 }
 
-TEST(ActivationOffloadPrefetch, OneUnitAheadByDefault) {
-  // Budget -1: the most one unit sends (100): before unit 3's backward, 3 and 2; before 2's, 1; ...
-  const std::vector<std::int64_t> b{100, 100, 100, 100};
-  EXPECT_EQ(prefetch_budget(-1, b), 100);
-  EXPECT_EQ(prefetch_points(b, prefetch_budget(-1, b)), (std::vector<int>{1, 2, 3, 3}));
+TEST(ActivationOffloadWindow, ForwardHoldsOnlyTheNewestCopyByDefault) {
+  // -1 and 0: a chosen tensor is copied out when the next is chosen, the copy before it then let go; so
+  // each tensor is made beside the one waiting and the one in flight: 100 + 30 + 50.
+  const std::vector<std::int64_t> b{100, 30, 50, 10};
+  EXPECT_EQ(forward_window(b, -1), 180);
+  EXPECT_EQ(forward_window(b, 0), 180);
+  EXPECT_EQ(forward_window({10, 10, 10, 100, 10, 10}, 0), 120);  // 10 + 100 + 10 at most
+  // A window of 1000 holds every copy until the forward ends: 100 + 30 + 50 + 10.
+  EXPECT_EQ(forward_window(b, 1000), 190);
+  EXPECT_EQ(forward_window({}, -1), 0);
+  EXPECT_EQ(forward_window({70}, -1), 70);
 }
 
-TEST(ActivationOffloadPrefetch, ZeroBudgetCopiesEachUnitWhenItsBackwardStarts) {
-  const std::vector<std::int64_t> b{100, 0, 40, 100};
-  EXPECT_EQ(prefetch_points(b, 0), (std::vector<int>{0, -1, 2, 3}));
-}
-
-TEST(ActivationOffloadPrefetch, ABudgetOfEverythingCopiesAllAtTheStart) {
-  const std::vector<std::int64_t> b{10, 20, 0, 30};
-  EXPECT_EQ(prefetch_points(b, 1000), (std::vector<int>{3, 3, -1, 3}));
-  // A budget of 25 ahead: 20 before unit 3's backward (30 is unit 3's own), 10 more does not fit; 10 at
-  // unit 1's once 20 left the account.
-  EXPECT_EQ(prefetch_points(b, 25), (std::vector<int>{1, 3, -1, 3}));
+TEST(ActivationOffloadWindow, BackwardHoldsTheTensorInUseAndThoseCopiedAhead) {
+  // Needed last saved first: 10, 50, 30, 100.
+  const std::vector<std::int64_t> b{100, 30, 50, 10};
+  // -1: one ahead: 10 (+50 ahead), 50 (+30), 30 (+100), 100.
+  EXPECT_EQ(backward_window(b, -1), 130);
+  // 0: none ahead, each copied when unpacked: the largest.
+  EXPECT_EQ(backward_window(b, 0), 100);
+  // 60 ahead: 10 and 50 at the start; at 10: 50 ahead, 30 fits no more (80 > 60) -> 60; at 50: 30 -> 80;
+  // at 30: 100 does not fit (and nothing is ahead: copied when unpacked) -> 30; at 100 -> 100.
+  EXPECT_EQ(backward_window(b, 60), 100);
+  EXPECT_EQ(backward_window({40, 40}, 1000), 80);  // everything back at once
+  EXPECT_EQ(backward_window({}, -1), 0);
 }
 
 }  // namespace

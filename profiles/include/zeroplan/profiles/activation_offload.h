@@ -8,9 +8,16 @@
 // sends everything, 0 nothing, 0.5 about every other byte from the first unit on, so the device keeps
 // about 1 - ratio of them at every point of the forward.
 //
-// When they come back: before unit u's backward all of u's offloaded tensors are on the device (copied
-// back then if not yet); unit u-1's, u-2's ... are prefetched at that point while the bytes prefetched
-// ahead of need stay within the budget (offload.activations_prefetch_bytes; -1: the most one unit sends).
+// The device holds an offloaded tensor only while it is copied out (the forward) and from shortly before
+// autograd unpacks it (the backward), within a window of `offload.activations_prefetch_bytes`:
+//   forward   each chosen tensor is copied out when the next one is chosen (or the unit's forward ends);
+//             the older copies in flight are waited for and let go while more than the window is in
+//             flight (-1 or 0: only the newest), all of a unit's when its forward ends;
+//   backward  when unit u's backward starts, and after each unpack, the next tensors in the order needed
+//             (the reverse of the order saved) are copied back while the bytes copied ahead of need stay
+//             within the window (-1: one tensor ahead; 0: none, each copied when unpacked).
+// forward_window and backward_window replay those rules: the most bytes of a unit's offloaded tensors on
+// the device at once, for the simulator.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +30,12 @@ class OffloadPolicy {
   explicit OffloadPolicy(double ratio) : ratio_(ratio) {}
   // Whether the next tensor (of `bytes`) goes to the host.
   bool take(std::int64_t bytes);
+  // As if a tensor of `bytes` taken (or not) had never been offered.
+  void forget(std::int64_t bytes, bool taken) {
+    if (bytes <= 0) return;
+    seen_ -= bytes;
+    if (taken) sent_ -= bytes;
+  }
   void reset() { seen_ = sent_ = 0; }
 
  private:
@@ -35,11 +48,10 @@ class OffloadPolicy {
 std::vector<std::vector<bool>> offloaded_tensors(const std::vector<std::vector<std::int64_t>>& tensors,
                                                  const std::vector<bool>& keeps, double ratio);
 
-// The prefetch budget in bytes: `prefetch_bytes` when >= 0, else the largest of `unit_bytes`.
-std::int64_t prefetch_budget(std::int64_t prefetch_bytes, const std::vector<std::int64_t>& unit_bytes);
-
-// For each unit v with offloaded bytes, the unit w >= v before whose backward its copy back starts
-// (-1 for units that offload nothing), with unit_bytes[v] the bytes unit v sent to the host.
-std::vector<int> prefetch_points(const std::vector<std::int64_t>& unit_bytes, std::int64_t budget);
+// Unit by unit, `sizes` a unit's offloaded tensors in the order saved: the most bytes of them on the
+// device at once in its forward (the tensors in flight, and the next one as it is made).
+std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes);
+// The same in its backward: the tensor being unpacked and those copied back ahead of it.
+std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes);
 
 }  // namespace zeroplan
