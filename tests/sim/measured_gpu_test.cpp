@@ -25,9 +25,9 @@ fs::path measured_dir(const std::string& model) {
 }
 
 // metric name -> signed relative error, for every run of `model` (by the run file's name).
-std::map<std::string, std::map<std::string, double>> errors(const std::string& model) {
+std::map<std::string, std::map<std::string, double>> errors(const std::string& model, const std::string& profile_file = "") {
   const fs::path dir = measured_dir(model);
-  const auto profile = read_document<ModelProfile>(dir / (model + ".json"));
+  const auto profile = read_document<ModelProfile>(dir / (profile_file.empty() ? model + ".json" : profile_file));
   const auto cluster = read_document<ClusterProfile>(dir / "cluster.json");
   std::map<std::string, std::map<std::string, double>> out;
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -75,6 +75,45 @@ TEST(MeasuredH100, Gpt2SmallPeaks) {
       EXPECT_LE(std::abs(metrics.at("host_reserved_bytes.rank0")), 0.25);
     }
   }
+}
+
+// hfai's activation-offload study (ResNet-50, fp32, batch 256, ratios 0 / 0.1 / 0.5 / 1) on the H100,
+// activation offload one tensor at a time (resnet50-offload-per-tensor): device peaks of ratios 0 and 0.1
+// within 2%, 0.5 within 12% (the simulator 11% under). Ratio 1 measured 10.32 GiB against 4.74 predicted:
+// the CUDA side lane then kept the tensors of every copy in flight while the compute thread ran ahead of
+// the copies (its wait is a host-side wait since; not yet re-measured), so only the direction is held:
+// never predicted above the measured. Step times are not judged: the runs made each batch on the host one
+// pixel at a time. And the mark: `simulate` of hfai's own configuration (this profile on an A100
+// 40GB cluster file) predicts ratio 1 below 6 GiB, each ratio below the one before.
+TEST(MeasuredH100, Resnet50ActivationOffloadPeaks) {
+  const auto runs = errors("resnet50-offload-per-tensor", "resnet50-b256.json");
+  ASSERT_EQ(runs.size(), 4u);
+  const std::map<std::string, double> bound = {
+      {"run-r50-act0.json", 0.02}, {"run-r50-act0.1.json", 0.02}, {"run-r50-act0.5.json", 0.12}};
+  for (const auto& [run, metrics] : runs) {
+    SCOPED_TRACE(run);
+    ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
+    const double err = metrics.at("device_peak_bytes.rank0");
+    if (bound.contains(run)) {
+      EXPECT_LE(std::abs(err), bound.at(run));
+    } else {
+      EXPECT_LE(err, 0.0);
+    }
+  }
+  const fs::path dir = measured_dir("resnet50-offload-per-tensor");
+  const auto profile = read_document<ModelProfile>(dir / "resnet50-b256.json");
+  const ClusterProfile a100 = resolve_cluster("a100-sxm-40gb");
+  std::int64_t before = 0;
+  for (const double ratio : {0.0, 0.1, 0.5, 1.0}) {
+    Plan plan = Plan::default_ddp(1, 256);
+    plan.offload.activations_ratio = ratio;
+    const std::int64_t peak = simulate(profile, a100, plan).device.peak_bytes;
+    if (ratio > 0) {
+      EXPECT_LT(peak, before) << ratio;
+    }
+    before = peak;
+  }
+  EXPECT_LT(before, std::int64_t{6} << 30) << "hfai measured 4.4 GB at ratio 1";
 }
 
 }  // namespace

@@ -234,8 +234,11 @@ class CpuDevice final : public Device {
 
 #if ZEROPLAN_HAVE_CUDA
 // The CUDA side lane: a stream from the pool; each copy waits for an event recorded on the compute
-// stream at submit, and records its own; wait() makes the compute stream wait for it, and jobs are
-// dropped once their event has completed (their memory is then free to reuse on any stream).
+// stream at submit, and records its own. wait() waits for it here, on the calling thread, as the CPU
+// lane's does, and drops the finished jobs: the lane then holds no tensor of a copy that was waited for,
+// so device memory its caller lets go of is free at once. (Making the compute stream wait on the event
+// instead let the thread run ahead of the copies while the lane held every tensor still in flight: on an
+// H100, ResNet-50 at batch 256 with all activations offloaded held 10.3 GiB where 4.7 were predicted.)
 class CudaSideLane final : public SideLane {
  public:
   explicit CudaSideLane(c10::DeviceIndex index) : index_(index), stream_(c10::cuda::getStreamFromPool(false, index)) {}
@@ -260,7 +263,7 @@ class CudaSideLane final : public SideLane {
   void wait(std::uint64_t ticket) override {
     for (Job& j : jobs_) {
       if (j.ticket > ticket) break;
-      if (!j.waited) j.done->block(c10::cuda::getCurrentCUDAStream(index_));
+      if (!j.waited) j.done->synchronize();
       j.waited = true;
     }
     drop_finished();

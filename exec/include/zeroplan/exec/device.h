@@ -66,7 +66,9 @@ class SideLane {
   virtual ~SideLane() = default;
   // dst <- src, both contiguous and of the same byte size. Returns the copy's ticket (1, 2, ...).
   virtual std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) = 0;
-  virtual void wait(std::uint64_t ticket) = 0;  // the copy `ticket` and every earlier one are done
+  // The calling thread waits until the copy `ticket` and every earlier one are done; the lane then holds
+  // none of their tensors.
+  virtual void wait(std::uint64_t ticket) = 0;
   // Seconds the lane spent copying since it was made (the side-lane benchmark's "copies alone").
   virtual double busy_s() const = 0;
 };
