@@ -184,7 +184,11 @@ void bind_engine(py::module_& m) {
         return stats_dict(s);
       })
       .def_property_readonly("offload_on", [](Driver& d) { return d.d().offload_on(); })
-      .def("begin_capture", [](Driver& d, int u) { return d.d().begin_capture(u); })
+      .def("begin_capture",
+           [](Driver& d, int u, const py::object& in) {
+             return d.d().begin_capture(u, in.is_none() ? torch::Tensor() : in.cast<torch::Tensor>());
+           },
+           py::arg("u"), py::arg("input") = py::none())
       .def("pack", &Driver::pack)
       .def("end_capture", [](Driver& d, int u, const torch::Tensor& in, const torch::Tensor& out) {
         d.d().end_capture(u, in, out);

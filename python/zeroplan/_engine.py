@@ -242,8 +242,9 @@ class Engine:
                     self.driver.end_capture(0, empty, empty)
                 self.driver.after_forward(0)
             self.driver.before_forward(u)
-            if self.driver.offload_on and torch.is_grad_enabled() and self.driver.begin_capture(u):
-                x = first_tensor(tuple(args) + tuple(kwargs.values()))
+            x = first_tensor(tuple(args) + tuple(kwargs.values())) if self.driver.offload_on else None
+            if self.driver.offload_on and torch.is_grad_enabled() and \
+                    self.driver.begin_capture(u, x):
                 ctx = torch.autograd.graph.saved_tensors_hooks(self.driver.pack, lambda packed: packed.unpack())
                 ctx.__enter__()
                 self._capture = (u, ctx, x)

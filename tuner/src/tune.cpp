@@ -118,7 +118,8 @@ std::vector<Outcome> evaluate_all(const std::vector<Candidate>& cands, const Mod
       }
     }
   };
-  const std::vector<double> bounds = step_time_bounds(cands, ev, threads);
+  // Without pruning the order does not matter (every candidate is simulated): no bounds to compute.
+  const std::vector<double> bounds = opt.prune ? step_time_bounds(cands, ev, threads) : std::vector<double>(cands.size(), 0.0);
   for (const std::vector<std::size_t>& round : rounds(bounds)) {
     order.clear();
     const double kth = opt.prune ? kth_fastest(out, opt.top_k) : std::numeric_limits<double>::infinity();

@@ -317,8 +317,8 @@ void HookDriver::end_backward() { hook_guarded(impl_.get(), [&] { impl_->end_bac
 StepStats HookDriver::step() { return hook_guarded(impl_.get(), [&] { return impl_->step(); }); }
 
 bool HookDriver::offload_on() const { return impl_->offload_->on(); }
-bool HookDriver::begin_capture(int u) {
-  return hook_guarded(impl_.get(), [&] { return impl_->offload_->begin_capture(u, impl_->c().unit(u).checkpoint); });
+bool HookDriver::begin_capture(int u, const torch::Tensor& in) {
+  return hook_guarded(impl_.get(), [&] { return impl_->offload_->begin_capture(u, impl_->c().unit(u).checkpoint, in); });
 }
 std::shared_ptr<torch::autograd::SavedVariableHooks> HookDriver::pack(const torch::Tensor& t) {
   auto h = std::make_shared<SharedSavedHooks>(impl_->offload_->hooks());

@@ -78,11 +78,12 @@ class HookDriver {
   // The optimizer step after the last microbatch; its stats (skipped, loss scale, AdaScale gain).
   StepStats step();
 
-  // Activation offload by ratio: whether on; unit u's forward starts capturing (false: not captured);
-  // one saved tensor packed and unpacked through the piece; the forward of u ended with input `in` and
-  // output `out` (what the unit keeps anyway).
+  // Activation offload by ratio: whether on; unit u's forward starts capturing with input `in` (false:
+  // not captured; an undefined `in` is found out at end_capture); one saved tensor packed and unpacked
+  // through the piece; the forward of u ended with input `in` and output `out` (what the unit keeps
+  // anyway).
   bool offload_on() const;
-  bool begin_capture(int u);
+  bool begin_capture(int u, const torch::Tensor& in = {});
   std::shared_ptr<torch::autograd::SavedVariableHooks> pack(const torch::Tensor& t);
   void end_capture(int u, const torch::Tensor& in, const torch::Tensor& out);
 
