@@ -134,20 +134,30 @@ TEST(Nccl, SingleRankAllReduce_CUDA) {
 // pool's requested peak is exact. The tolerance is fidelity.memory's 3% plus room for cuBLAS's
 // workspace, which the caching allocator also counts (an mlp of 4 x 2048 keeps it small beside ~200 MB
 // of model states).
-TEST(Fidelity, CachingAllocatorPeaksMatchThePrediction_CUDA) {
-  ZEROPLAN_REQUIRE_GPU();
+// A 3-step run (1 warm-up) of a zoo model on the GPU, and its profile there at `batch`.
+RunOptions cuda_run(const std::string& model, const std::string& preset, const zoo::Options& options) {
   RunOptions o;
-  o.model = "mlp";
-  o.model_options = {{"depth", "4"}, {"width", "2048"}, {"in", "2048"}, {"out", "16"}};
+  o.model = model;
+  o.preset = preset;
+  o.model_options = options;
   o.device = "cuda";
   o.steps = 3;
   o.warmup_steps = 1;
+  return o;
+}
+ModelProfile profile_on_cuda(const RunOptions& o, std::int64_t batch) {
   zoo::Model model = build_run_model(o);
   ProfileOptions po;
   po.device = "cuda";
-  po.batch = 16;
+  po.batch = batch;
   po.repeats = 2;
-  const ModelProfile profile = profile_model(model, po);
+  return profile_model(model, po);
+}
+
+TEST(Fidelity, CachingAllocatorPeaksMatchThePrediction_CUDA) {
+  ZEROPLAN_REQUIRE_GPU();
+  RunOptions o = cuda_run("mlp", "", {{"depth", "4"}, {"width", "2048"}, {"in", "2048"}, {"out", "16"}});
+  const ModelProfile profile = profile_on_cuda(o, 16);
   const ClusterProfile cluster = resolve_cluster("a100-sxm-80gb");
   for (const bool offload : {false, true}) {
     Plan plan = Plan::default_ddp(1, 16);
@@ -175,18 +185,8 @@ TEST(Fidelity, CachingAllocatorPeaksMatchThePrediction_CUDA) {
 // thread runs ahead of them (the H100 run of 2026-11-27 at batch 256 realized 66% of the predicted drop).
 TEST(Fidelity, ActivationOffloadSavesWhatThePredictionSays_CUDA) {
   ZEROPLAN_REQUIRE_GPU();
-  RunOptions o;
-  o.model = "resnet";
-  o.preset = "resnet50";
-  o.device = "cuda";
-  o.steps = 3;
-  o.warmup_steps = 1;
-  zoo::Model model = build_run_model(o);
-  ProfileOptions po;
-  po.device = "cuda";
-  po.batch = 64;
-  po.repeats = 2;
-  const ModelProfile profile = profile_model(model, po);
+  RunOptions o = cuda_run("resnet", "resnet50", {});
+  const ModelProfile profile = profile_on_cuda(o, 64);
   const ClusterProfile cluster = resolve_cluster("h100-sxm-80gb");
   std::int64_t predicted[2] = {0, 0}, measured[2] = {0, 0};
   for (const int ratio : {0, 1}) {
