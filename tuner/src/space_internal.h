@@ -86,17 +86,17 @@ class Rules {
       }
       return step;
     };
-    for (const PlanRule& r : plan_rules())
-      if (const auto step = due(r.knobs)) at_[*step].push_back([&r](const Plan& p) {
-          std::string why = r.broken(p);
-          return why.empty() ? why : plan_rule_message(why);
-        });
-    if (!runnable) return;
-    for (const RunRule& r : run_rules())
-      if (const auto step = due(r.knobs)) at_[*step].push_back([&r](const Plan& p) {
-          std::string why = r.broken(p);
-          return why.empty() ? why : "run: " + why;
-        });
+    // Each rule of `rules` (plan or run rules: a `knobs` list and `broken`) at its step, its line put in
+    // the words the search counts it under by `message`.
+    auto add = [&](const auto& rules, auto message) {
+      for (const auto& r : rules)
+        if (const auto step = due(r.knobs)) at_[*step].push_back([&r, message](const Plan& p) {
+            std::string why = r.broken(p);
+            return why.empty() ? why : message(why);
+          });
+    };
+    add(plan_rules(), [](const std::string& why) { return plan_rule_message(why); });
+    if (runnable) add(run_rules(), [](const std::string& why) { return "run: " + why; });
   }
 
   // The rule of step `step`: the rules due there, then the step's own search rule (`extra`).
