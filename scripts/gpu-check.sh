@@ -17,7 +17,8 @@
 #   5. a single-GPU fidelity grid: simulate and run each plan (stage 0/1, optimizer offload,
 #      checkpointing, activation offload ratios 0.1/0.5/1 on the side stream, OffloadModel), then
 #      compare; prints predicted against measured step time, device peak and host blocks
-# Everything goes under --out (default gpu-check-<UTC time>/): log.txt, versions.txt, the profiles,
+# Everything goes under --out (default gpu-check-<UTC time>/): log.txt, versions.txt (its commit line from
+# ZEROPLAN_COMMIT when set: a copied working tree may carry another checkout's .git), the profiles,
 # predictions, run records, comparisons and summary.md.
 #
 #   scripts/gpu-check.sh [--python PY] [--out DIR] [--build-dir DIR] [--jobs N] [--debs DIR] [--steps N]
@@ -53,7 +54,7 @@ build_only=0
 deadline_s=0
 bundle=""
 grids=gpt2-small
-usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,41p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -171,7 +172,8 @@ if ((!dry_run)); then
     echo "torch_cuda $torch_cuda"
     echo "python $python"
     echo "gpu $gpu"
-    echo "zeroplan_commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+    # A copied working tree may carry another checkout's .git: ZEROPLAN_COMMIT names the commit it is.
+    echo "zeroplan_commit ${ZEROPLAN_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}"
     echo "cores $(nproc 2>/dev/null || echo unknown)"
   } >"$out/versions.txt"
   if ((${#missing[@]})); then

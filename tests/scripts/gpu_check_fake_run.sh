@@ -85,8 +85,9 @@ chmod +x "$tmp/bin/python" "$tmp/bin/nvidia-smi" "$tmp/bin/cmake" "$tmp/bin/nvcc
 export ZP_STUB="$tmp/zeroplan"
 export PATH="$tmp/bin:$PATH"
 
-"$kit" --python "$tmp/bin/python" --out "$tmp/out" --build-dir "$tmp/build" --jobs 2 >"$tmp/stdout" 2>&1 ||
+ZEROPLAN_COMMIT=0123abcd "$kit" --python "$tmp/bin/python" --out "$tmp/out" --build-dir "$tmp/build" --jobs 2 >"$tmp/stdout" 2>&1 ||
   fail "the run exited $? ($(tail -3 "$tmp/stdout"))"
+grep -q '^zeroplan_commit 0123abcd$' "$tmp/out/versions.txt" || fail "versions.txt does not name ZEROPLAN_COMMIT's commit"
 grep -q '^torch 9.9.9+cu999$' "$tmp/out/versions.txt" || fail "versions.txt has no torch line"
 grep -q '^gpu NVIDIA H100 80GB HBM3' "$tmp/out/versions.txt" || fail "versions.txt has no GPU line"
 for s in configure build cuda-tests profile-gpt2-small profile-resnet50 probe-gpu simulate-s0 run-s0 compare-s0 \
