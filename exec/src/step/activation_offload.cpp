@@ -62,7 +62,15 @@ struct Hook final : torch::autograd::SavedVariableHooks {
   std::shared_ptr<ActivationOffload::Slot> slot_;
 };
 
-std::int64_t window_of(std::int64_t prefetch_bytes) { return std::max<std::int64_t>(0, prefetch_bytes); }
+// What unit U keeps on the device anyway: its input and output (undefined when not known yet), its
+// flat parameters, parameters, buffers and borrowed weights.
+std::vector<torch::Tensor> kept_tensors(const UnitRT& U, const torch::Tensor& in, const torch::Tensor& out) {
+  std::vector<torch::Tensor> kept{in, out, U.full};
+  for (const auto& p : U.module->parameters()) kept.push_back(p);
+  for (const auto& b : U.module->buffers()) kept.push_back(b);
+  for (const auto& b : U.borrows) kept.push_back(b.param);
+  return kept;
+}
 }  // namespace
 
 ActivationOffload::ActivationOffload(Ctx& c)
@@ -87,12 +95,8 @@ bool ActivationOffload::begin_capture(int u, bool checkpointed, const torch::Ten
   capturing_ = u;
   // What the unit keeps anyway, known before its forward: its input, parameters (the flat buffers) and
   // buffers (the output is taken back when the forward ends).
-  const UnitRT& U = c_.unit(u);
   kept_.clear();
-  for (const torch::Tensor& t : {in, U.full}) kept_.insert(saved_tensors::saved_ref(t).key);
-  for (const auto& p : U.module->parameters()) kept_.insert(saved_tensors::saved_ref(p).key);
-  for (const auto& b : U.module->buffers()) kept_.insert(saved_tensors::saved_ref(b).key);
-  for (const auto& b : U.borrows) kept_.insert(saved_tensors::saved_ref(b.param).key);
+  for (const torch::Tensor& t : kept_tensors(c_.unit(u), in, {})) kept_.insert(saved_tensors::saved_ref(t).key);
   return true;
 }
 
@@ -150,8 +154,7 @@ void ActivationOffload::send_pending() {
   in_flight_bytes_ += e->bytes;
   in_flight_.push_back(std::move(e));
   // The window: the older copies in flight are waited for and their device storage let go.
-  const std::int64_t window = window_of(c_.plan.offload.activations_prefetch_bytes);
-  while (in_flight_.size() > 1 && in_flight_bytes_ > window) release_oldest();
+  while (let_oldest_go(in_flight_.size(), in_flight_bytes_, c_.plan.offload.activations_prefetch_bytes)) release_oldest();
 }
 
 void ActivationOffload::release_oldest() {
@@ -172,11 +175,7 @@ void ActivationOffload::end_forward(int u, const torch::Tensor& in, const torch:
   // kept tensor again, the host copy and the policy's count go. (Keys are storage addresses: the weak
   // references in `seen` keep them unique until here.)
   std::unordered_map<const void*, torch::Tensor> kept;
-  const UnitRT& U = c_.unit(u);
-  for (const torch::Tensor& t : {in, out, U.full}) kept.emplace(saved_tensors::saved_ref(t).key, t);
-  for (const auto& p : U.module->parameters()) kept.emplace(saved_tensors::saved_ref(p).key, p);
-  for (const auto& b : U.module->buffers()) kept.emplace(saved_tensors::saved_ref(b).key, b);
-  for (const auto& b : U.borrows) kept.emplace(saved_tensors::saved_ref(b.param).key, b.param);
+  for (const torch::Tensor& t : kept_tensors(c_.unit(u), in, out)) kept.emplace(saved_tensors::saved_ref(t).key, t);
   kept.erase(nullptr);
   // Offered to the policy and not taken: as if never offered too.
   for (const auto& [key, t] : kept) {
@@ -238,15 +237,13 @@ void ActivationOffload::copy_back(Entry& e) {
 void ActivationOffload::issue_ahead() {
   if (restoring_ < 0) return;
   UnitState& s = units_[static_cast<std::size_t>(restoring_)];
-  const std::int64_t budget = c_.plan.offload.activations_prefetch_bytes;
   while (s.next >= 0) {
     Entry& e = *s.entries[static_cast<std::size_t>(s.next)];
     if (e.h2d != 0) {
       --s.next;
       continue;
     }
-    const bool fits = budget < 0 ? ahead_bytes_ == 0 : ahead_bytes_ + e.bytes <= budget;
-    if (!fits) break;
+    if (!copy_back_ahead(ahead_bytes_, e.bytes, c_.plan.offload.activations_prefetch_bytes)) break;
     copy_back(e);
     ahead_bytes_ += e.bytes;
     --s.next;

@@ -263,8 +263,7 @@ class CudaSideLane final : public SideLane {
   void wait(std::uint64_t ticket) override {
     for (Job& j : jobs_) {
       if (j.ticket > ticket) break;
-      if (!j.waited) j.done->synchronize();
-      j.waited = true;
+      j.done->synchronize();
     }
     drop_finished();
   }
@@ -278,10 +277,9 @@ class CudaSideLane final : public SideLane {
     torch::Tensor dst, src;
     std::uint64_t ticket = 0;
     std::unique_ptr<at::cuda::CUDAEvent> start, done;
-    bool waited = false;
   };
   void drop_finished() {
-    while (!jobs_.empty() && jobs_.front().waited && jobs_.front().done->query()) {
+    while (!jobs_.empty() && jobs_.front().done->query()) {
       busy_s_ += jobs_.front().start->elapsed_time(*jobs_.front().done) * 1e-3;
       jobs_.pop_front();
     }

@@ -29,7 +29,6 @@ std::vector<std::vector<bool>> offloaded_tensors(const std::vector<std::vector<s
 std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes) {
   // As the executor: a chosen tensor waits (pending) until the next is chosen, then is copied out; the
   // older copies in flight go while more than the window is in flight.
-  const std::int64_t window = std::max<std::int64_t>(0, prefetch_bytes);
   std::deque<std::int64_t> in_flight;
   std::int64_t held = 0, pending = 0, most = 0;
   bool has_pending = false;
@@ -38,7 +37,7 @@ std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t
     if (has_pending) {
       in_flight.push_back(pending);
       held += pending;
-      while (in_flight.size() > 1 && held > window) {
+      while (let_oldest_go(in_flight.size(), held, prefetch_bytes)) {
         held -= in_flight.front();
         in_flight.pop_front();
       }
@@ -58,7 +57,7 @@ std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_
   auto issue = [&] {
     while (next >= 0) {
       const std::int64_t b = sizes[static_cast<std::size_t>(next)];
-      if (prefetch_bytes < 0 ? ahead != 0 : ahead + b > prefetch_bytes) break;
+      if (!copy_back_ahead(ahead, b, prefetch_bytes)) break;
       ahead += b;
       --next;
     }

@@ -52,7 +52,6 @@ void Activations::pick_offloaded() {
   off_bytes_.assign(n, 0);
   fwd_window_.assign(n, 0);
   bwd_window_.assign(n, 0);
-  off_device_.assign(n, kNone);
   h2d_.assign(n, kNone);
   const double ratio = c_.plan.offload.activations_ratio;
   if (ratio <= 0 || n == 0 || keep_on_device_) return;
@@ -164,12 +163,11 @@ void Activations::on_fwd(int u, int mb, TaskId fwd) {
   // (The first unit of a microbatch has no forward before it here: its copies go after its own.)
   const TaskId d2h = c_.g.add_task(c_.d2h, copies_time(c_.cluster, CopyDir::d2h, off_sizes_[i]), c_.label(c_.n_d2h, u, mb),
                                    {prev_fwd != kNone ? prev_fwd : fwd}, c_.n_cat_copy);
-  off_device_[i] = c_.g.alloc(fwd, c_.dev, fwd_window_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
+  const AllocId window = c_.g.alloc(fwd, c_.dev, fwd_window_[i], MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
   host_part_[i] = c_.g.alloc(fwd, c_.host, off, MemCategory::activations, c_.label(c_.n_saved_offloaded, u, mb), kNone);
   d2h_[i] = d2h;
   let_go_ = c_.g.add_task(c_.compute, 0.0, c_.label(c_.n_saved_offloaded, u, mb), {fwd, d2h}, c_.n_cat_compute);
-  c_.g.set_free_at(off_device_[i], let_go_);
-  off_device_[i] = kNone;
+  c_.g.set_free_at(window, let_go_);
   if (i + 1 == c_.units.size()) last_fwd_ = let_go_;
 }
 

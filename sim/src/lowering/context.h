@@ -205,10 +205,9 @@ struct Activations {
   Ctx& c_;
   // Activation offload, per unit: the sizes of the tensors sent (bytes at this micro batch), their sum,
   // the most of them on the device at once in the forward and in the backward (activation_offload.h's
-  // windows), the device window of the forward, the copy back.
+  // windows), the copy back.
   std::vector<std::vector<double>> off_sizes_;
   std::vector<std::int64_t> off_bytes_, fwd_window_, bwd_window_;
-  std::vector<AllocId> off_device_;
   std::vector<TaskId> h2d_;
   TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit (after its copies out)
   TaskId prev_fwd_ = kNone;  // the previous unit's forward of this microbatch (its copies out run beside it)

@@ -166,9 +166,6 @@ TEST(ActivationOffloadPiece, OffloadsItsShareAndTheGradientsAreUnchanged) {
   }
 }
 
-// differentiate: the gradient of the unit's input, its own parameters' gradients in its region at their
-// slots, and a tied weight's gradient in its owner's region (the GPT head's use of the token embedding),
-// as autograd computes them; the regions of other units are not asked for.
 // One tensor at a time, the device never holds a unit's whole saved share: with everything offloaded,
 // resnet50 (224 x 224, batch 8, one process) peaks below the same step with every unit checkpointed,
 // which holds only the units' inputs and, in a unit's backward, that unit's recomputed activations.
@@ -192,6 +189,9 @@ TEST(ActivationOffloadPiece, RatioOnePeaksBelowCheckpointingEveryUnit) {
   EXPECT_LT(offloaded, checkpointed) << "ratio 1 " << offloaded << " B, checkpointing every unit " << checkpointed << " B";
 }
 
+// differentiate: the gradient of the unit's input, its own parameters' gradients in its region at their
+// slots, and a tied weight's gradient in its owner's region (the GPT head's use of the token embedding),
+// as autograd computes them; the regions of other units are not asked for.
 TEST(AutogradStepPiece, DifferentiateSendsTiedWeightGradientsToTheirOwner) {
   Rig rig([](Plan&) {});
   pieces::Ctx& c = *rig.c;

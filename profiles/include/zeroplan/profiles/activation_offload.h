@@ -20,6 +20,7 @@
 // the device at once, for the simulator.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -47,6 +48,18 @@ class OffloadPolicy {
 // with keeps[u] false (checkpointed) offload nothing and do not count.
 std::vector<std::vector<bool>> offloaded_tensors(const std::vector<std::vector<std::int64_t>>& tensors,
                                                  const std::vector<bool>& keeps, double ratio);
+
+// The two rules, as the executor applies them and the windows below replay them:
+// the forward lets the oldest copy out in flight go while more than one is in flight and they exceed the
+// window (-1 and 0: only the newest stays);
+inline bool let_oldest_go(std::size_t in_flight, std::int64_t in_flight_bytes, std::int64_t prefetch_bytes) {
+  return in_flight > 1 && in_flight_bytes > (prefetch_bytes > 0 ? prefetch_bytes : 0);
+}
+// the backward copies the next tensor back ahead of need when it fits beside the bytes already ahead
+// (-1: one tensor ahead; 0: none).
+inline bool copy_back_ahead(std::int64_t ahead_bytes, std::int64_t bytes, std::int64_t prefetch_bytes) {
+  return prefetch_bytes < 0 ? ahead_bytes == 0 : ahead_bytes + bytes <= prefetch_bytes;
+}
 
 // Unit by unit, `sizes` a unit's offloaded tensors in the order saved: the most bytes of them on the
 // device at once in its forward (the tensors in flight, and the next one as it is made).
