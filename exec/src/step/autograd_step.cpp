@@ -8,18 +8,62 @@
 
 namespace zeroplan::exec::pieces {
 
+namespace {
+
+// Whether autograd can add unit u's gradients straight into their regions: each parameter's region in
+// its dtype and on its device (OffloadModel's regions are on the host).
+bool regions_take_grads(Ctx& c, int u, const std::function<torch::Tensor(int)>& region) {
+  const UnitRT& U = c.unit(u);
+  auto fits = [](const torch::Tensor& r, const torch::Tensor& p) {
+    return r.scalar_type() == p.scalar_type() && r.device() == p.device();
+  };
+  if (U.numel() > 0 && !U.flat.slots().empty() && !fits(region(u), U.flat.slots().front().param)) return false;
+  for (const auto& b : U.borrows) {
+    if (!fits(region(b.owner), b.param)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
-                            const std::function<torch::Tensor(int)>& region, AdaScale* adascale) {
+                            const std::function<torch::Tensor(int)>& region, AdaScale* adascale, bool in_place) {
   UnitRT& U = c.unit(u);
   std::vector<torch::Tensor> inputs;
   const bool input_grad = in.defined() && in.requires_grad();
   if (input_grad) inputs.push_back(in);
   for (const auto& s : U.flat.slots()) inputs.push_back(s.param);
   for (const auto& b : U.borrows) inputs.push_back(b.param);
+  const bool run = !inputs.empty() && grad.defined() && out.requires_grad();
+  // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
+  const torch::Tensor g = !run || grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
+
+  if (in_place && adascale == nullptr && regions_take_grads(c, u, region)) {
+    // Each parameter's gradient is a view of its region (allocated now, before the backward: stages 2-3)
+    // and autograd adds what it makes into it and frees it, one parameter at a time (FSDP's and DDP's
+    // in-place accumulation): the unit's gradients never exist twice.
+    {
+      torch::NoGradGuard no_grad;
+      if (U.numel() > 0) {
+        torch::Tensor own = region(u);
+        for (const auto& s : U.flat.slots()) s.param.mutable_grad() = own.narrow(0, s.offset, s.numel).view(s.shape);
+      }
+      for (const auto& b : U.borrows)
+        b.param.mutable_grad() = region(b.owner).narrow(0, b.offset, b.numel).view(b.param.sizes());
+      if (input_grad) in.mutable_grad() = torch::Tensor();
+    }
+    if (run) torch::autograd::backward({out}, {g}, /*retain_graph=*/false, /*create_graph=*/false, inputs);
+    out = torch::Tensor();
+    for (const auto& s : U.flat.slots()) s.param.mutable_grad() = torch::Tensor();
+    for (const auto& b : U.borrows) b.param.mutable_grad() = torch::Tensor();
+    if (!input_grad) return torch::Tensor();
+    torch::Tensor grad_in = std::exchange(in.mutable_grad(), torch::Tensor());
+    return grad_in.defined() ? grad_in : torch::zeros_like(in);
+  }
+
+  // Returned by autograd and added into the regions (AdaScale sees each microbatch's gradient).
   std::vector<torch::Tensor> grads;
-  if (!inputs.empty() && grad.defined() && out.requires_grad()) {
-    // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
-    const torch::Tensor g = grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
+  if (run) {
     grads = torch::autograd::grad({out}, inputs, {g}, /*retain_graph=*/false, /*create_graph=*/false,
                                   /*allow_unused=*/true);
   } else {
@@ -30,16 +74,16 @@ torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tenso
     std::size_t i = input_grad ? 1 : 0;
     torch::Tensor own = U.numel() > 0 ? region(u) : torch::Tensor();
     for (const auto& s : U.flat.slots()) {
-      const torch::Tensor& g = grads[i++];
-      if (!g.defined()) continue;
-      own.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
-      if (adascale != nullptr) adascale->own(u, s.offset, g);
+      const torch::Tensor& gs = grads[i++];
+      if (!gs.defined()) continue;
+      own.narrow(0, s.offset, s.numel).add_(gs.reshape({-1}));
+      if (adascale != nullptr) adascale->own(u, s.offset, gs);
     }
     for (const auto& b : U.borrows) {
-      const torch::Tensor& g = grads[i++];
-      if (!g.defined()) continue;
-      region(b.owner).narrow(0, b.offset, b.numel).add_(g.reshape({-1}));
-      if (adascale != nullptr) adascale->borrowed(b.owner, b.offset, g);
+      const torch::Tensor& gb = grads[i++];
+      if (!gb.defined()) continue;
+      region(b.owner).narrow(0, b.offset, b.numel).add_(gb.reshape({-1}));
+      if (adascale != nullptr) adascale->borrowed(b.owner, b.offset, gb);
     }
   }
   torch::Tensor grad_in;

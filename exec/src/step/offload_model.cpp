@@ -233,7 +233,8 @@ void OffloadModel::microbatch(std::int64_t step, int j, double scale, double& lo
         const double t0 = c.rec.now_s();
         torch::Tensor in = std::exchange(ins[ui(u, k)], torch::Tensor());
         g = differentiate(c, u, std::exchange(outs[ui(u, k)], torch::Tensor()), in, g,
-                          [this](int owner) { return region(owner); }, adascale_);
+                          [this](int owner) { return region(owner); }, adascale_,
+                          /*in_place=*/false);
         in = torch::Tensor();
         dev.wait_compute();
         c.rec.span(Lane::compute, "backward " + c.unit(u).name, t0, c.rec.now_s(), "backward", u, micro(k));

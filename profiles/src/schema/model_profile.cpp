@@ -69,6 +69,7 @@ ojson write_unit_profile(const UnitProfile& u) {
   j["time_bwd_spread_s"] = write_figure(u.time_bwd_spread_s);
   j["bytes_peak_fwd"] = write_figure(u.bytes_peak_fwd);
   j["bytes_peak_bwd"] = write_figure(u.bytes_peak_bwd);
+  if (u.bytes_peak_bwd_in_place.value > 0) j["bytes_peak_bwd_in_place"] = write_figure(u.bytes_peak_bwd_in_place);
   if (u.bytes_peak_fwd_without_loss.value > 0) j["bytes_peak_fwd_without_loss"] = write_figure(u.bytes_peak_fwd_without_loss);
   if (u.time_loss_s.value > 0) j["time_loss_s"] = write_figure(u.time_loss_s);
   j["flops_fwd"] = write_figure(u.flops_fwd);
@@ -187,6 +188,7 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("time_bwd_spread_s", u.time_bwd_spread_s);
   r.req("bytes_peak_fwd", u.bytes_peak_fwd);
   r.req("bytes_peak_bwd", u.bytes_peak_bwd);
+  r.opt("bytes_peak_bwd_in_place", u.bytes_peak_bwd_in_place);
   r.opt("bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
   r.opt("time_loss_s", u.time_loss_s);
   r.req("flops_fwd", u.flops_fwd);

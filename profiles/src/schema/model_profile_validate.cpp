@@ -89,6 +89,7 @@ void validate(const ModelProfile& m) {
     check_figure(at + ".kernel_time_bwd_s", u.kernel_time_bwd_s);
     check_figure(at + ".bytes_peak_fwd", u.bytes_peak_fwd);
     check_figure(at + ".bytes_peak_bwd", u.bytes_peak_bwd);
+    check_figure(at + ".bytes_peak_bwd_in_place", u.bytes_peak_bwd_in_place);
     check_figure(at + ".bytes_peak_fwd_without_loss", u.bytes_peak_fwd_without_loss);
     check_figure(at + ".time_loss_s", u.time_loss_s);
     check_figure(at + ".flops_fwd", u.flops_fwd);

@@ -4,6 +4,7 @@
 // fake world; a microbatch is driven as executor.cpp's plain step drives it (PlainStep).
 #include <limits>
 
+#include "zeroplan/profiles/counting_allocator.h"
 #include "pieces_rig.h"
 #include "zeroplan/exec/local_communicator.h"
 #include "zeroplan/exec/run.h"
@@ -46,7 +47,7 @@ struct PlainStep {
     for (int u = c.unit_count() - 1; u >= 0; --u) {
       params.before_bwd(u, k);
       g = pieces::differentiate(c, u, acts.output_for_backward(u, k), acts.input(u), g,
-                                [this](int owner) { return grads.region(owner); }, adascale);
+                                [this](int owner) { return grads.region(owner); }, adascale, /*in_place=*/true);
       acts.after_bwd(u);
       params.after_bwd(u);
       grads.after_bwd(u, k, last);
@@ -191,7 +192,8 @@ TEST(ActivationOffloadPiece, RatioOnePeaksBelowCheckpointingEveryUnit) {
 
 // differentiate: the gradient of the unit's input, its own parameters' gradients in its region at their
 // slots, and a tied weight's gradient in its owner's region (the GPT head's use of the token embedding),
-// as autograd computes them; the regions of other units are not asked for.
+// as autograd computes them; the regions of other units are not asked for. Alike whether autograd adds
+// them in place or returns them, and in place no parameter is left holding its region as .grad.
 TEST(AutogradStepPiece, DifferentiateSendsTiedWeightGradientsToTheirOwner) {
   Rig rig([](Plan&) {});
   pieces::Ctx& c = *rig.c;
@@ -211,22 +213,70 @@ TEST(AutogradStepPiece, DifferentiateSendsTiedWeightGradientsToTheirOwner) {
   const torch::Tensor grad = torch::randn_like(U.module->forward(wrt[0]));
   const std::vector<torch::Tensor> want = torch::autograd::grad({U.module->forward(wrt[0])}, wrt, {grad});
 
-  std::map<int, torch::Tensor> regions;
-  auto region = [&](int u) {
-    torch::Tensor& r = regions[u];
-    if (!r.defined()) r = torch::zeros({c.unit(u).numel()});
-    return r;
-  };
-  const torch::Tensor in = h.detach().requires_grad_(true);
-  const torch::Tensor got_in = pieces::differentiate(c, head, U.module->forward(in), in, grad, region, nullptr);
-  EXPECT_TRUE(torch::allclose(got_in, want[0]));
-  std::size_t i = 1;
-  for (const auto& s : U.flat.slots()) EXPECT_TRUE(torch::allclose(regions[head].narrow(0, s.offset, s.numel), want[i++].reshape({-1})));
-  for (const auto& b : U.borrows) {
-    ASSERT_TRUE(regions.count(b.owner));
-    EXPECT_TRUE(torch::allclose(regions[b.owner].narrow(0, b.offset, b.numel), want[i++].reshape({-1})));
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "returned");
+    std::map<int, torch::Tensor> regions;
+    auto region = [&](int u) {
+      torch::Tensor& r = regions[u];
+      if (!r.defined()) r = torch::zeros({c.unit(u).numel()});
+      return r;
+    };
+    const torch::Tensor in = h.detach().requires_grad_(true);
+    const torch::Tensor got_in =
+        pieces::differentiate(c, head, U.module->forward(in), in, grad, region, nullptr, in_place);
+    EXPECT_TRUE(torch::allclose(got_in, want[0]));
+    EXPECT_FALSE(in.grad().defined());
+    std::size_t i = 1;
+    for (const auto& s : U.flat.slots()) {
+      EXPECT_TRUE(torch::allclose(regions[head].narrow(0, s.offset, s.numel), want[i++].reshape({-1})));
+      EXPECT_FALSE(s.param.grad().defined()) << s.name;
+    }
+    for (const auto& b : U.borrows) {
+      ASSERT_TRUE(regions.count(b.owner));
+      EXPECT_TRUE(torch::allclose(regions[b.owner].narrow(0, b.offset, b.numel), want[i++].reshape({-1})));
+      EXPECT_FALSE(b.param.grad().defined());
+    }
+    EXPECT_EQ(regions.size(), 1 + U.borrows.size()) << "only the unit's own region and its owners'";
   }
-  EXPECT_EQ(regions.size(), 1 + U.borrows.size()) << "only the unit's own region and its owners'";
+}
+
+// In place, a unit's backward holds one parameter's gradient at a time beside its region: a GPT block's
+// backward peaks lower than when autograd returns every gradient to be added after, by at least half the
+// gradients it no longer holds at once (all but the largest).
+TEST(AutogradStepPiece, InPlaceBackwardHoldsNoSecondCopyOfTheGradients) {
+  Rig rig([](Plan&) {});
+  pieces::Ctx& c = *rig.c;
+  pieces::ParamResidency params(c);
+  const int block = 1;
+  const pieces::UnitRT& U = c.unit(block);
+  ASSERT_TRUE(U.borrows.empty());
+  torch::Tensor h;
+  {
+    torch::NoGradGuard no_grad;
+    h = pieces::model_input(c, c.model.task->batch(0, 0, 2).input);
+    for (int u = 0; u < block; ++u) h = c.unit(u).module->forward(h);
+  }
+  std::int64_t grads = 0, largest = 0;
+  for (const auto& s : U.flat.slots()) {
+    grads += s.numel * 4;
+    largest = std::max<std::int64_t>(largest, s.numel * 4);
+  }
+  auto backward_peak = [&](bool in_place) {
+    torch::Tensor region = torch::zeros({U.numel()});
+    const torch::Tensor in = h.detach().requires_grad_(true);
+    torch::Tensor out = U.module->forward(in);
+    const torch::Tensor grad = torch::ones_like(out);
+    ScopedCpuAllocator counting;
+    const std::int64_t before = counting.allocator().reset_peak();
+    torch::Tensor got = pieces::differentiate(c, block, std::move(out), in, grad, [&](int) { return region; },
+                                              nullptr, in_place);
+    return counting.allocator().peak_bytes() - before;
+  };
+  const std::int64_t returned = backward_peak(false), in_place = backward_peak(true);
+  std::printf("block backward peak: returned %lld B, in place %lld B, gradients %lld B (largest %lld B)\n",
+              static_cast<long long>(returned), static_cast<long long>(in_place), static_cast<long long>(grads),
+              static_cast<long long>(largest));
+  EXPECT_LE(in_place, returned - (grads - largest) / 2);
 }
 
 // loss_grad: the loss summed into loss_sum, its gradient scaled by `scale` (the loss scale over the ranks

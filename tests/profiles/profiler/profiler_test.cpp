@@ -32,6 +32,23 @@ class LinearUnit : public zoo::UnitModule {
   torch::nn::Linear lin_;
 };
 
+// Four bias-free Linear layers of width w: four weights, each made by its own node of the backward.
+class LinearStackUnit : public zoo::UnitModule {
+ public:
+  explicit LinearStackUnit(int64_t w) {
+    for (int i = 0; i < 4; ++i)
+      layers_.push_back(register_module("lin" + std::to_string(i), torch::nn::Linear(torch::nn::LinearOptions(w, w).bias(false))));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    torch::Tensor y = x;
+    for (auto& l : layers_) y = l->forward(y);
+    return y;
+  }
+
+ private:
+  std::vector<torch::nn::Linear> layers_;
+};
+
 ProfileOptions quick() {
   ProfileOptions o;
   o.warmup = 1;
@@ -134,6 +151,18 @@ TEST(SavedTensorHooks, EveryTensorAutogradSavesPassesThroughThemAndGradientsAreU
   EXPECT_EQ(rec.saved().size(), n);
 }
 
+// With the gradients accumulated in place (bytes_peak_bwd_in_place) the backward holds one weight's
+// gradient at a time; made fresh (bytes_peak_bwd) it ends holding all four.
+TEST(Profiler, InPlaceBackwardPeakHoldsOneWeightGradientAtATime) {
+  const int64_t w = 256, batch = 8;
+  LinearStackUnit unit(w);
+  UnitMeasurement m = profile_unit(unit, torch::randn({batch, w}), quick());
+  const double weight = static_cast<double>(w * w * 4), act = static_cast<double>(batch * w * 4);
+  EXPECT_GE(m.bytes_peak_bwd, 4 * weight - act);  // the output's gradient is freed on the way
+  EXPECT_GE(m.bytes_peak_bwd_in_place, weight);
+  EXPECT_LE(m.bytes_peak_bwd_in_place, weight + 4 * act) << "made fresh: " << m.bytes_peak_bwd;
+}
+
 TEST(Profiler, SameUnitTwiceGivesIdenticalMemoryFigures) {
   LinearUnit unit(128, 96);
   torch::Tensor x = torch::randn({8, 128});
@@ -143,6 +172,7 @@ TEST(Profiler, SameUnitTwiceGivesIdenticalMemoryFigures) {
   EXPECT_EQ(a.bytes_output, b.bytes_output);
   EXPECT_EQ(a.bytes_peak_fwd, b.bytes_peak_fwd);
   EXPECT_EQ(a.bytes_peak_bwd, b.bytes_peak_bwd);
+  EXPECT_EQ(a.bytes_peak_bwd_in_place, b.bytes_peak_bwd_in_place);
   EXPECT_EQ(a.flops_fwd, b.flops_fwd);
 }
 
@@ -295,6 +325,8 @@ TEST(Profiler, ResnetTinyProfilesUnderTheCountingAllocator) {
   for (const UnitProfile& u : p.units) {
     EXPECT_GT(u.bytes_saved.value, 0) << u.name;
     EXPECT_GT(u.bytes_peak_bwd.value, 0) << u.name;
+    EXPECT_GT(u.bytes_peak_bwd_in_place.value, 0) << u.name;
+    EXPECT_LE(u.bytes_peak_bwd_in_place.value, u.bytes_peak_bwd.value) << u.name;
     EXPECT_GT(u.flops_fwd.value, 0) << u.name;
     EXPECT_GT(u.bytes_saved.fit.at(4), u.bytes_saved.value) << u.name;
   }

@@ -73,6 +73,10 @@ struct UnitProfile {
   Figure time_bwd_spread_s;  // spread (p90 - p10) of backward time; optional, default 0
   Figure bytes_peak_fwd;     // transient peak during forward above what was live before it
   Figure bytes_peak_bwd;     // transient peak during backward above what was live before it
+  // The same with the parameters' gradients accumulated in place into gradients that exist before the
+  // backward (profiler.h): what the executor's backward allocates; optional, value 0 and absent from
+  // the JSON when not measured (older profiles, analytic): bytes_peak_bwd stands in for it then.
+  Figure bytes_peak_bwd_in_place;
   // The last unit is measured with the task's loss (profiler.h): its forward peak before the loss ran,
   // what a recompute of the unit allocates; optional, value 0 and absent from the JSON otherwise.
   Figure bytes_peak_fwd_without_loss;

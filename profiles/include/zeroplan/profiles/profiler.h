@@ -17,6 +17,10 @@
 //   bytes_peak_fwd   peak during forward - live before forward
 //   bytes_peak_bwd   peak during backward - live before backward (includes the parameter gradients and
 //                    the input gradient it allocates; gradients are reset to none before each pass)
+//   bytes_peak_bwd_in_place  the same with every parameter's gradient allocated before the backward
+//                    (zeros, outside the phase), so autograd adds each gradient into it as it is made
+//                    and frees what it made: the executor's in-place accumulation into the flat gradient
+//                    region (pieces::differentiate). A second forward and backward of the memory pass.
 //   time_fwd_s / time_bwd_s         median over `repeats` after `warmup` iterations
 //   time_*_spread_s                 p90 - p10 of the same samples (linear interpolation)
 //   flops_fwd / flops_bwd           see flops.h
@@ -89,6 +93,7 @@ struct UnitMeasurement {
   double bytes_saved = 0;
   double bytes_peak_fwd = 0;
   double bytes_peak_bwd = 0;
+  double bytes_peak_bwd_in_place = 0;  // gradients accumulated in place (see above)
   double bytes_peak_fwd_without_loss = 0;  // measured with a loss (the last unit): the peak before it ran
   std::vector<std::int64_t> saved_tensors;  // UnitProfile::saved_tensors, at this batch
   double time_fwd_s = 0, time_fwd_spread_s = 0;

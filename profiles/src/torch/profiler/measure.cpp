@@ -142,6 +142,25 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   torch::Tensor output = y.detach();
   y = torch::Tensor();
 
+  // The backward again with the gradients accumulated in place (bytes_peak_bwd_in_place): every
+  // parameter's gradient exists before it, allocated outside the phase, so autograd adds each one it
+  // makes into it and frees what it made, as the executor's backward does into its gradient region.
+  {
+    clear();
+    for (const auto& p : grad_params) {
+      if (p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
+    }
+    torch::Tensor x_again = x.clone();
+    torch::Tensor y_again = unit.forward(x_again);
+    x_again = torch::Tensor();
+    torch::Tensor g = loss ? output_grad(y_again) : torch::ones_like(y_again);
+    dev.synchronize();
+    const std::int64_t live = dev.memory.begin_phase();
+    backward(y_again, g);
+    dev.synchronize();
+    m.bytes_peak_bwd_in_place = static_cast<double>(dev.memory.peak() - live);
+  }
+
   // FLOPs pass (the counter's callback keeps op inputs alive a little longer: not in the memory pass).
   {
     clear();

@@ -227,6 +227,7 @@ UnitProfile unit_profile(const zoo::Model& model, std::size_t i, const Pass& pas
   u.flops_fwd = figure(&UnitMeasurement::flops_fwd);
   u.flops_bwd = figure(&UnitMeasurement::flops_bwd);
   if (r.kernel_time_fwd_s > 0) u.kernel_time_fwd_s = figure(&UnitMeasurement::kernel_time_fwd_s);
+  if (r.bytes_peak_bwd_in_place > 0) u.bytes_peak_bwd_in_place = figure(&UnitMeasurement::bytes_peak_bwd_in_place);
   if (r.bytes_peak_fwd_without_loss > 0)
     u.bytes_peak_fwd_without_loss = figure(&UnitMeasurement::bytes_peak_fwd_without_loss);
   if (r.time_loss_s > 0) u.time_loss_s = figure(&UnitMeasurement::time_loss_s);

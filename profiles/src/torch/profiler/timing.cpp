@@ -16,7 +16,9 @@
 namespace zeroplan::detail {
 
 // The executor's backward of one unit (pieces::differentiate in exec/src/step): the gradients of the
-// input (when it needs one) and of `params` returned by autograd, each parameter's added into `accum`.
+// input (when it needs one) and of `params`, each parameter's added into `accum`. The executor has
+// autograd add them in place (the same adds, inside the backward); here autograd returns them, because
+// the concurrent ranks' threads share the parameters, whose .grad the in-place path would set.
 // Returns the input's gradient (undefined when the input needs none).
 torch::Tensor accumulate_backward(const torch::Tensor& y, const torch::Tensor& g, const torch::Tensor& x,
                                   const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& accum) {
