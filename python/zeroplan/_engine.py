@@ -154,6 +154,8 @@ class Engine:
                     self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(u, slot)))
         self._remaining = list(self._expected)
         self._seen = [0] * n
+        self._stash: list[list] = [[] for _ in range(n)]
+        self._in_place = int(self.plan.get("zero_stage", 0)) <= 1 and not self.plan.get("adascale", False)
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._root_post, with_kwargs=True))
         for i, b in enumerate(self.blocks):
@@ -170,22 +172,35 @@ class Engine:
 
     # --- hooks ---------------------------------------------------------------------------------------
     def _grad_hook(self, u: int, slot: int):
-        # Each gradient goes into the unit's gradient region as soon as autograd has made it, and is freed:
-        # the step driver's in-place accumulation (autograd adds into the region there), one parameter's
-        # gradient at a time beside the region, which the simulator predicts from the profile's
-        # bytes_peak_bwd_in_place. Under AdaScale the driver also sees each microbatch's gradient here.
+        # At stages 0-1 (no AdaScale) each gradient goes into the unit's region, which lives all step, as soon
+        # as autograd has made it, and is freed: the step driver's in-place accumulation, one parameter's
+        # gradient at a time (the profile's bytes_peak_bwd_in_place). Otherwise a unit's gradients are held
+        # as autograd made them until its backward is done, then added into its gradient region together
+        # (allocated then, at stages 2-3), as the step driver adds what autograd.grad returns at the end of a
+        # unit's backward. The same memory at every point as the step driver's, which the simulator predicts.
         def hook(p: torch.Tensor) -> None:
             g = p.grad
             p.grad = None
             if g is None:
                 return
-            self.driver.accumulate(u, slot, g)
-            del g
+            if self._in_place:
+                self.driver.accumulate(u, slot, g)
+                del g
+            else:
+                self._stash[u].append((slot, g))
             self._seen[u] += 1
             self._remaining[u] -= 1
             if self._remaining[u] == 0:
-                self.driver.backward_done(u)
+                self._finish_unit(u)
         return hook
+
+    def _finish_unit(self, u: int) -> None:
+        stash, self._stash[u] = self._stash[u], []
+        for slot, g in stash:
+            self.driver.accumulate(u, slot, g)
+        g = None
+        del stash, g
+        self.driver.backward_done(u)
 
     def _backward_starts(self) -> None:
         if self._in_backward:
@@ -196,9 +211,9 @@ class Engine:
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
-        for u in reversed(range(len(self._seen))):  # units with a parameter that got no gradient
-            if self._seen[u] > 0 and self._remaining[u] > 0:
-                self.driver.backward_done(u)
+        for u in reversed(range(len(self._stash))):  # units with a parameter that got no gradient
+            if self._stash[u] or (self._in_place and 0 < self._seen[u] and self._remaining[u] > 0):
+                self._finish_unit(u)
         self.driver.end_backward()
         # Parameters that got no gradient this time (unused in the forward) are not waited for again.
         self._expected = [min(e, s) if s > 0 else e for e, s in zip(self._expected, self._seen)]

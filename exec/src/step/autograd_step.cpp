@@ -39,9 +39,9 @@ torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tenso
   const torch::Tensor g = !run || grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
 
   if (in_place && adascale == nullptr && regions_take_grads(c, u, region)) {
-    // Each parameter's gradient is a view of its region (allocated now, before the backward: stages 2-3)
-    // and autograd adds what it makes into it and frees it, one parameter at a time (FSDP's and DDP's
-    // in-place accumulation): the unit's gradients never exist twice.
+    // Each parameter's gradient is a view of its region and autograd adds what it makes into it and frees
+    // it, one parameter at a time (DDP's in-place accumulation into its buckets): the unit's gradients
+    // never exist twice.
     {
       torch::NoGradGuard no_grad;
       if (U.numel() > 0) {

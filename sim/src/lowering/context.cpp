@@ -74,7 +74,8 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       u.peak_recompute = saturated_bytes(own * act_scale);
       u.peak_fwd = saturated_bytes(static_cast<double>(u.peak_recompute) + std::max(0.0, whole - own));
     }
-    u.grads_in_place = up.bytes_peak_bwd_in_place.value > 0 && !plan.adascale && !plan.offload_model.enabled;
+    u.grads_in_place = up.bytes_peak_bwd_in_place.value > 0 && plan.zero_stage <= 1 && !plan.adascale &&
+                       !plan.offload_model.enabled;
     u.peak_bwd = bytes(u.grads_in_place ? up.bytes_peak_bwd_in_place : up.bytes_peak_bwd);
     u.saved_tensors = up.saved_tensors;
     u.saved_tensor_scale = batch / ref * act_scale;

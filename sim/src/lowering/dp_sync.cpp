@@ -166,25 +166,20 @@ TaskId GradSync::after_bwd(int u, int mb, TaskId bwd) {
   AllocId full = early_[static_cast<std::size_t>(u)];
   early_[static_cast<std::size_t>(u)] = kNone;
   if (full == kNone) {
+    // The executor allocates it once autograd has returned (the unit's workspace and saved activations
+    // gone) and adds autograd's gradients into it: beside it are those gradients, the unit's input and
+    // output and both their gradients.
+    const auto i = static_cast<std::size_t>(u);
+    const std::int64_t in = i > 0 ? c_.units[i - 1].output : 0;
     const DeviceSpec& d = c_.cluster.device;
     // Read both, write one; a profile whose backward times include that add (backward_adds_grads)
     // leaves the zero-filled allocation (one write).
     const double add = (c_.model.backward_adds_grads ? 1.0 : 3.0) * static_cast<double>(x.params * c_.b.grad);
     const TaskId acc = c_.compute_task(d.mem_bw_bytes_per_s > 0 ? add / d.mem_bw_bytes_per_s : 0.0, c_.n_grad_acc, u, mb);
     c_.g.add_dep(acc, bwd);
-    if (x.grads_in_place) {
-      // Allocated (zeros) as the unit's backward starts; autograd adds into it: beside the backward's peak.
-      full = c_.g.alloc(bwd, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
-    } else {
-      // Allocated once autograd has returned (the unit's workspace and saved activations gone), which
-      // adds its gradients into it: beside it are those gradients, the unit's input and output and both
-      // their gradients.
-      const auto i = static_cast<std::size_t>(u);
-      const std::int64_t in = i > 0 ? c_.units[i - 1].output : 0;
-      full = c_.g.alloc(acc, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
-      c_.g.alloc(acc, c_.dev, x.params * c_.b.grad + 2 * (in + x.output), MemCategory::activations,
-                 c_.label(c_.n_workspace, u, mb));
-    }
+    full = c_.g.alloc(acc, c_.dev, x.padded * c_.b.grad, MemCategory::grads, c_.label(c_.n_full_grads, u, mb), kNone);
+    c_.g.alloc(acc, c_.dev, x.params * c_.b.grad + 2 * (in + x.output), MemCategory::activations,
+               c_.label(c_.n_workspace, u, mb));
     bwd = acc;
   }
   const RsBucket& b = rs_buckets_[static_cast<std::size_t>(bucket_of_[static_cast<std::size_t>(u)])];
