@@ -187,6 +187,8 @@ TEST(ActivationOffloadPiece, RatioOnePeaksBelowCheckpointingEveryUnit) {
   };
   const std::int64_t offloaded = peak([](Plan& p) { p.offload.activations_ratio = 1; });
   const std::int64_t checkpointed = peak([](Plan& p) { p.checkpointing.mode = Checkpointing::Mode::all; });
+  std::printf("resnet50 batch 8 device peak: ratio 1 %lld B, checkpointing every unit %lld B\n",
+              static_cast<long long>(offloaded), static_cast<long long>(checkpointed));
   EXPECT_LT(offloaded, checkpointed) << "ratio 1 " << offloaded << " B, checkpointing every unit " << checkpointed << " B";
 }
 
