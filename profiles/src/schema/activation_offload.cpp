@@ -74,4 +74,43 @@ std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_
   return most;
 }
 
+std::int64_t offloaded_backward_peak(const std::vector<std::int64_t>& sizes, const std::vector<bool>& picked,
+                                     const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& peaks,
+                                     std::int64_t prefetch_bytes) {
+  const std::size_t n = sizes.size();
+  std::vector<bool> back(n, false);
+  std::ptrdiff_t next = static_cast<std::ptrdiff_t>(n) - 1;
+  std::int64_t ahead = 0, copied = 0;
+  auto issue = [&] {  // ActivationOffload::issue_ahead
+    while (next >= 0) {
+      const auto j = static_cast<std::size_t>(next);
+      if (!picked[j] || back[j]) {
+        --next;
+        continue;
+      }
+      if (!copy_back_ahead(ahead, sizes[j], prefetch_bytes)) break;
+      back[j] = true;
+      ahead += sizes[j];
+      copied += sizes[j];
+      --next;
+    }
+  };
+  issue();
+  std::int64_t most = peaks.empty() ? 0 : peaks[0] + copied;
+  for (std::size_t k = 0; k < order.size() && k + 1 < peaks.size(); ++k) {
+    const auto j = static_cast<std::size_t>(order[k]);
+    if (j < n && picked[j]) {
+      if (back[j]) {
+        ahead -= sizes[j];  // copied ahead
+      } else {
+        back[j] = true;  // copied now
+        copied += sizes[j];
+      }
+      issue();
+    }
+    most = std::max(most, peaks[k + 1] + copied);
+  }
+  return most;
+}
+
 }  // namespace zeroplan

@@ -93,6 +93,9 @@ ojson write_unit_profile(const UnitProfile& u) {
   }
   if (!u.ops.empty()) j["ops"] = write_array(u.ops, write_op);
   if (!u.saved_tensors.empty()) j["saved_tensors"] = u.saved_tensors;
+  if (!u.bwd_unpack_order.empty()) j["bwd_unpack_order"] = u.bwd_unpack_order;
+  if (!u.bwd_unpack_peaks.empty()) j["bwd_unpack_peaks"] = u.bwd_unpack_peaks;
+  if (!u.bwd_unpack_peaks_in_place.empty()) j["bwd_unpack_peaks_in_place"] = u.bwd_unpack_peaks_in_place;
   if (!u.recomputable) j["recomputable"] = false;
   return j;
 }
@@ -199,6 +202,9 @@ void read_value(const nlohmann::json& j, UnitProfile& u, const std::string& path
   r.opt("times_at_dtype", u.times_at_dtype);
   r.opt("ops", u.ops);
   r.opt("saved_tensors", u.saved_tensors);
+  r.opt("bwd_unpack_order", u.bwd_unpack_order);
+  r.opt("bwd_unpack_peaks", u.bwd_unpack_peaks);
+  r.opt("bwd_unpack_peaks_in_place", u.bwd_unpack_peaks_in_place);
   r.opt("recomputable", u.recomputable);
   r.finish();
 }

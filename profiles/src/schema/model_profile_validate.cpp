@@ -126,6 +126,18 @@ void validate(const ModelProfile& m) {
     }
     if (saved_sum > u.bytes_saved.value * (1 + 1e-9) + 1)
       model_error(at + ".saved_tensors sum to " + num(saved_sum) + " bytes, more than bytes_saved " + num(u.bytes_saved.value));
+    for (std::size_t k = 0; k < u.bwd_unpack_order.size(); ++k) {
+      const std::int64_t p = u.bwd_unpack_order[k];
+      if (p < 0 || static_cast<std::size_t>(p) >= u.saved_tensors.size())
+        model_error(at + ".bwd_unpack_order[" + std::to_string(k) + "] must name one of the " +
+                    std::to_string(u.saved_tensors.size()) + " saved_tensors (got " + std::to_string(p) + ")");
+    }
+    for (const auto* peaks : {&u.bwd_unpack_peaks, &u.bwd_unpack_peaks_in_place}) {
+      if (!peaks->empty() && peaks->size() != u.bwd_unpack_order.size() + 1)
+        model_error(at + (peaks == &u.bwd_unpack_peaks ? ".bwd_unpack_peaks" : ".bwd_unpack_peaks_in_place") +
+                    " must have one more entry than bwd_unpack_order's " + std::to_string(u.bwd_unpack_order.size()) +
+                    " (got " + std::to_string(peaks->size()) + ")");
+    }
     for (std::size_t k = 0; k < u.borrowed.size(); ++k) {
       const BorrowedParams& b = u.borrowed[k];
       const std::string bw = at + ".borrowed[" + std::to_string(k) + "]";

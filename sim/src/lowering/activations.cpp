@@ -49,6 +49,7 @@ std::int64_t Activations::fwd_workspace(int u) const {
 void Activations::pick_offloaded() {
   const std::size_t n = c_.units.size();
   off_sizes_.assign(n, {});
+  picked_.clear();
   off_bytes_.assign(n, 0);
   fwd_window_.assign(n, 0);
   bwd_window_.assign(n, 0);
@@ -63,6 +64,7 @@ void Activations::pick_offloaded() {
       keeps.push_back(!x.checkpoint);
     }
     const auto picked = offloaded_tensors(lists, keeps, ratio);
+    picked_ = picked;
     for (std::size_t i = 0; i < n; ++i) {
       const Unit& x = c_.units[i];
       for (std::size_t k = 0; k < picked[i].size(); ++k) {
@@ -95,6 +97,15 @@ void Activations::set_windows() {
     for (double b : off_sizes_[i]) sizes.push_back(static_cast<std::int64_t>(std::llround(b)));
     fwd_window_[i] = std::min(off_bytes_[i], forward_window(sizes, prefetch));
     bwd_window_[i] = std::min(off_bytes_[i], backward_window(sizes, prefetch));
+    const Unit& x = c_.units[i];
+    if (i < picked_.size() && off_bytes_[i] > 0 && !x.unpack_peaks.empty()) {
+      // With the backward's timeline: what its copies back add to its peak, replayed (the window above
+      // undercounts when the peak comes after tensors came back and were freed).
+      std::vector<std::int64_t> all;
+      for (const std::int64_t b : x.saved_tensors) all.push_back(std::llround(static_cast<double>(b) * x.saved_tensor_scale));
+      bwd_window_[i] = std::max<std::int64_t>(
+          0, offloaded_backward_peak(all, picked_[i], x.unpack_order, x.unpack_peaks, prefetch) - x.peak_bwd);
+    }
   }
 }
 

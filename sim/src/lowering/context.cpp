@@ -76,7 +76,16 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
     }
     u.grads_in_place = up.bytes_peak_bwd_in_place.value > 0 && plan.zero_stage <= 1 && !plan.adascale &&
                        !plan.offload_model.enabled;
-    u.peak_bwd = bytes(u.grads_in_place ? up.bytes_peak_bwd_in_place : up.bytes_peak_bwd);
+    const Figure& bwd_peak = u.grads_in_place ? up.bytes_peak_bwd_in_place : up.bytes_peak_bwd;
+    u.peak_bwd = bytes(bwd_peak);
+    const auto& unpack_peaks = u.grads_in_place ? up.bwd_unpack_peaks_in_place : up.bwd_unpack_peaks;
+    if (!unpack_peaks.empty() && !up.bwd_unpack_order.empty() && bwd_peak.value > 0) {
+      // Measured at the reference batch in the profile's dtype, scaled as the figure is.
+      const double scale = static_cast<double>(u.peak_bwd) / bwd_peak.value;
+      u.unpack_order = up.bwd_unpack_order;
+      u.unpack_peaks.clear();
+      for (const std::int64_t p : unpack_peaks) u.unpack_peaks.push_back(std::llround(static_cast<double>(p) * scale));
+    }
     u.saved_tensors = up.saved_tensors;
     u.saved_tensor_scale = batch / ref * act_scale;
     u.tensor_list = tensor_lists;

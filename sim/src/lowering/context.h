@@ -45,6 +45,9 @@ struct Unit {
   std::vector<std::int64_t> saved_tensors;
   double saved_tensor_scale = 1;
   bool tensor_list = false;
+  // The backward's timeline (UnitProfile::bwd_unpack_order and the peaks of the backward this plan runs,
+  // scaled as peak_bwd): empty when the profile has none.
+  std::vector<std::int64_t> unpack_order, unpack_peaks;
   // Shared parameters (UnitProfile::borrowed), as expanded unit indices. An owner stays gathered from
   // its forward to its backward at stage 3, and its gradient starts at its first borrower's backward.
   bool pinned = false;
@@ -213,6 +216,7 @@ struct Activations {
   // the most of them on the device at once in the forward and in the backward (activation_offload.h's
   // windows), the copy back.
   std::vector<std::vector<double>> off_sizes_;
+  std::vector<std::vector<bool>> picked_;  // per unit, per saved tensor: offloaded (tensor lists only)
   std::vector<std::int64_t> off_bytes_, fwd_window_, bwd_window_;
   std::vector<TaskId> h2d_;
   TaskId last_fwd_ = kNone;  // this microbatch's forward of the last unit (after its copies out)

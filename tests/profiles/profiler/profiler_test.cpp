@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -161,6 +162,15 @@ TEST(Profiler, InPlaceBackwardPeakHoldsOneWeightGradientAtATime) {
   EXPECT_GE(m.bytes_peak_bwd, 4 * weight - act);  // the output's gradient is freed on the way
   EXPECT_GE(m.bytes_peak_bwd_in_place, weight);
   EXPECT_LE(m.bytes_peak_bwd_in_place, weight + 4 * act) << "made fresh: " << m.bytes_peak_bwd;
+  // The timeline: the three later layers' inputs (the first's is the unit's input), unpacked last saved
+  // first, and the backward's peak among the segments.
+  EXPECT_EQ(m.saved_tensors, (std::vector<std::int64_t>(3, batch * w * 4)));
+  EXPECT_EQ(m.bwd_unpack_order, (std::vector<std::int64_t>{2, 1, 0}));
+  ASSERT_EQ(m.bwd_unpack_peaks.size(), 4u);
+  ASSERT_EQ(m.bwd_unpack_peaks_in_place.size(), 4u);
+  EXPECT_EQ(*std::max_element(m.bwd_unpack_peaks.begin(), m.bwd_unpack_peaks.end()), m.bytes_peak_bwd);
+  EXPECT_EQ(*std::max_element(m.bwd_unpack_peaks_in_place.begin(), m.bwd_unpack_peaks_in_place.end()),
+            m.bytes_peak_bwd_in_place);
 }
 
 TEST(Profiler, SameUnitTwiceGivesIdenticalMemoryFigures) {

@@ -85,5 +85,31 @@ TEST(ActivationOffloadWindow, BackwardHoldsTheTensorInUseAndThoseCopiedAhead) {
   EXPECT_EQ(backward_window({}, -1), 0);
 }
 
+// resnet-tiny's stem as profiled at batch 4 (2026-11-27): BatchNorm's input, its mean and inverse std,
+// the ReLU's output, MaxPool's indices; the backward unpacks the ReLU output and the indices (MaxPool),
+// then BatchNorm's three, and peaks at BatchNorm's backward, after the other two were freed (the peaks
+// are above the start, every saved tensor resident then). Offloaded, all five count from their copy
+// back: the peak is BatchNorm's plus every byte that came back, 196,672 + 327,744, where the window
+// (the most of them on the device at once, 196,608) added to the backward's peak undercounts.
+TEST(OffloadedBackwardPeak, EveryByteCopiedBackCountsUntilTheMeasuredPeaksSubtractIt) {
+  const std::vector<std::int64_t> sizes{131072, 32, 32, 131072, 65536};
+  const std::vector<std::int64_t> order{3, 4, 0, 1, 2};
+  const std::vector<std::int64_t> peaks{0, 0, 196608, -65536, -65536, 196672};
+  const std::vector<bool> all(5, true), none(5, false);
+  EXPECT_EQ(offloaded_backward_peak(sizes, all, order, peaks, -1), 196672 + 327744);
+  EXPECT_EQ(offloaded_backward_peak(sizes, all, order, peaks, 0), 196672 + 327744);
+  EXPECT_GT(offloaded_backward_peak(sizes, all, order, peaks, -1), 196672 + backward_window(sizes, -1));
+  // Nothing offloaded: the measured peak.
+  EXPECT_EQ(offloaded_backward_peak(sizes, none, order, peaks, -1), 196672);
+  // Only MaxPool's indices: back at the start (the first needed in the reverse of the order saved) and
+  // counted from there on, freed at MaxPool's backward (which the later peaks subtract): BatchNorm's peak
+  // plus 65,536.
+  const std::vector<bool> indices{false, false, false, false, true};
+  EXPECT_EQ(offloaded_backward_peak(sizes, indices, order, peaks, -1), 196672 + 65536);
+  // A peak before the first unpack, with a tensor copied ahead beside it.
+  EXPECT_EQ(offloaded_backward_peak({100, 50}, {true, true}, {1, 0}, {500, 0, 0}, -1), 550);
+  EXPECT_EQ(offloaded_backward_peak({100, 50}, {true, true}, {1, 0}, {500, 0, 0}, 0), 500);
+}
+
 }  // namespace
 }  // namespace zeroplan

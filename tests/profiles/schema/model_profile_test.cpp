@@ -13,6 +13,19 @@ TEST(ModelProfile, RoundTrip) {
   testing::expect_round_trip(sample_model());
 }
 
+// The backward's timeline (saved tensors, the order first unpacked, the peaks between): written when
+// recorded, absent otherwise.
+TEST(ModelProfile, BackwardTimelineRoundTripsWhenRecorded) {
+  ModelProfile m = sample_model();
+  EXPECT_FALSE(nlohmann::json(m)["units"][1].contains("bwd_unpack_order"));
+  m.units[1].saved_tensors = {64, 32};
+  m.units[1].bwd_unpack_order = {1, 0};
+  m.units[1].bwd_unpack_peaks = {0, 96, -32};
+  m.units[1].bwd_unpack_peaks_in_place = {0, 64, -32};
+  validate(m);
+  testing::expect_round_trip(m);
+}
+
 TEST(ModelProfile, Totals) {
   const ModelProfile m = sample_model();
   EXPECT_EQ(m.total_params(), 1000 + 4 * 50000 + 2000);
@@ -232,6 +245,19 @@ const testing::Rule<ModelProfile> kModelProfileRules[] = {
      "model_profile: units[0] (embed).flops_fwd.points must be >= 0 (got -1)"},
     {"FigureR2", [](ModelProfile& m) { m.units[0].bytes_saved.fit.r2 = 1.5; },
      "model_profile: units[0] (embed).bytes_saved.r2 must be <= 1 (got 1.5)"},
+    {"UnpackOrder",
+     [](ModelProfile& m) {
+       m.units[1].saved_tensors = {64};
+       m.units[1].bwd_unpack_order = {1};
+     },
+     "model_profile: units[1] (block).bwd_unpack_order[0] must name one of the 1 saved_tensors (got 1)"},
+    {"UnpackPeaks",
+     [](ModelProfile& m) {
+       m.units[1].saved_tensors = {64};
+       m.units[1].bwd_unpack_order = {0};
+       m.units[1].bwd_unpack_peaks_in_place = {5, 6, 7};
+     },
+     "model_profile: units[1] (block).bwd_unpack_peaks_in_place must have one more entry than bwd_unpack_order's 1 (got 3)"},
     {"OpKind", [](ModelProfile& m) { m.units[1].ops[0].kind = "conv"; },
      "model_profile: units[1] (block).ops[0].kind must be \"gemm\", \"attention\" or \"memory\" (got \"conv\")"},
     {"OpGemmDims", [](ModelProfile& m) { m.units[1].ops[0].k = 0; },

@@ -67,4 +67,15 @@ std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t
 // The same in its backward: the tensor being unpacked and those copied back ahead of it.
 std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes);
 
+// A unit's backward peak above the bytes live before it when the `picked` of its saved tensors (`sizes`,
+// in the order saved) are on the host, from the profile's timeline of that backward with every saved
+// tensor resident (UnitProfile::bwd_unpack_order and a peaks list: positions in the order first
+// unpacked; the peak before the first unpack and after each). Every picked tensor counts from its copy
+// back (ahead of need in the reverse of the order saved within `prefetch_bytes`, as the executor issues
+// them, or when unpacked) to its free, which the measured peaks already subtract: at each segment, its
+// peak plus every picked byte copied back so far.
+std::int64_t offloaded_backward_peak(const std::vector<std::int64_t>& sizes, const std::vector<bool>& picked,
+                                     const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& peaks,
+                                     std::int64_t prefetch_bytes);
+
 }  // namespace zeroplan

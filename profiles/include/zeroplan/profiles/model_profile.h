@@ -101,6 +101,14 @@ struct UnitProfile {
   // parameters or buffers), one per storage, in the order saved, at the reference batch: what activation
   // offload chooses from (activation_offload.h). Optional: empty when not recorded (analytic, older).
   std::vector<std::int64_t> saved_tensors;
+  // The backward's timeline at the reference batch, for activation offload (activation_offload.h):
+  // positions in saved_tensors in the order the backward first unpacks them, and the backward's peak
+  // above the bytes live before it (every saved tensor resident) before the first unpack and after each
+  // (one more entry than the order), as bytes_peak_bwd and bytes_peak_bwd_in_place measure it.
+  // Optional: empty when not recorded (analytic, older).
+  std::vector<std::int64_t> bwd_unpack_order;
+  std::vector<std::int64_t> bwd_unpack_peaks;
+  std::vector<std::int64_t> bwd_unpack_peaks_in_place;
 
   bool operator==(const UnitProfile&) const = default;
 };

@@ -96,6 +96,8 @@ struct UnitMeasurement {
   double bytes_peak_bwd_in_place = 0;  // gradients accumulated in place (see above)
   double bytes_peak_fwd_without_loss = 0;  // measured with a loss (the last unit): the peak before it ran
   std::vector<std::int64_t> saved_tensors;  // UnitProfile::saved_tensors, at this batch
+  // UnitProfile::bwd_unpack_order / _peaks / _peaks_in_place, at this batch
+  std::vector<std::int64_t> bwd_unpack_order, bwd_unpack_peaks, bwd_unpack_peaks_in_place;
   double time_fwd_s = 0, time_fwd_spread_s = 0;
   double time_bwd_s = 0, time_bwd_spread_s = 0;
   double time_loss_s = 0;  // the last unit: median seconds of the loss and its gradient (in time_fwd_s)

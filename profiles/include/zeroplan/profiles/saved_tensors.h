@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,6 +52,8 @@ class Recorder final : public Handler {
  public:
   std::unique_ptr<torch::autograd::SavedVariableHooks> hooks() override;
   const std::vector<SavedRef>& saved() const { return saved_; }
+  // When set: called with a saved tensor's storage each time autograd unpacks it (in the backward).
+  std::function<void(const SavedRef&)> on_unpack;
 
  private:
   std::vector<SavedRef> saved_;

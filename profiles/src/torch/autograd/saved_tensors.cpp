@@ -45,14 +45,21 @@ void install_once() {
 }
 
 struct KeepHook final : torch::autograd::SavedVariableHooks {
-  explicit KeepHook(std::vector<SavedRef>& out) : out_(out) {}
+  KeepHook(std::vector<SavedRef>& out, const std::function<void(const SavedRef&)>& on_unpack)
+      : out_(out), on_unpack_(on_unpack) {}
   void call_pack_hook(const torch::Tensor& t) override {
     t_ = t;
-    out_.push_back(saved_ref(t));
+    ref_ = saved_ref(t);
+    out_.push_back(ref_);
   }
-  torch::Tensor call_unpack_hook() override { return t_; }
+  torch::Tensor call_unpack_hook() override {
+    if (on_unpack_) on_unpack_(ref_);
+    return t_;
+  }
   std::vector<SavedRef>& out_;
+  const std::function<void(const SavedRef&)>& on_unpack_;
   torch::Tensor t_;
+  SavedRef ref_;
 };
 
 }  // namespace
@@ -63,7 +70,7 @@ Scope::Scope(Handler& handler) : previous_(t_handler) {
 }
 Scope::~Scope() { t_handler = previous_; }
 
-std::unique_ptr<torch::autograd::SavedVariableHooks> Recorder::hooks() { return std::make_unique<KeepHook>(saved_); }
+std::unique_ptr<torch::autograd::SavedVariableHooks> Recorder::hooks() { return std::make_unique<KeepHook>(saved_, on_unpack); }
 
 SavedRef saved_ref(const torch::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return {};

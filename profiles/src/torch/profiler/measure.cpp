@@ -4,6 +4,8 @@
 #include <zeroplan/config.h>
 
 #include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "internal.h"
 #include "zeroplan/profiles/flops.h"
@@ -11,6 +13,39 @@
 
 namespace zeroplan::detail {
 namespace {
+
+// The backward's timeline (UnitProfile::bwd_unpack_order / _peaks): each time autograd first unpacks one
+// of the unit's own saved tensors, the peak since the last one (above `base`, the bytes live before the
+// backward) closes a segment. The meter's peak restarts at each, so the backward's peak is the largest.
+struct Timeline {
+  Timeline(Devices& dev, std::int64_t base, const std::vector<saved_tensors::SavedRef>& saved,
+           const std::vector<std::size_t>& own)
+      : dev_(dev), base_(base) {
+    for (std::size_t k = 0; k < own.size(); ++k) position_.emplace(saved[own[k]].key, static_cast<std::int64_t>(k));
+  }
+  void unpacked(const saved_tensors::SavedRef& r) {
+    auto it = position_.find(r.key);
+    if (it == position_.end() || !first_.insert(r.key).second) return;
+    close();
+    order.push_back(it->second);
+  }
+  // Closes the last segment; returns the backward's peak above `base`.
+  std::int64_t finish() {
+    close();
+    return *std::max_element(peaks.begin(), peaks.end());
+  }
+  std::vector<std::int64_t> order, peaks;
+
+ private:
+  void close() {
+    peaks.push_back(dev_.memory.peak() - base_);
+    dev_.memory.begin_phase();
+  }
+  Devices& dev_;
+  std::int64_t base_;
+  std::unordered_map<const void*, std::int64_t> position_;
+  std::unordered_set<const void*> first_;
+};
 
 // One timed forward (with the loss for the last unit) and backward of `unit` on `input`: seconds each
 // (profile_unit: a unit alone, timed in isolation).
@@ -91,11 +126,11 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
   const double bytes_x_copy = tensor_bytes(x_copy);
   ProfilerTrace* trace = traced != nullptr ? dev.trace : nullptr;
   // The memory pass's phases in the trace: host wall time (the phases end with a synchronize).
-  auto memory_phase = [&](const char* phase, double ts_us, std::int64_t live_before) {
+  auto memory_phase = [&](const char* phase, double ts_us, std::int64_t live_before, std::int64_t peak = -1) {
     if (trace == nullptr) return;
     const double dur_s = (trace->begin_us() - ts_us) * 1e-6;
     trace->phase(ProfilerTrace::kMemoryTid, std::string(phase) + " " + traced->unit_name, ts_us, dur_s,
-                 traced->args(phase), live_before, dev.memory.live(), dev.memory.peak());
+                 traced->args(phase), live_before, dev.memory.live(), peak >= 0 ? peak : dev.memory.peak());
   };
   dev.synchronize();
   const std::int64_t live0 = dev.memory.begin_phase();
@@ -108,13 +143,16 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     saved_tensors::Scope record(saved);
     y = unit.forward(x_copy);
   }
-  {
-    std::vector<torch::Tensor> kept{x_copy, y};
+  // The storages the unit alone keeps, among those a forward on `in` giving `out` saved in `rec`.
+  auto own_storages = [&](const saved_tensors::Recorder& rec, const torch::Tensor& in, const torch::Tensor& out) {
+    std::vector<torch::Tensor> kept{in, out};
     for (const auto& p : grad_params) kept.push_back(p);
     for (const auto& p : unit.parameters()) kept.push_back(p);
     for (const auto& b : unit.buffers()) kept.push_back(b);
-    for (std::size_t i : saved_tensors::distinct_storages(saved.saved(), kept, x_copy.device().type())) m.saved_tensors.push_back(saved.saved()[i].bytes);
-  }
+    return saved_tensors::distinct_storages(rec.saved(), kept, in.device().type());
+  };
+  const std::vector<std::size_t> own = own_storages(saved, x_copy, y);
+  for (std::size_t i : own) m.saved_tensors.push_back(saved.saved()[i].bytes);
   if (loss) {  // what a recompute of the unit (no loss) allocates
     dev.synchronize();
     m.bytes_peak_fwd_without_loss = static_cast<double>(dev.memory.peak() - live0);
@@ -134,10 +172,16 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     dev.synchronize();
     const std::int64_t live2 = dev.memory.begin_phase();
     const double bwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
+    Timeline timeline(dev, live2, saved.saved(), own);
+    saved.on_unpack = [&](const saved_tensors::SavedRef& r) { timeline.unpacked(r); };
     backward(y, g);
     dev.synchronize();
-    m.bytes_peak_bwd = static_cast<double>(dev.memory.peak() - live2);
-    memory_phase("backward", bwd_ts_us, live2);
+    saved.on_unpack = nullptr;
+    const std::int64_t peak = timeline.finish();
+    m.bytes_peak_bwd = static_cast<double>(peak);
+    m.bwd_unpack_order = std::move(timeline.order);
+    m.bwd_unpack_peaks = std::move(timeline.peaks);
+    memory_phase("backward", bwd_ts_us, live2, live2 + peak);
   }
   torch::Tensor output = y.detach();
   y = torch::Tensor();
@@ -150,15 +194,26 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     for (const auto& p : grad_params) {
       if (p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
     }
+    saved_tensors::Recorder again;
     torch::Tensor x_again = x.clone();
-    torch::Tensor y_again = unit.forward(x_again);
+    torch::Tensor y_again;
+    {
+      saved_tensors::Scope record(again);
+      y_again = unit.forward(x_again);
+    }
+    const std::vector<std::size_t> own_again = own_storages(again, x_again, y_again);
     x_again = torch::Tensor();
     torch::Tensor g = loss ? output_grad(y_again) : torch::ones_like(y_again);
     dev.synchronize();
     const std::int64_t live = dev.memory.begin_phase();
+    Timeline timeline(dev, live, again.saved(), own_again);
+    again.on_unpack = [&](const saved_tensors::SavedRef& r) { timeline.unpacked(r); };
     backward(y_again, g);
     dev.synchronize();
-    m.bytes_peak_bwd_in_place = static_cast<double>(dev.memory.peak() - live);
+    again.on_unpack = nullptr;
+    m.bytes_peak_bwd_in_place = static_cast<double>(timeline.finish());
+    // The same tensors unpacked in the same order (as they are: the same unit on the same input).
+    if (timeline.order == m.bwd_unpack_order) m.bwd_unpack_peaks_in_place = std::move(timeline.peaks);
   }
 
   // FLOPs pass (the counter's callback keeps op inputs alive a little longer: not in the memory pass).

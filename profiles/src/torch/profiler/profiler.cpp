@@ -233,6 +233,9 @@ UnitProfile unit_profile(const zoo::Model& model, std::size_t i, const Pass& pas
   if (r.time_loss_s > 0) u.time_loss_s = figure(&UnitMeasurement::time_loss_s);
   if (r.kernel_time_bwd_s > 0) u.kernel_time_bwd_s = figure(&UnitMeasurement::kernel_time_bwd_s);
   u.saved_tensors = r.saved_tensors;
+  u.bwd_unpack_order = r.bwd_unpack_order;
+  u.bwd_unpack_peaks = r.bwd_unpack_peaks;
+  u.bwd_unpack_peaks_in_place = r.bwd_unpack_peaks_in_place;
   for (const zoo::BorrowedParam& b : model.units[i].borrowed) {
     const auto owned = model.units[static_cast<std::size_t>(b.owner_unit)].module->named_parameters();
     const torch::Tensor* p = owned.find(b.owner_name);
