@@ -21,6 +21,9 @@
 //                    (zeros, outside the phase), so autograd adds each gradient into it as it is made
 //                    and frees what it made: the executor's in-place accumulation into the flat gradient
 //                    region (pieces::differentiate). A second forward and backward of the memory pass.
+//   bwd_unpack_order, bwd_unpack_peaks(_in_place)   both backwards' timeline: the unit's own saved
+//                    tensors in the order first unpacked and the peak (as above) before the first and
+//                    after each, from the saved-tensor hooks' unpack (UnitProfile; activation offload)
 //   time_fwd_s / time_bwd_s         median over `repeats` after `warmup` iterations
 //   time_*_spread_s                 p90 - p10 of the same samples (linear interpolation)
 //   flops_fwd / flops_bwd           see flops.h
