@@ -106,6 +106,10 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   m = plan.microbatches;
   b = bytes_of(plan);
   units = expand_units(model, plan, &cluster);
+  // About what a step's schedule adds per unit and microbatch (forward, backward, gathers, copies,
+  // reduce-scatters and their waits; their allocations and dependencies): one allocation of each list.
+  const std::size_t unit_mbs = units.size() * static_cast<std::size_t>(std::max(1, m)) + 16;
+  g.reserve(12 * unit_mbs, 14 * unit_mbs, 10 * unit_mbs);
   for (const Unit& u : units) total_params += u.params;
   if (!model.input_shape.empty() && model.batch > 0) {
     std::int64_t numel = 1;
@@ -143,6 +147,7 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   fwd0.assign(units.size(), kNone);
   bwd0.assign(units.size(), kNone);
   bwd.assign(units.size(), kNone);
+  compute_factor_ = compute_time_factor(model, cluster);
   intern_names();
 }
 
@@ -174,6 +179,7 @@ Ctx::Ctx(Ctx& whole, int stage_index, int first, int count)
   fwd0.assign(units.size(), kNone);
   bwd0.assign(units.size(), kNone);
   bwd.assign(units.size(), kNone);
+  compute_factor_ = compute_time_factor(model, cluster);
   intern_names();
 }
 
@@ -224,8 +230,21 @@ std::string Ctx::unit_name(int u) const {
 }
 
 TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
-  last_compute = g.add_task(compute, s * compute_time_factor(model, cluster), label(name, u, mb), {}, n_cat_compute);
+  last_compute = g.add_task(compute, s * compute_factor_, label(name, u, mb), {}, n_cat_compute);
   return last_compute;
+}
+
+double Ctx::collective_s(CollOp op, double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
+  // Few distinct questions (a model's unit sizes): a linear scan, the latest first.
+  for (auto it = known_collectives_.rbegin(); it != known_collectives_.rend(); ++it) {
+    if (it->op == op && it->algo == algo && it->ranks == ranks && it->bytes == bytes && it->dtype == dtype) return it->s;
+  }
+  CollectiveOptions o;
+  o.algo = algo;
+  o.dtype = std::string(dtype);
+  const double s = collective_time(cluster, op, bytes, ranks, o);
+  known_collectives_.push_back({op, algo, ranks, bytes, std::string(dtype), s});
+  return s;
 }
 
 }  // namespace zeroplan::sim::lowering

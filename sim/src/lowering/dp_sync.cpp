@@ -22,12 +22,10 @@ namespace zeroplan::sim::lowering {
 namespace {
 
 TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ranks, NameId name, int u, int mb,
-                  TaskId after, std::vector<AllocId>* held = nullptr) {
+                  TaskId after, HeldAllocs* held = nullptr) {
   const std::int64_t bytes = elems * (c.plan.precision.fp32_reduce_scatter ? 4 : c.b.reduce);
-  CollectiveOptions o;
-  o.algo = c.opt.collective_algo;
-  o.dtype = c.plan.precision.fp32_reduce_scatter ? "fp32" : c.plan.precision.reduce_dtype;
-  const TaskId t = c.g.add_task(res, collective_time(c.cluster, op, static_cast<double>(bytes), ranks, o),
+  const std::string_view dtype = c.plan.precision.fp32_reduce_scatter ? std::string_view("fp32") : c.plan.precision.reduce_dtype;
+  const TaskId t = c.g.add_task(res, c.collective_s(op, static_cast<double>(bytes), ranks, c.opt.collective_algo, dtype),
                                 c.label(name, u, mb), {after}, c.n_cat_comm);
   // A cast copy when the collective's dtype differs from the gradients': a reduce-scatter's is held with
   // its input until the wait (the executor's GradSync keeps the wire of a pending reduce-scatter).

@@ -27,9 +27,7 @@ TaskId ParamResidency::gather(int u, int mb, TaskId after) {
     ready = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(shard_bytes)),
                           c_.label(c_.n_h2d, u, mb), {after}, c_.n_cat_copy);
   }
-  CollectiveOptions o;
-  o.algo = c_.opt.collective_algo;
-  const TaskId ag = c_.g.add_task(c_.comm, collective_time(c_.cluster, CollOp::all_gather, static_cast<double>(bytes), c_.n, o),
+  const TaskId ag = c_.g.add_task(c_.comm, c_.collective_s(CollOp::all_gather, static_cast<double>(bytes), c_.n, c_.opt.collective_algo),
                                   c_.label(c_.n_allgather, u, mb), {ready}, c_.n_cat_comm);
   gathered_alloc_[static_cast<std::size_t>(u)] =
       c_.g.alloc(ag, c_.dev, bytes, MemCategory::params, c_.label(c_.n_gathered, u, mb), kNone);
