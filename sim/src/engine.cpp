@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <limits>
 
@@ -71,7 +72,9 @@ class EventLoop {
         group_count_(n_groups_, 0),
         group_dirty_(n_groups_, 0),
         since_aligned_(n_res_, 0.0),
-        skew_source_(n_res_, 0) {
+        skew_source_(n_res_, 0),
+        next_(n_res_, kNever),
+        maybe_ready_((n_res_ + 63) / 64, 0) {
     for (const auto& d : g.deps()) ++pending_[d.first];
     out_.start_s.assign(n_, -1.0);
     out_.end_s.assign(n_, -1.0);
@@ -83,26 +86,29 @@ class EventLoop {
 
   SimResult run() {
     mem_.start_resident();
+    for (ResourceId r = 0; r < n_res_; ++r) mark(r);
     start_ready();
     rerate();
     while (n_running_ > 0) {
+      // The next event: the earliest finish of a task doing its work, or the start of a skewed task's.
       double next = std::numeric_limits<double>::infinity();
-      for (ResourceId r = 0; r < n_res_; ++r) {
-        if (run_[r].task == kNone) continue;
-        next = std::min(next, run_[r].in_group ? run_[r].finish : run_[r].work_from);
-      }
+      for (ResourceId r = 0; r < n_res_; ++r) next = std::min(next, next_[r]);
       now_ = next;
       ++out_.events;
       // Skewed tasks whose ranks have all arrived begin their work (and take their share of the group).
-      for (ResourceId r = 0; r < n_res_; ++r) {
-        Running& x = run_[r];
-        if (x.task == kNone || x.in_group || x.work_from > now_) continue;
-        x.last = now_;
-        x.finish = now_ + x.remaining;
-        join_group(r);
+      if (n_waiting_ > 0) {
+        for (ResourceId r = 0; r < n_res_; ++r) {
+          Running& x = run_[r];
+          if (x.task == kNone || x.in_group || x.work_from > now_) continue;
+          x.last = now_;
+          x.finish = now_ + x.remaining;
+          --n_waiting_;
+          join_group(r);
+        }
       }
+      // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here.
       for (ResourceId r = 0; r < n_res_; ++r) {
-        if (run_[r].task != kNone && run_[r].in_group && run_[r].finish <= now_) complete(r);
+        if (next_[r] <= now_) complete(r);
       }
       start_ready();
       rerate();
@@ -120,8 +126,12 @@ class EventLoop {
     return since_aligned_[src] + (t != kNone ? now_ - out_.start_s[t] : 0.0);
   }
 
+  // r's ready task may have changed: it finished, or its next task's last dependency did.
+  void mark(ResourceId r) { maybe_ready_[r >> 6] |= std::uint64_t{1} << (r & 63); }
+
   void join_group(ResourceId r) {
     run_[r].in_group = true;
+    next_[r] = run_[r].finish;
     if (const GroupId gr = g_.resources()[r].group; gr != kNone) {
       ++group_count_[gr];
       group_dirty_[gr] = 1;
@@ -137,6 +147,8 @@ class EventLoop {
     out_.resources[r].work_s += tasks_[t].duration_s;
     ++out_.resources[r].tasks;
     x.task = kNone;
+    next_[r] = kNever;
+    mark(r);
     --n_running_;
     ++n_done_;
     if (const GroupId gr = g_.resources()[r].group; gr != kNone && x.in_group) {
@@ -152,7 +164,8 @@ class EventLoop {
       since_aligned_[r] += now_ - out_.start_s[t];
     }
     mem_.on_end(t, now_);
-    for (std::uint32_t s : succ_.row(t)) --pending_[s];
+    for (std::uint32_t s : succ_.row(t))
+      if (--pending_[s] == 0) mark(tasks_[s].resource);
   }
 
   void start(ResourceId r, TaskId t) {
@@ -165,7 +178,12 @@ class EventLoop {
     out_.start_s[t] = now_;
     mem_.on_start(t, now_);
     ++n_running_;
-    if (wait <= 0) join_group(r);
+    if (wait <= 0) {
+      join_group(r);
+    } else {
+      next_[r] = run_[r].work_from;
+      ++n_waiting_;
+    }
   }
 
   TaskId ready_head(ResourceId r) const {
@@ -174,21 +192,39 @@ class EventLoop {
     return pending_[t] == 0 ? t : kNone;
   }
 
+  // The first marked resource at or after r (n_res_: none). Marks made meanwhile count.
+  ResourceId next_marked(ResourceId r) const {
+    for (std::size_t w = r >> 6; w < maybe_ready_.size(); ++w) {
+      std::uint64_t bits = maybe_ready_[w];
+      if (w == r >> 6) bits &= ~std::uint64_t{0} << (r & 63);
+      if (bits != 0) return std::min(n_res_, static_cast<ResourceId>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits))));
+    }
+    return n_res_;
+  }
+  void unmark(ResourceId r) { maybe_ready_[r >> 6] &= ~(std::uint64_t{1} << (r & 63)); }
+
   // Start what can start. Tasks too short to move the clock (zero duration) run to completion first,
   // before any longer task starts at this instant, so an instant never shows memory they would free.
+  // Passes in resource order as over every resource, over the marked ones only: an unmarked resource
+  // has no ready task (every one found ready is started below, and only a completion makes another).
   void start_ready() {
     for (bool again = true; again;) {
       again = false;
-      for (ResourceId r = 0; r < n_res_; ++r) {
+      for (ResourceId r = next_marked(0); r < n_res_; r = next_marked(r + 1)) {
         const TaskId t = ready_head(r);
-        if (t == kNone || now_ + tasks_[t].duration_s > now_) continue;
+        if (t == kNone) {
+          unmark(r);
+          continue;
+        }
+        if (now_ + tasks_[t].duration_s > now_) continue;
         start(r, t);
         complete(r);
         again = true;
       }
     }
-    for (ResourceId r = 0; r < n_res_; ++r) {
+    for (ResourceId r = next_marked(0); r < n_res_; r = next_marked(r + 1)) {
       if (const TaskId t = ready_head(r); t != kNone) start(r, t);
+      unmark(r);
     }
   }
 
@@ -211,6 +247,7 @@ class EventLoop {
         x.last = now_;
         x.rate = rate;
         x.finish = std::max(now_, x.work_from) + x.remaining / rate;
+        next_[r] = x.finish;
       }
     }
   }
@@ -229,6 +266,12 @@ class EventLoop {
   std::vector<char> group_dirty_;
   std::vector<double> since_aligned_;
   std::vector<char> skew_source_;
+  static constexpr double kNever = std::numeric_limits<double>::infinity();
+  // Per resource, when its next event is: its task's finish (doing its work), the start of a skewed
+  // task's work (waiting for the other ranks), or never (idle).
+  std::vector<double> next_;
+  std::vector<std::uint64_t> maybe_ready_;  // per resource, a bit: it may have a task ready to start
+  std::uint32_t n_waiting_ = 0;             // running, not yet doing their work (rank skew)
   std::uint32_t n_running_ = 0;
   std::uint32_t n_done_ = 0;
   double now_ = 0;
