@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <tuple>
 
 #include "zeroplan/profiles/host_allocator.h"
@@ -89,10 +88,13 @@ void PoolTracker::on_end(TaskId t, double now) {
   for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
 }
 
-std::vector<PoolResult> PoolTracker::results() const {
+std::vector<PoolResult> PoolTracker::results() {
   const auto& allocs = g_.allocs();
   std::vector<PoolResult> out(g_.pools().size());
   std::vector<char> live(allocs.size());
+  // (category, name) -> (bytes, count), a flat table read in (category, name) order.
+  const std::size_t names = g_.num_names();
+  std::vector<std::pair<std::int64_t, std::int32_t>> groups(kNumMemCategories * names);
   for (PoolId p = 0; p < out.size(); ++p) {
     PoolResult& r = out[p];
     r.name = g_.pools()[p].name;
@@ -104,24 +106,28 @@ std::vector<PoolResult> PoolTracker::results() const {
       r.reserved_bytes = 0;
       for (std::size_t k = 0; k < most_blocks_[p].size(); ++k) r.reserved_bytes += most_blocks_[p][k] << k;
     }
-    r.timeline = timeline_[p];
-    std::fill(live.begin(), live.end(), 0);
-    for (std::size_t i = 0; i < peak_log_end_[p]; ++i) {
+    r.timeline = std::move(timeline_[p]);
+    // What was live at the peak: the log replayed up to it; each live allocation counted once.
+    const std::size_t end = peak_log_end_[p];
+    for (std::size_t i = 0; i < end; ++i) {
       const std::uint32_t a = log_[i] & ~kFreeBit;
       if (allocs[a].pool == p) live[a] = (log_[i] & kFreeBit) == 0;
     }
-    // (category, name) -> (bytes, count); std::map gives a fixed order before the final sort.
-    std::map<std::pair<int, NameId>, std::pair<std::int64_t, std::int32_t>> groups;
-    for (AllocId a = 0; a < allocs.size(); ++a) {
-      if (!live[a]) continue;
-      auto& e = groups[{static_cast<int>(allocs[a].category), allocs[a].label.name}];
+    std::fill(groups.begin(), groups.end(), std::pair<std::int64_t, std::int32_t>{0, 0});
+    for (std::size_t i = 0; i < end; ++i) {
+      const std::uint32_t a = log_[i];  // an allocation (no free bit) of this pool still live: counted, then cleared
+      if ((a & kFreeBit) != 0 || !live[a] || allocs[a].pool != p) continue;
+      live[a] = 0;
+      const auto cat = static_cast<std::size_t>(allocs[a].category);
+      auto& e = groups[cat * names + allocs[a].label.name];
       e.first += allocs[a].bytes;
       e.second += 1;
-      r.peak_by_category[static_cast<std::size_t>(allocs[a].category)] += allocs[a].bytes;
+      r.peak_by_category[cat] += allocs[a].bytes;
     }
-    for (const auto& [key, val] : groups) {
-      r.resident_at_peak.push_back({static_cast<MemCategory>(key.first), std::string(g_.name(key.second)), val.first,
-                                    val.second});
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      if (groups[k].second == 0) continue;
+      r.resident_at_peak.push_back({static_cast<MemCategory>(k / names), std::string(g_.name(static_cast<NameId>(k % names))),
+                                    groups[k].first, groups[k].second});
     }
     std::stable_sort(r.resident_at_peak.begin(), r.resident_at_peak.end(), [](const auto& a, const auto& b) {
       return std::tie(a.category, b.bytes, a.name) < std::tie(b.category, a.bytes, b.name);

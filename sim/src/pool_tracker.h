@@ -18,7 +18,7 @@ class PoolTracker {
   void start_resident();                 // allocations resident from t = 0
   void on_start(TaskId t, double now);   // allocations owned by t
   void on_end(TaskId t, double now);     // allocations freed at t's end
-  std::vector<PoolResult> results() const;
+  std::vector<PoolResult> results();  // once, at the end (moves the timelines out)
 
  private:
   enum class State : std::uint8_t { pending, live, freed };

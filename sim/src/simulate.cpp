@@ -17,20 +17,41 @@ namespace {
 
 using Interval = std::pair<double, double>;
 
-// The intervals of the tasks on resources of `kind`, sorted. A resource's tasks in id order are in start
-// order almost always (it runs them one after another): each resource's run is sorted only when it is
-// not, and the runs merged (the whole list sorted cost a twentieth of a GPT-3 step's simulation).
-std::vector<Interval> sorted_intervals(const TaskGraph& g, const SimResult& r, ResourceKind kind) {
-  std::vector<std::vector<Interval>> runs(g.resources().size());
+// The intervals of the tasks on communication and on compute resources, each list sorted. A resource's
+// tasks in id order are in start order almost always (it runs them one after another): each resource's
+// run is sorted only when it is not, and the runs merged (the whole list sorted cost a twentieth of a
+// GPT-3 step's simulation). One pass over the tasks for both kinds.
+struct KindIntervals {
+  std::vector<Interval> comm, compute;
+};
+KindIntervals sorted_intervals(const TaskGraph& g, const SimResult& r) {
+  const auto& resources = g.resources();
+  std::vector<std::vector<Interval>> runs(resources.size());
+  bool any = false;
+  for (std::size_t i = 0; i < resources.size(); ++i) {
+    if (resources[i].kind != ResourceKind::comm && resources[i].kind != ResourceKind::compute) continue;
+    runs[i].reserve(r.resources[i].tasks);
+    any = true;
+  }
+  KindIntervals out;
+  if (!any) return out;
   const auto& tasks = g.tasks();
-  for (TaskId t = 0; t < tasks.size(); ++t)
-    if (g.resources()[tasks[t].resource].kind == kind) runs[tasks[t].resource].emplace_back(r.start_s[t], r.end_s[t]);
-  std::vector<Interval> out;
-  for (std::vector<Interval>& run : runs) {
+  for (TaskId t = 0; t < tasks.size(); ++t) {
+    const ResourceKind k = resources[tasks[t].resource].kind;
+    if (k == ResourceKind::comm || k == ResourceKind::compute) runs[tasks[t].resource].emplace_back(r.start_s[t], r.end_s[t]);
+  }
+  for (std::size_t i = 0; i < resources.size(); ++i) {
+    std::vector<Interval>& run = runs[i];
+    if (run.empty()) continue;
+    std::vector<Interval>& to = resources[i].kind == ResourceKind::comm ? out.comm : out.compute;
     if (!std::is_sorted(run.begin(), run.end())) std::sort(run.begin(), run.end());
-    const auto mid = static_cast<std::ptrdiff_t>(out.size());
-    out.insert(out.end(), run.begin(), run.end());
-    std::inplace_merge(out.begin(), out.begin() + mid, out.end());
+    if (to.empty()) {
+      to = std::move(run);
+      continue;
+    }
+    const auto mid = static_cast<std::ptrdiff_t>(to.size());
+    to.insert(to.end(), run.begin(), run.end());
+    std::inplace_merge(to.begin(), to.begin() + mid, to.end());
   }
   return out;
 }
@@ -220,8 +241,9 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   p.host = pool_peak(s.explain.host);
 
   // Time per resource, exposed vs overlapped communication, what bounds the step.
-  const std::vector<Interval> comm = merged(sorted_intervals(c.g, r, ResourceKind::comm));
-  const std::vector<Interval> compute = merged(sorted_intervals(c.g, r, ResourceKind::compute));
+  const KindIntervals intervals = sorted_intervals(c.g, r);
+  const std::vector<Interval> comm = merged(intervals.comm);
+  const std::vector<Interval> compute = merged(intervals.compute);
   p.overlapped_comm_s = overlap(comm, compute);
   p.exposed_comm_s = std::max(0.0, length(comm) - p.overlapped_comm_s);
   double best = -1;

@@ -76,44 +76,11 @@ PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes, bool p
   return static_cast<PoolId>(pools_.size() - 1);
 }
 
-TaskId TaskGraph::add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps,
-                           NameId category) {
-  assert(resource < resources_.size());
-  assert(duration_s >= 0 && std::isfinite(duration_s));
-  tasks_.push_back({label, resource, duration_s, category});
-  const auto id = static_cast<TaskId>(tasks_.size() - 1);
-  for (TaskId d : deps) add_dep(id, d);
-  return id;
-}
-
-void TaskGraph::add_dep(TaskId task, TaskId depends_on) {
-  if (depends_on == kNone) return;
-  assert(task < tasks_.size() && depends_on < tasks_.size());
-  deps_.emplace_back(task, depends_on);
-}
-
-AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label) {
-  return alloc(owner, pool, bytes, cat, label, owner);
-}
-
-AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label,
-                         TaskId free_at) {
-  assert(owner < tasks_.size() && pool < pools_.size() && bytes >= 0);
-  assert(free_at == kNone || free_at < tasks_.size());
-  allocs_.push_back({pool, cat, label, bytes, owner, free_at});
-  return static_cast<AllocId>(allocs_.size() - 1);
-}
-
 AllocId TaskGraph::resident(PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at) {
   assert(pool < pools_.size() && bytes >= 0);
   assert(free_at == kNone || free_at < tasks_.size());
   allocs_.push_back({pool, cat, label, bytes, kNone, free_at});
   return static_cast<AllocId>(allocs_.size() - 1);
-}
-
-void TaskGraph::set_free_at(AllocId a, TaskId free_at) {
-  assert(a < allocs_.size() && (free_at == kNone || free_at < tasks_.size()));
-  allocs_[a].free_at = free_at;
 }
 
 void TaskGraph::reserve(std::size_t tasks, std::size_t deps, std::size_t allocs) {
