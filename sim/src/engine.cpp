@@ -68,6 +68,7 @@ class EventLoop {
         pending_(n_, 0),
         mem_(g),
         head_(n_res_, 0),
+        next_task_(n_res_, kNone),
         run_(n_res_),
         group_count_(n_groups_, 0),
         group_dirty_(n_groups_, 0),
@@ -76,6 +77,8 @@ class EventLoop {
         next_(n_res_, kNever),
         maybe_ready_((n_res_ + 63) / 64, 0) {
     for (const auto& d : g.deps()) ++pending_[d.first];
+    for (ResourceId r = 0; r < n_res_; ++r)
+      if (!queue_.row(r).empty()) next_task_[r] = queue_.row(r)[0];
     out_.start_s.assign(n_, -1.0);
     out_.end_s.assign(n_, -1.0);
     out_.resources.resize(n_res_);
@@ -170,6 +173,7 @@ class EventLoop {
 
   void start(ResourceId r, TaskId t) {
     ++head_[r];
+    next_task_[r] = head_[r] < queue_.row(r).size() ? queue_.row(r)[head_[r]] : kNone;
     const Resource& res = g_.resources()[r];
     const double wait = res.skew_source != kNone && tasks_[t].duration_s > 0
                             ? res.skew_fraction * busy_since_aligned(res.skew_source)
@@ -187,19 +191,20 @@ class EventLoop {
   }
 
   TaskId ready_head(ResourceId r) const {
-    if (run_[r].task != kNone || head_[r] >= queue_.row(r).size()) return kNone;
-    const TaskId t = queue_.row(r)[head_[r]];
-    return pending_[t] == 0 ? t : kNone;
+    const TaskId t = next_task_[r];
+    return t != kNone && pending_[t] == 0 && run_[r].task == kNone ? t : kNone;
   }
 
   // The first marked resource at or after r (n_res_: none). Marks made meanwhile count.
   ResourceId next_marked(ResourceId r) const {
-    for (std::size_t w = r >> 6; w < maybe_ready_.size(); ++w) {
-      std::uint64_t bits = maybe_ready_[w];
-      if (w == r >> 6) bits &= ~std::uint64_t{0} << (r & 63);
-      if (bits != 0) return std::min(n_res_, static_cast<ResourceId>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits))));
+    if (r >= n_res_) return n_res_;
+    std::size_t w = r >> 6;
+    std::uint64_t bits = maybe_ready_[w] & (~std::uint64_t{0} << (r & 63));
+    while (bits == 0) {
+      if (++w == maybe_ready_.size()) return n_res_;
+      bits = maybe_ready_[w];
     }
-    return n_res_;
+    return static_cast<ResourceId>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
   }
   void unmark(ResourceId r) { maybe_ready_[r >> 6] &= ~(std::uint64_t{1} << (r & 63)); }
 
@@ -261,6 +266,7 @@ class EventLoop {
   std::vector<std::uint32_t> pending_;  // per task, its unfinished dependencies
   detail::PoolTracker mem_;
   std::vector<std::uint32_t> head_;  // per resource, the index of its next task
+  std::vector<TaskId> next_task_;    // per resource, that task (kNone: none left)
   std::vector<Running> run_;         // per resource, what runs on it
   std::vector<std::uint32_t> group_count_;
   std::vector<char> group_dirty_;

@@ -14,7 +14,7 @@ namespace {
 constexpr std::uint32_t kFreeBit = 0x80000000u;
 }
 
-PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
+PoolTracker::PoolTracker(const TaskGraph& g) : g_(g), allocs_(g.allocs().data()) {
   const auto& allocs = g.allocs();
   const auto n_tasks = static_cast<std::uint32_t>(g.num_tasks());
   const auto n_allocs = static_cast<std::uint32_t>(allocs.size());
@@ -32,13 +32,15 @@ PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
   live_blocks_.assign(pools, {});
   most_blocks_.assign(pools, {});
   for (auto& t : timeline_) t.emplace_back(0.0, 0);
+  pinned_.resize(pools);
+  for (std::size_t p = 0; p < pools; ++p) pinned_[p] = g.pools()[p].pinned_pow2 ? 1 : 0;
   log_.reserve(2 * n_allocs);
 }
 
 void PoolTracker::apply(AllocId a, bool allocate, double now) {
-  const Alloc& al = g_.allocs()[a];
+  const Alloc& al = allocs_[a];
   const PoolId p = al.pool;
-  if (g_.pools()[p].pinned_pow2 && al.bytes > 0) {
+  if (pinned_[p] && al.bytes > 0) {
     const auto k = static_cast<std::size_t>(pinned_block_class(al.bytes));
     if (allocate) {
       most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
@@ -78,14 +80,6 @@ void PoolTracker::start_resident() {
   for (AllocId a = 0; a < allocs.size(); ++a) {
     if (allocs[a].owner == kNone) apply(a, true, 0.0);
   }
-}
-
-void PoolTracker::on_start(TaskId t, double now) {
-  for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
-}
-
-void PoolTracker::on_end(TaskId t, double now) {
-  for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
 }
 
 std::vector<PoolResult> PoolTracker::results() {

@@ -16,8 +16,12 @@ class PoolTracker {
  public:
   explicit PoolTracker(const TaskGraph& g);
   void start_resident();                 // allocations resident from t = 0
-  void on_start(TaskId t, double now);   // allocations owned by t
-  void on_end(TaskId t, double now);     // allocations freed at t's end
+  void on_start(TaskId t, double now) {  // allocations owned by t
+    for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
+  }
+  void on_end(TaskId t, double now) {  // allocations freed at t's end
+    for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
+  }
   std::vector<PoolResult> results();  // once, at the end (moves the timelines out)
 
  private:
@@ -25,6 +29,8 @@ class PoolTracker {
   void apply(AllocId a, bool allocate, double now);
 
   const TaskGraph& g_;
+  const Alloc* allocs_;         // g_.allocs()
+  std::vector<char> pinned_;    // per pool: pinned_pow2
   Csr by_owner_;
   Csr by_free_;
   std::vector<State> state_;
