@@ -49,24 +49,30 @@ struct Running {
   throw DeadlockError("simulate: deadlock");
 }
 
+// The working memory of a run, kept per thread between runs: the tuner simulates thousands of plans on
+// each thread, and memory handed back to the system and faulted in again cost more than the lists built in
+// it (a fifth of a GPT-3 step's simulation).
+struct Workspace {
+  detail::Csr queue, succ;
+  std::vector<std::uint32_t> pending;
+  detail::PoolTracker::Buffers memory;
+};
+
 // One run of the event loop over a graph: the state the steps share, and the steps as member functions.
 class EventLoop {
  public:
-  explicit EventLoop(const TaskGraph& g)
+  EventLoop(const TaskGraph& g, Workspace& w)
       : g_(g),
         tasks_(g.tasks()),
         n_(static_cast<std::uint32_t>(g.tasks().size())),
         n_res_(static_cast<std::uint32_t>(g.resources().size())),
         n_groups_(static_cast<std::uint32_t>(g.groups().size())),
-        queue_(detail::Csr::build(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; },
-                                  [](std::uint32_t i) { return i; })),
-        succ_(detail::Csr::build(n_, static_cast<std::uint32_t>(g.deps().size()),
-                                 [&](std::uint32_t i) { return g.deps()[i].second; },
-                                 [&](std::uint32_t i) { return g.deps()[i].first; })),
+        queue_(w.queue),
+        succ_(w.succ),
         members_(detail::Csr::build(n_groups_, n_res_, [&](std::uint32_t r) { return g.resources()[r].group; },
                                     [](std::uint32_t r) { return r; }, kNone)),
-        pending_(n_, 0),
-        mem_(g),
+        pending_(w.pending),
+        mem_(g, w.memory),
         head_(n_res_, 0),
         next_task_(n_res_, kNone),
         run_(n_res_),
@@ -76,7 +82,17 @@ class EventLoop {
         skew_source_(n_res_, 0),
         next_(n_res_, kNever),
         maybe_ready_((n_res_ + 63) / 64, 0) {
-    for (const auto& d : g.deps()) ++pending_[d.first];
+    queue_.assign(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; }, [](std::uint32_t i) { return i; });
+    // Successors and unfinished dependencies counted in one pass over the dependencies.
+    pending_.assign(n_, 0);
+    succ_.begin_count(n_);
+    for (const auto& [task, dep] : g.deps()) {
+      ++pending_[task];
+      succ_.count_one(dep);
+    }
+    succ_.begin_place();
+    for (const auto& [task, dep] : g.deps()) succ_.place(dep, task);
+    succ_.end_place();
     for (ResourceId r = 0; r < n_res_; ++r)
       if (!queue_.row(r).empty()) next_task_[r] = queue_.row(r)[0];
     out_.start_s.assign(n_, -1.0);
@@ -260,10 +276,10 @@ class EventLoop {
   const TaskGraph& g_;
   const std::vector<Task>& tasks_;
   const std::uint32_t n_, n_res_, n_groups_;
-  const detail::Csr queue_;    // per resource, its tasks in the order added
-  const detail::Csr succ_;     // per task, the tasks that depend on it
+  detail::Csr& queue_;         // per resource, its tasks in the order added
+  detail::Csr& succ_;          // per task, the tasks that depend on it
   const detail::Csr members_;  // per group, its resources
-  std::vector<std::uint32_t> pending_;  // per task, its unfinished dependencies
+  std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
   detail::PoolTracker mem_;
   std::vector<std::uint32_t> head_;  // per resource, the index of its next task
   std::vector<TaskId> next_task_;    // per resource, that task (kNone: none left)
@@ -288,7 +304,8 @@ class EventLoop {
 
 SimResult run(const TaskGraph& g, bool check_cycles) {
   if (check_cycles) check_acyclic(g);
-  return EventLoop(g).run();
+  thread_local Workspace workspace;
+  return EventLoop(g, workspace).run();
 }
 
 }  // namespace zeroplan::sim

@@ -14,15 +14,38 @@ namespace {
 constexpr std::uint32_t kFreeBit = 0x80000000u;
 }
 
-PoolTracker::PoolTracker(const TaskGraph& g) : g_(g), allocs_(g.allocs().data()) {
+PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
+    : g_(g),
+      allocs_(g.allocs().data()),
+      by_owner_(buffers.by_owner),
+      by_free_(buffers.by_free),
+      state_(buffers.state),
+      log_(buffers.log),
+      live_(buffers.live),
+      resident_(buffers.resident) {
   const auto& allocs = g.allocs();
   const auto n_tasks = static_cast<std::uint32_t>(g.num_tasks());
   const auto n_allocs = static_cast<std::uint32_t>(allocs.size());
-  by_owner_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].owner; },
-                         [](std::uint32_t i) { return i; }, kNone);
-  by_free_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].free_at; },
-                        [](std::uint32_t i) { return i; }, kNone);
   const std::size_t pools = g.pools().size();
+  // Both lists and each pool's count of allocations in one pass over the allocations, then one to place.
+  std::vector<std::size_t> changes(pools, 1);  // timeline points: at most one per allocation and free, and the first
+  by_owner_.begin_count(n_tasks);
+  by_free_.begin_count(n_tasks);
+  resident_.clear();
+  for (const Alloc& a : allocs) {
+    if (a.owner != kNone) by_owner_.count_one(a.owner);
+    else resident_.push_back(static_cast<AllocId>(&a - allocs.data()));
+    if (a.free_at != kNone) by_free_.count_one(a.free_at);
+    changes[a.pool] += 2;
+  }
+  by_owner_.begin_place();
+  by_free_.begin_place();
+  for (std::uint32_t i = 0; i < n_allocs; ++i) {
+    if (allocs[i].owner != kNone) by_owner_.place(allocs[i].owner, i);
+    if (allocs[i].free_at != kNone) by_free_.place(allocs[i].free_at, i);
+  }
+  by_owner_.end_place();
+  by_free_.end_place();
   state_.assign(n_allocs, State::pending);
   current_.assign(pools, 0);
   peak_.assign(pools, 0);
@@ -31,9 +54,13 @@ PoolTracker::PoolTracker(const TaskGraph& g) : g_(g), allocs_(g.allocs().data())
   timeline_.assign(pools, {});
   live_blocks_.assign(pools, {});
   most_blocks_.assign(pools, {});
-  for (auto& t : timeline_) t.emplace_back(0.0, 0);
+  for (std::size_t p = 0; p < pools; ++p) {
+    timeline_[p].reserve(changes[p]);
+    timeline_[p].emplace_back(0.0, 0);
+  }
   pinned_.resize(pools);
   for (std::size_t p = 0; p < pools; ++p) pinned_[p] = g.pools()[p].pinned_pow2 ? 1 : 0;
+  log_.clear();
   log_.reserve(2 * n_allocs);
 }
 
@@ -76,16 +103,14 @@ void PoolTracker::apply(AllocId a, bool allocate, double now) {
 }
 
 void PoolTracker::start_resident() {
-  const auto& allocs = g_.allocs();
-  for (AllocId a = 0; a < allocs.size(); ++a) {
-    if (allocs[a].owner == kNone) apply(a, true, 0.0);
-  }
+  for (const AllocId a : resident_) apply(a, true, 0.0);
 }
 
 std::vector<PoolResult> PoolTracker::results() {
   const auto& allocs = g_.allocs();
   std::vector<PoolResult> out(g_.pools().size());
-  std::vector<char> live(allocs.size());
+  std::vector<char>& live = live_;
+  live.assign(allocs.size(), 0);
   // (category, name) -> (bytes, count), a flat table read in (category, name) order.
   const std::size_t names = g_.num_names();
   std::vector<std::pair<std::int64_t, std::int32_t>> groups(kNumMemCategories * names);

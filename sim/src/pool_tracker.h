@@ -14,7 +14,17 @@ namespace zeroplan::sim::detail {
 
 class PoolTracker {
  public:
-  explicit PoolTracker(const TaskGraph& g);
+  enum class State : std::uint8_t { pending, live, freed };
+  // Per-run working memory a caller may keep between runs (the engine keeps one per thread).
+  struct Buffers {
+    Csr by_owner;  // per task, the allocations it makes
+    Csr by_free;   // per task, the allocations freed at its end
+    std::vector<State> state;
+    std::vector<std::uint32_t> log;
+    std::vector<char> live;
+    std::vector<AllocId> resident;  // allocations without an owner, in id order
+  };
+  PoolTracker(const TaskGraph& g, Buffers& buffers);
   void start_resident();                 // allocations resident from t = 0
   void on_start(TaskId t, double now) {  // allocations owned by t
     for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
@@ -25,20 +35,21 @@ class PoolTracker {
   std::vector<PoolResult> results();  // once, at the end (moves the timelines out)
 
  private:
-  enum class State : std::uint8_t { pending, live, freed };
   void apply(AllocId a, bool allocate, double now);
 
   const TaskGraph& g_;
   const Alloc* allocs_;         // g_.allocs()
   std::vector<char> pinned_;    // per pool: pinned_pow2
-  Csr by_owner_;
-  Csr by_free_;
-  std::vector<State> state_;
+  Csr& by_owner_;
+  Csr& by_free_;
+  std::vector<State>& state_;
+  std::vector<std::uint32_t>& log_;  // alloc id, high bit set for a free
+  std::vector<char>& live_;
+  std::vector<AllocId>& resident_;
   std::vector<std::int64_t> current_;
   std::vector<std::int64_t> peak_;
   std::vector<double> peak_time_;
   std::vector<std::size_t> peak_log_end_;
-  std::vector<std::uint32_t> log_;  // alloc id, high bit set for a free
   // pinned_pow2 pools: per pool and power of two, blocks live now and the most ever live at once.
   std::vector<std::array<std::int64_t, 64>> live_blocks_, most_blocks_;
   std::vector<std::vector<std::pair<double, std::int64_t>>> timeline_;
