@@ -243,8 +243,9 @@ class EventLoop {
         again = true;
       }
     }
+    // The last pass started nothing: the resources still marked are those with a ready task (a longer one).
     for (ResourceId r = next_marked(0); r < n_res_; r = next_marked(r + 1)) {
-      if (const TaskId t = ready_head(r); t != kNone) start(r, t);
+      start(r, next_task_[r]);
       unmark(r);
     }
   }

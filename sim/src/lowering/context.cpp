@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "zeroplan/sim/cost_models.h"
 #include "zeroplan/sim/errors.h"
@@ -235,15 +236,25 @@ TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
 }
 
 double Ctx::collective_s(CollOp op, double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
-  // Few distinct questions (a model's unit sizes): a linear scan, the latest first.
-  for (auto it = known_collectives_.rbegin(); it != known_collectives_.rend(); ++it) {
-    if (it->op == op && it->algo == algo && it->ranks == ranks && it->bytes == bytes && it->dtype == dtype) return it->s;
+  // Few distinct questions (a model's unit sizes): the last answer with the same hash, else a linear scan.
+  auto same = [&](const KnownCollective& k) {
+    return k.op == op && k.algo == algo && k.ranks == ranks && k.bytes == bytes && k.dtype == dtype;
+  };
+  const std::uint64_t key = std::bit_cast<std::uint64_t>(bytes) ^ (static_cast<std::uint64_t>(op) << 56) ^
+                            (static_cast<std::uint64_t>(ranks) << 24) ^ static_cast<std::uint64_t>(algo);
+  std::uint32_t& recent = recent_collectives_[(key * 0x9E3779B97F4A7C15ULL) >> 60];
+  if (recent > 0 && same(known_collectives_[recent - 1])) return known_collectives_[recent - 1].s;
+  for (std::size_t i = 0; i < known_collectives_.size(); ++i) {
+    if (!same(known_collectives_[i])) continue;
+    recent = static_cast<std::uint32_t>(i + 1);
+    return known_collectives_[i].s;
   }
   CollectiveOptions o;
   o.algo = algo;
   o.dtype = std::string(dtype);
   const double s = collective_time(cluster, op, bytes, ranks, o);
   known_collectives_.push_back({op, algo, ranks, bytes, std::string(dtype), s});
+  recent = static_cast<std::uint32_t>(known_collectives_.size());
   return s;
 }
 

@@ -158,6 +158,7 @@ struct Ctx {
     double s;
   };
   std::vector<KnownCollective> known_collectives_;
+  std::array<std::uint32_t, 16> recent_collectives_{};  // by a hash of (op, bytes, ranks): an index + 1 into known_
 };
 
 // The pieces, each in its own file.
