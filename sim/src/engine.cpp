@@ -99,8 +99,12 @@ class EventLoop {
     out_.end_s.assign(n_, -1.0);
     out_.resources.resize(n_res_);
     for (ResourceId r = 0; r < n_res_; ++r) out_.resources[r].name = g.resources()[r].name;
-    for (const Resource& res : g.resources())
+    res_.resize(n_res_);
+    for (ResourceId r = 0; r < n_res_; ++r) {
+      const Resource& res = g.resources()[r];
+      res_[r] = {res.group, res.skew_source, res.skew_fraction, 0.0, 0.0, 0};
       if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
+    }
   }
 
   SimResult run() {
@@ -133,6 +137,11 @@ class EventLoop {
       rerate();
     }
     if (n_done_ != n_) report_deadlock(g_, queue_, head_, out_.end_s, now_);
+    for (ResourceId r = 0; r < n_res_; ++r) {
+      out_.resources[r].busy_s = res_[r].busy_s;
+      out_.resources[r].work_s = res_[r].work_s;
+      out_.resources[r].tasks = res_[r].tasks;
+    }
     out_.makespan_s = now_;
     out_.pools = mem_.results();
     return std::move(out_);
@@ -151,7 +160,7 @@ class EventLoop {
   void join_group(ResourceId r) {
     run_[r].in_group = true;
     next_[r] = run_[r].finish;
-    if (const GroupId gr = g_.resources()[r].group; gr != kNone) {
+    if (const GroupId gr = res_[r].group; gr != kNone) {
       ++group_count_[gr];
       group_dirty_[gr] = 1;
     }
@@ -162,23 +171,23 @@ class EventLoop {
     Running& x = run_[r];
     const TaskId t = x.task;
     out_.end_s[t] = now_;
-    out_.resources[r].busy_s += now_ - out_.start_s[t];
-    out_.resources[r].work_s += tasks_[t].duration_s;
-    ++out_.resources[r].tasks;
+    ResourceState& rs = res_[r];
+    rs.busy_s += now_ - out_.start_s[t];
+    rs.work_s += tasks_[t].duration_s;
+    ++rs.tasks;
     x.task = kNone;
     next_[r] = kNever;
     mark(r);
     --n_running_;
     ++n_done_;
-    if (const GroupId gr = g_.resources()[r].group; gr != kNone && x.in_group) {
+    if (const GroupId gr = rs.group; gr != kNone && x.in_group) {
       --group_count_[gr];
       group_dirty_[gr] = 1;
     }
     x.in_group = false;
-    const Resource& res = g_.resources()[r];
-    if (res.skew_source != kNone) {
+    if (rs.skew_source != kNone) {
       // The source idle: this rank waited for the collective, as every rank did: aligned again.
-      if (run_[res.skew_source].task == kNone) since_aligned_[res.skew_source] = 0.0;
+      if (run_[rs.skew_source].task == kNone) since_aligned_[rs.skew_source] = 0.0;
     } else if (skew_source_[r]) {
       since_aligned_[r] += now_ - out_.start_s[t];
     }
@@ -188,11 +197,11 @@ class EventLoop {
   }
 
   void start(ResourceId r, TaskId t) {
-    ++head_[r];
-    next_task_[r] = head_[r] < queue_.row(r).size() ? queue_.row(r)[head_[r]] : kNone;
-    const Resource& res = g_.resources()[r];
-    const double wait = res.skew_source != kNone && tasks_[t].duration_s > 0
-                            ? res.skew_fraction * busy_since_aligned(res.skew_source)
+    const std::uint32_t next = queue_.offset[r] + ++head_[r];
+    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : kNone;
+    const ResourceState& rs = res_[r];
+    const double wait = rs.skew_source != kNone && tasks_[t].duration_s > 0
+                            ? rs.skew_fraction * busy_since_aligned(rs.skew_source)
                             : 0.0;
     run_[r] = {t, 1.0, tasks_[t].duration_s, now_, now_ + wait + tasks_[t].duration_s, now_ + wait, false};
     out_.start_s[t] = now_;
@@ -290,6 +299,15 @@ class EventLoop {
   std::vector<double> since_aligned_;
   std::vector<char> skew_source_;
   static constexpr double kNever = std::numeric_limits<double>::infinity();
+  // Per resource, what the steps read of it and its totals so far (written to out_ at the end).
+  struct ResourceState {
+    GroupId group;
+    ResourceId skew_source;
+    double skew_fraction;
+    double busy_s, work_s;
+    std::uint32_t tasks;
+  };
+  std::vector<ResourceState> res_;
   // Per resource, when its next event is: its task's finish (doing its work), the start of a skewed
   // task's work (waiting for the other ranks), or never (idle).
   std::vector<double> next_;

@@ -64,46 +64,53 @@ PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
   log_.reserve(2 * n_allocs);
 }
 
-void PoolTracker::apply(AllocId a, bool allocate, double now) {
+void PoolTracker::allocate(AllocId a, double now) {
   const Alloc& al = allocs_[a];
   const PoolId p = al.pool;
   if (pinned_[p] && al.bytes > 0) {
     const auto k = static_cast<std::size_t>(pinned_block_class(al.bytes));
-    if (allocate) {
-      most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
-    } else if (state_[a] == State::live) {
-      --live_blocks_[p][k];
-    }
+    most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
   }
-  if (allocate) {
-    state_[a] = State::live;
-    current_[p] += al.bytes;
-    log_.push_back(a);
-    if (current_[p] > peak_[p]) {
-      peak_[p] = current_[p];
-      peak_time_[p] = now;
-      peak_log_end_[p] = log_.size();
-    }
-  } else {
-    if (state_[a] != State::live) {
-      const std::string owner = al.owner == kNone ? "t=0" : fmt::format("\"{}\"", g_.task_name(al.owner));
-      throw SimError(fmt::format("simulate: memory \"{}\" on pool \"{}\" is freed by \"{}\" before {} allocates it",
-                                 g_.label_text(al.label), g_.pools()[p].name, g_.task_name(al.free_at), owner));
-    }
-    state_[a] = State::freed;
-    current_[p] -= al.bytes;
-    log_.push_back(a | kFreeBit);
+  state_[a] = State::live;
+  const std::int64_t current = current_[p] += al.bytes;
+  log_.push_back(a);
+  if (current > peak_[p]) {
+    peak_[p] = current;
+    peak_time_[p] = now;
+    peak_log_end_[p] = log_.size();
   }
+  point(p, now, current);
+}
+
+void PoolTracker::free(AllocId a, double now) {
+  const Alloc& al = allocs_[a];
+  const PoolId p = al.pool;
+  if (state_[a] != State::live) freed_early(a);
+  if (pinned_[p] && al.bytes > 0) --live_blocks_[p][static_cast<std::size_t>(pinned_block_class(al.bytes))];
+  state_[a] = State::freed;
+  const std::int64_t current = current_[p] -= al.bytes;
+  log_.push_back(a | kFreeBit);
+  point(p, now, current);
+}
+
+void PoolTracker::point(PoolId p, double now, std::int64_t bytes) {
   auto& tl = timeline_[p];
   if (tl.back().first == now) {
-    tl.back().second = current_[p];
+    tl.back().second = bytes;
   } else {
-    tl.emplace_back(now, current_[p]);
+    tl.emplace_back(now, bytes);
   }
 }
 
+void PoolTracker::freed_early(AllocId a) const {
+  const Alloc& al = allocs_[a];
+  const std::string owner = al.owner == kNone ? "t=0" : fmt::format("\"{}\"", g_.task_name(al.owner));
+  throw SimError(fmt::format("simulate: memory \"{}\" on pool \"{}\" is freed by \"{}\" before {} allocates it",
+                             g_.label_text(al.label), g_.pools()[al.pool].name, g_.task_name(al.free_at), owner));
+}
+
 void PoolTracker::start_resident() {
-  for (const AllocId a : resident_) apply(a, true, 0.0);
+  for (const AllocId a : resident_) allocate(a, 0.0);
 }
 
 std::vector<PoolResult> PoolTracker::results() {

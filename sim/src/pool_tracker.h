@@ -27,15 +27,18 @@ class PoolTracker {
   PoolTracker(const TaskGraph& g, Buffers& buffers);
   void start_resident();                 // allocations resident from t = 0
   void on_start(TaskId t, double now) {  // allocations owned by t
-    for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
+    for (std::uint32_t a : by_owner_.row(t)) allocate(a, now);
   }
   void on_end(TaskId t, double now) {  // allocations freed at t's end
-    for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
+    for (std::uint32_t a : by_free_.row(t)) free(a, now);
   }
   std::vector<PoolResult> results();  // once, at the end (moves the timelines out)
 
  private:
-  void apply(AllocId a, bool allocate, double now);
+  void allocate(AllocId a, double now);
+  void free(AllocId a, double now);
+  void point(PoolId p, double now, std::int64_t bytes);  // the pool's timeline after a change at now
+  [[noreturn]] void freed_early(AllocId a) const;        // throws SimError naming the allocation
 
   const TaskGraph& g_;
   const Alloc* allocs_;         // g_.allocs()
