@@ -188,6 +188,7 @@ struct ParamResidency {
   Ctx& c_;
   std::vector<TaskId> gathered_;  // per unit: gather task of the current phase
   std::vector<AllocId> gathered_alloc_;
+  std::vector<double> h2d_s_, gather_s_;  // per unit: its shard's copy in, its all-gather (NaN: not yet asked)
   TaskId mb_start_ = kNone;  // the previous microbatch's last compute task, which its first gathers wait for
 };
 
@@ -299,6 +300,7 @@ struct GradSync {
   std::vector<int> bucket_of_;   // per unit: its RsBucket
   AllocId bucket_buffer_ = kNone;
   std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
+  std::vector<double> rs_s_;     // per unit: its reduce-scatter's time (NaN: not yet asked)
   std::int64_t shard_bytes_ = 0;  // a transient gradient shard's bytes (0: none)
   AllocId shard_ = kNone;
 };
