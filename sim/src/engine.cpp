@@ -74,7 +74,7 @@ class EventLoop {
         pending_(w.pending),
         mem_(g, w.memory),
         head_(n_res_, 0),
-        next_task_(n_res_, kNone),
+        next_task_(n_res_, n_),
         run_(n_res_),
         group_count_(n_groups_, 0),
         group_dirty_(n_groups_, 0),
@@ -84,7 +84,8 @@ class EventLoop {
         maybe_ready_((n_res_ + 63) / 64, 0) {
     queue_.assign(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; }, [](std::uint32_t i) { return i; });
     // Successors and unfinished dependencies counted in one pass over the dependencies.
-    pending_.assign(n_, 0);
+    pending_.assign(n_ + 1, 0);
+    pending_[n_] = 1;  // "no task left" (n_): never ready
     succ_.begin_count(n_);
     for (const auto& [task, dep] : g.deps()) {
       ++pending_[task];
@@ -130,8 +131,15 @@ class EventLoop {
         }
       }
       // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here.
-      for (ResourceId r = 0; r < n_res_; ++r) {
-        if (next_[r] <= now_) complete(r);
+      // A completion changes no other resource's next_: the due ones found first (a mask, without a
+      // branch per resource), then completed in resource order.
+      if (n_res_ <= 64) {
+        std::uint64_t due = 0;
+        for (ResourceId r = 0; r < n_res_; ++r) due |= static_cast<std::uint64_t>(next_[r] <= now_) << r;
+        for (; due != 0; due &= due - 1) complete(static_cast<ResourceId>(std::countr_zero(due)));
+      } else {
+        for (ResourceId r = 0; r < n_res_; ++r)
+          if (next_[r] <= now_) complete(r);
       }
       start_ready();
       rerate();
@@ -198,7 +206,7 @@ class EventLoop {
 
   void start(ResourceId r, TaskId t) {
     const std::uint32_t next = queue_.offset[r] + ++head_[r];
-    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : kNone;
+    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : n_;
     const ResourceState& rs = res_[r];
     const double wait = rs.skew_source != kNone && tasks_[t].duration_s > 0
                             ? rs.skew_fraction * busy_since_aligned(rs.skew_source)
@@ -216,8 +224,9 @@ class EventLoop {
   }
 
   TaskId ready_head(ResourceId r) const {
-    const TaskId t = next_task_[r];
-    return t != kNone && pending_[t] == 0 && run_[r].task == kNone ? t : kNone;
+    const TaskId t = next_task_[r];  // n_ when none is left: its pending count is 1
+    const bool ready = (pending_[t] == 0) & (run_[r].task == kNone);
+    return ready ? t : kNone;
   }
 
   // The first marked resource at or after r (n_res_: none). Marks made meanwhile count.
@@ -267,8 +276,8 @@ class EventLoop {
       const double share = std::min(1.0, g_.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count_[gr]));
       for (std::uint32_t r : members_.row(gr)) {
         Running& x = run_[r];
-        if (x.task == kNone) continue;
-        if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
+        // Idle, or waiting for the other ranks (its work has not begun): in_group only while doing its work.
+        if (!x.in_group) continue;
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
         const double contended = g_.resources()[r].contended_rate;
@@ -292,7 +301,7 @@ class EventLoop {
   std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
   detail::PoolTracker mem_;
   std::vector<std::uint32_t> head_;  // per resource, the index of its next task
-  std::vector<TaskId> next_task_;    // per resource, that task (kNone: none left)
+  std::vector<TaskId> next_task_;    // per resource, that task (n_: none left)
   std::vector<Running> run_;         // per resource, what runs on it
   std::vector<std::uint32_t> group_count_;
   std::vector<char> group_dirty_;
