@@ -76,8 +76,8 @@ class EventLoop {
         head_(n_res_, 0),
         next_task_(n_res_, n_),
         run_(n_res_),
-        group_count_(n_groups_, 0),
-        group_dirty_(n_groups_, 0),
+        group_count_(n_groups_ + 1, 0),
+        group_dirty_(n_groups_ + 1, 0),
         since_aligned_(n_res_, 0.0),
         skew_source_(n_res_, 0),
         next_(n_res_, kNever),
@@ -103,7 +103,8 @@ class EventLoop {
     res_.resize(n_res_);
     for (ResourceId r = 0; r < n_res_; ++r) {
       const Resource& res = g.resources()[r];
-      res_[r] = {res.group, res.skew_source, res.skew_fraction, 0.0, 0.0, 0};
+      res_[r] = {res.group == kNone ? n_groups_ : res.group, res.skew_source, res.skew_fraction, res.contended_rate,
+                 0.0, 0.0, 0};
       if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
     }
   }
@@ -168,10 +169,9 @@ class EventLoop {
   void join_group(ResourceId r) {
     run_[r].in_group = true;
     next_[r] = run_[r].finish;
-    if (const GroupId gr = res_[r].group; gr != kNone) {
-      ++group_count_[gr];
-      group_dirty_[gr] = 1;
-    }
+    const GroupId slot = res_[r].group_slot;
+    ++group_count_[slot];
+    group_dirty_[slot] = 1;
   }
 
   // Completes the task running on r at now: frees, successors, resource bookkeeping.
@@ -188,10 +188,10 @@ class EventLoop {
     mark(r);
     --n_running_;
     ++n_done_;
-    if (const GroupId gr = rs.group; gr != kNone && x.in_group) {
-      --group_count_[gr];
-      group_dirty_[gr] = 1;
-    }
+    // Out of its group, if it was doing its work there (no branch: a resource in no group counts in a
+    // slot past the groups, never re-rated).
+    group_count_[rs.group_slot] -= x.in_group ? 1 : 0;
+    group_dirty_[rs.group_slot] |= x.in_group ? 1 : 0;
     x.in_group = false;
     if (rs.skew_source != kNone) {
       // The source idle: this rank waited for the collective, as every rank did: aligned again.
@@ -280,7 +280,7 @@ class EventLoop {
         if (!x.in_group) continue;
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
-        const double contended = g_.resources()[r].contended_rate;
+        const double contended = res_[r].contended_rate;
         const double others = static_cast<double>(group_count_[gr]) - 1.0;
         const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now_ - std::max(x.last, x.work_from)));
@@ -310,9 +310,10 @@ class EventLoop {
   static constexpr double kNever = std::numeric_limits<double>::infinity();
   // Per resource, what the steps read of it and its totals so far (written to out_ at the end).
   struct ResourceState {
-    GroupId group;
+    GroupId group_slot;  // its group, or n_groups_ when in none
     ResourceId skew_source;
     double skew_fraction;
+    double contended_rate;
     double busy_s, work_s;
     std::uint32_t tasks;
   };
