@@ -54,6 +54,7 @@ struct Running {
 // it (a fifth of a GPT-3 step's simulation).
 struct Workspace {
   detail::Csr queue, succ;
+  std::vector<ResourceId> succ_resource;
   std::vector<std::uint32_t> pending;
   detail::PoolTracker::Buffers memory;
 };
@@ -69,6 +70,7 @@ class EventLoop {
         n_groups_(static_cast<std::uint32_t>(g.groups().size())),
         queue_(w.queue),
         succ_(w.succ),
+        succ_resource_(w.succ_resource),
         members_(detail::Csr::build(n_groups_, n_res_, [&](std::uint32_t r) { return g.resources()[r].group; },
                                     [](std::uint32_t r) { return r; }, kNone)),
         pending_(w.pending),
@@ -92,7 +94,13 @@ class EventLoop {
       succ_.count_one(dep);
     }
     succ_.begin_place();
-    for (const auto& [task, dep] : g.deps()) succ_.place(dep, task);
+    // Beside each successor its resource, which a completion marks (read here in dependency order, not
+    // at random from the tasks as they complete).
+    succ_resource_.resize(succ_.items.size());
+    for (const auto& [task, dep] : g.deps()) {
+      succ_resource_[succ_.offset[dep]] = tasks_[task].resource;
+      succ_.place(dep, task);
+    }
     succ_.end_place();
     for (ResourceId r = 0; r < n_res_; ++r)
       if (!queue_.row(r).empty()) next_task_[r] = queue_.row(r)[0];
@@ -200,8 +208,8 @@ class EventLoop {
       since_aligned_[r] += now_ - out_.start_s[t];
     }
     mem_.on_end(t, now_);
-    for (std::uint32_t s : succ_.row(t))
-      if (--pending_[s] == 0) mark(tasks_[s].resource);
+    for (std::uint32_t k = succ_.offset[t]; k < succ_.offset[t + 1]; ++k)
+      if (--pending_[succ_.items[k]] == 0) mark(succ_resource_[k]);
   }
 
   void start(ResourceId r, TaskId t) {
@@ -297,6 +305,7 @@ class EventLoop {
   const std::uint32_t n_, n_res_, n_groups_;
   detail::Csr& queue_;         // per resource, its tasks in the order added
   detail::Csr& succ_;          // per task, the tasks that depend on it
+  std::vector<ResourceId>& succ_resource_;  // beside succ_.items: each one's resource
   const detail::Csr members_;  // per group, its resources
   std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
   detail::PoolTracker mem_;

@@ -22,7 +22,8 @@ PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
       state_(buffers.state),
       log_(buffers.log),
       live_(buffers.live),
-      resident_(buffers.resident) {
+      resident_(buffers.resident),
+      timeline_(buffers.timeline) {
   const auto& allocs = g.allocs();
   const auto n_tasks = static_cast<std::uint32_t>(g.num_tasks());
   const auto n_allocs = static_cast<std::uint32_t>(allocs.size());
@@ -51,10 +52,13 @@ PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
   peak_.assign(pools, 0);
   peak_time_.assign(pools, 0);
   peak_log_end_.assign(pools, 0);
-  timeline_.assign(pools, {});
+  // Kept between runs: the lists are cleared, their memory stays (a list reserved for the most points a
+  // pool can have is mostly untouched, and was faulted in again at every run when handed back).
+  if (timeline_.size() < pools) timeline_.resize(pools);
   live_blocks_.assign(pools, {});
   most_blocks_.assign(pools, {});
   for (std::size_t p = 0; p < pools; ++p) {
+    timeline_[p].clear();
     timeline_[p].reserve(changes[p]);
     timeline_[p].emplace_back(0.0, 0);
   }
@@ -132,7 +136,7 @@ std::vector<PoolResult> PoolTracker::results() {
       r.reserved_bytes = 0;
       for (std::size_t k = 0; k < most_blocks_[p].size(); ++k) r.reserved_bytes += most_blocks_[p][k] << k;
     }
-    r.timeline = std::move(timeline_[p]);
+    r.timeline.assign(timeline_[p].begin(), timeline_[p].end());
     // What was live at the peak: the log replayed up to it; each live allocation counted once.
     const std::size_t end = peak_log_end_[p];
     for (std::size_t i = 0; i < end; ++i) {

@@ -23,6 +23,7 @@ class PoolTracker {
     std::vector<std::uint32_t> log;
     std::vector<char> live;
     std::vector<AllocId> resident;  // allocations without an owner, in id order
+    std::vector<std::vector<std::pair<double, std::int64_t>>> timeline;  // per pool
   };
   PoolTracker(const TaskGraph& g, Buffers& buffers);
   void start_resident();                 // allocations resident from t = 0
@@ -32,7 +33,7 @@ class PoolTracker {
   void on_end(TaskId t, double now) {  // allocations freed at t's end
     for (std::uint32_t a : by_free_.row(t)) free(a, now);
   }
-  std::vector<PoolResult> results();  // once, at the end (moves the timelines out)
+  std::vector<PoolResult> results();  // once, at the end
 
  private:
   void allocate(AllocId a, double now);
@@ -55,7 +56,7 @@ class PoolTracker {
   std::vector<std::size_t> peak_log_end_;
   // pinned_pow2 pools: per pool and power of two, blocks live now and the most ever live at once.
   std::vector<std::array<std::int64_t, 64>> live_blocks_, most_blocks_;
-  std::vector<std::vector<std::pair<double, std::int64_t>>> timeline_;
+  std::vector<std::vector<std::pair<double, std::int64_t>>>& timeline_;  // per pool: (time, bytes) after each change
 };
 
 }  // namespace zeroplan::sim::detail
