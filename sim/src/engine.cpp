@@ -76,18 +76,17 @@ class EventLoop {
         pending_(w.pending),
         mem_(g, w.memory),
         head_(n_res_, 0),
-        next_task_(n_res_, n_),
+        next_task_(n_res_, kNone),
         run_(n_res_),
-        group_count_(n_groups_ + 1, 0),
-        group_dirty_(n_groups_ + 1, 0),
+        group_count_(n_groups_, 0),
+        group_dirty_(n_groups_, 0),
         since_aligned_(n_res_, 0.0),
         skew_source_(n_res_, 0),
         next_(n_res_, kNever),
         maybe_ready_((n_res_ + 63) / 64, 0) {
     queue_.assign(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; }, [](std::uint32_t i) { return i; });
     // Successors and unfinished dependencies counted in one pass over the dependencies.
-    pending_.assign(n_ + 1, 0);
-    pending_[n_] = 1;  // "no task left" (n_): never ready
+    pending_.assign(n_, 0);
     succ_.begin_count(n_);
     for (const auto& [task, dep] : g.deps()) {
       ++pending_[task];
@@ -111,8 +110,7 @@ class EventLoop {
     res_.resize(n_res_);
     for (ResourceId r = 0; r < n_res_; ++r) {
       const Resource& res = g.resources()[r];
-      res_[r] = {res.group == kNone ? n_groups_ : res.group, res.skew_source, res.skew_fraction, res.contended_rate,
-                 0.0, 0.0, 0};
+      res_[r] = {res.group, res.skew_source, res.skew_fraction, 0.0, 0.0, 0};
       if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
     }
   }
@@ -140,15 +138,8 @@ class EventLoop {
         }
       }
       // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here.
-      // A completion changes no other resource's next_: the due ones found first (a mask, without a
-      // branch per resource), then completed in resource order.
-      if (n_res_ <= 64) {
-        std::uint64_t due = 0;
-        for (ResourceId r = 0; r < n_res_; ++r) due |= static_cast<std::uint64_t>(next_[r] <= now_) << r;
-        for (; due != 0; due &= due - 1) complete(static_cast<ResourceId>(std::countr_zero(due)));
-      } else {
-        for (ResourceId r = 0; r < n_res_; ++r)
-          if (next_[r] <= now_) complete(r);
+      for (ResourceId r = 0; r < n_res_; ++r) {
+        if (next_[r] <= now_) complete(r);
       }
       start_ready();
       rerate();
@@ -177,9 +168,10 @@ class EventLoop {
   void join_group(ResourceId r) {
     run_[r].in_group = true;
     next_[r] = run_[r].finish;
-    const GroupId slot = res_[r].group_slot;
-    ++group_count_[slot];
-    group_dirty_[slot] = 1;
+    if (const GroupId gr = res_[r].group; gr != kNone) {
+      ++group_count_[gr];
+      group_dirty_[gr] = 1;
+    }
   }
 
   // Completes the task running on r at now: frees, successors, resource bookkeeping.
@@ -196,10 +188,10 @@ class EventLoop {
     mark(r);
     --n_running_;
     ++n_done_;
-    // Out of its group, if it was doing its work there (no branch: a resource in no group counts in a
-    // slot past the groups, never re-rated).
-    group_count_[rs.group_slot] -= x.in_group ? 1 : 0;
-    group_dirty_[rs.group_slot] |= x.in_group ? 1 : 0;
+    if (const GroupId gr = rs.group; gr != kNone && x.in_group) {
+      --group_count_[gr];
+      group_dirty_[gr] = 1;
+    }
     x.in_group = false;
     if (rs.skew_source != kNone) {
       // The source idle: this rank waited for the collective, as every rank did: aligned again.
@@ -214,7 +206,7 @@ class EventLoop {
 
   void start(ResourceId r, TaskId t) {
     const std::uint32_t next = queue_.offset[r] + ++head_[r];
-    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : n_;
+    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : kNone;
     const ResourceState& rs = res_[r];
     const double wait = rs.skew_source != kNone && tasks_[t].duration_s > 0
                             ? rs.skew_fraction * busy_since_aligned(rs.skew_source)
@@ -232,9 +224,8 @@ class EventLoop {
   }
 
   TaskId ready_head(ResourceId r) const {
-    const TaskId t = next_task_[r];  // n_ when none is left: its pending count is 1
-    const bool ready = (pending_[t] == 0) & (run_[r].task == kNone);
-    return ready ? t : kNone;
+    const TaskId t = next_task_[r];
+    return t != kNone && pending_[t] == 0 && run_[r].task == kNone ? t : kNone;
   }
 
   // The first marked resource at or after r (n_res_: none). Marks made meanwhile count.
@@ -284,11 +275,11 @@ class EventLoop {
       const double share = std::min(1.0, g_.groups()[gr].capacity / std::max<std::uint32_t>(1, group_count_[gr]));
       for (std::uint32_t r : members_.row(gr)) {
         Running& x = run_[r];
-        // Idle, or waiting for the other ranks (its work has not begun): in_group only while doing its work.
-        if (!x.in_group) continue;
+        if (x.task == kNone) continue;
+        if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
-        const double contended = res_[r].contended_rate;
+        const double contended = g_.resources()[r].contended_rate;
         const double others = static_cast<double>(group_count_[gr]) - 1.0;
         const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now_ - std::max(x.last, x.work_from)));
@@ -310,7 +301,7 @@ class EventLoop {
   std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
   detail::PoolTracker mem_;
   std::vector<std::uint32_t> head_;  // per resource, the index of its next task
-  std::vector<TaskId> next_task_;    // per resource, that task (n_: none left)
+  std::vector<TaskId> next_task_;    // per resource, that task (kNone: none left)
   std::vector<Running> run_;         // per resource, what runs on it
   std::vector<std::uint32_t> group_count_;
   std::vector<char> group_dirty_;
@@ -319,10 +310,9 @@ class EventLoop {
   static constexpr double kNever = std::numeric_limits<double>::infinity();
   // Per resource, what the steps read of it and its totals so far (written to out_ at the end).
   struct ResourceState {
-    GroupId group_slot;  // its group, or n_groups_ when in none
+    GroupId group;
     ResourceId skew_source;
     double skew_fraction;
-    double contended_rate;
     double busy_s, work_s;
     std::uint32_t tasks;
   };

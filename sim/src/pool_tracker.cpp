@@ -145,9 +145,8 @@ std::vector<PoolResult> PoolTracker::results() {
     }
     std::fill(groups.begin(), groups.end(), std::pair<std::int64_t, std::int32_t>{0, 0});
     for (std::size_t i = 0; i < end; ++i) {
-      // An allocation (no free bit) of this pool still live: counted, then cleared.
-      const std::uint32_t a = log_[i] & ~kFreeBit;
-      if (!(((log_[i] & kFreeBit) == 0) & (live[a] != 0) & (allocs[a].pool == p))) continue;
+      const std::uint32_t a = log_[i];  // an allocation (no free bit) of this pool still live: counted, then cleared
+      if ((a & kFreeBit) != 0 || !live[a] || allocs[a].pool != p) continue;
       live[a] = 0;
       const auto cat = static_cast<std::size_t>(allocs[a].category);
       auto& e = groups[cat * names + allocs[a].label.name];
