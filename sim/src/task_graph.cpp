@@ -33,7 +33,50 @@ std::string_view to_string(ResourceKind k) {
   return "?";
 }
 
+namespace {
+
+// The lists (memory only) of the last graph destroyed on this thread, for the next reserve(). The flag
+// is trivially destructible, so a graph destroyed after this thread's cache (at its exit) sees it gone.
+thread_local bool recycled_gone = false;
+struct Recycled {
+  std::vector<Task> tasks;
+  std::vector<std::pair<TaskId, TaskId>> deps;
+  std::vector<Alloc> allocs;
+  ~Recycled() { recycled_gone = true; }
+};
+Recycled* recycled() {
+  if (recycled_gone) return nullptr;
+  thread_local Recycled r;
+  return &r;
+}
+// A list larger than this is not kept (a huge pipeline's graph would stay held by an idle thread).
+constexpr std::size_t kMaxRecycledBytes = std::size_t{64} << 20;
+
+template <class T>
+void keep(std::vector<T>& mine, std::vector<T>& cache) {
+  if (mine.capacity() <= cache.capacity() || mine.capacity() * sizeof(T) > kMaxRecycledBytes) return;
+  mine.clear();
+  cache.swap(mine);
+}
+
+template <class T>
+void take(std::vector<T>& mine, std::vector<T>& cache, std::size_t n) {
+  if (!mine.empty() || mine.capacity() >= n || cache.capacity() < n) return;
+  cache.clear();
+  mine.swap(cache);
+}
+
+}  // namespace
+
 TaskGraph::TaskGraph() { names_.emplace_back("task"); }
+
+TaskGraph::~TaskGraph() {
+  if (Recycled* r = recycled()) {
+    keep(tasks_, r->tasks);
+    keep(deps_, r->deps);
+    keep(allocs_, r->allocs);
+  }
+}
 
 NameId TaskGraph::intern(std::string_view name) {
   // Few distinct names (one per kind of task), so a linear scan beats a map and keeps ids in first-use order.
@@ -84,6 +127,11 @@ AllocId TaskGraph::resident(PoolId pool, std::int64_t bytes, MemCategory cat, La
 }
 
 void TaskGraph::reserve(std::size_t tasks, std::size_t deps, std::size_t allocs) {
+  if (Recycled* r = recycled()) {
+    take(tasks_, r->tasks, tasks);
+    take(deps_, r->deps, deps);
+    take(allocs_, r->allocs, allocs);
+  }
   tasks_.reserve(tasks);
   deps_.reserve(deps);
   allocs_.reserve(allocs);
