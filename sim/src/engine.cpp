@@ -122,8 +122,15 @@ class EventLoop {
     rerate();
     while (n_running_ > 0) {
       // The next event: the earliest finish of a task doing its work, or the start of a skewed task's.
-      double next = std::numeric_limits<double>::infinity();
-      for (ResourceId r = 0; r < n_res_; ++r) next = std::min(next, next_[r]);
+      // (Two running minima: one chain of dependent minima per event was a tenth of the engine's time.)
+      double next = kNever, next_odd = kNever;
+      ResourceId r = 0;
+      for (; r + 1 < n_res_; r += 2) {
+        next = std::min(next, next_[r]);
+        next_odd = std::min(next_odd, next_[r + 1]);
+      }
+      if (r < n_res_) next = std::min(next, next_[r]);
+      next = std::min(next, next_odd);
       now_ = next;
       ++out_.events;
       // Skewed tasks whose ranks have all arrived begin their work (and take their share of the group).
