@@ -20,19 +20,42 @@ struct Csr {
   static Csr build(std::uint32_t keys, std::uint32_t count, KeyOf key_of, ValueOf value_of,
                    std::uint32_t skip_key = UINT32_MAX) {
     Csr c;
-    c.offset.assign(keys + 1, 0);
-    for (std::uint32_t i = 0; i < count; ++i) {
-      const std::uint32_t k = key_of(i);
-      if (k != skip_key) ++c.offset[k + 1];
-    }
-    for (std::uint32_t k = 0; k < keys; ++k) c.offset[k + 1] += c.offset[k];
-    c.items.resize(c.offset[keys]);
-    std::vector<std::uint32_t> fill(c.offset.begin(), c.offset.end() - 1);
-    for (std::uint32_t i = 0; i < count; ++i) {
-      const std::uint32_t k = key_of(i);
-      if (k != skip_key) c.items[fill[k]++] = value_of(i);
-    }
+    c.assign(keys, count, key_of, value_of, skip_key);
     return c;
+  }
+
+  // The same into this one, reusing its memory (the engine's per-thread workspace).
+  template <class KeyOf, class ValueOf>
+  void assign(std::uint32_t keys, std::uint32_t count, KeyOf key_of, ValueOf value_of,
+              std::uint32_t skip_key = UINT32_MAX) {
+    begin_count(keys);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const std::uint32_t k = key_of(i);
+      if (k != skip_key) count_one(k);
+    }
+    begin_place();
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const std::uint32_t k = key_of(i);
+      if (k != skip_key) place(k, value_of(i));
+    }
+    end_place();
+  }
+
+  // In steps, to build several from one pass over the input: begin_count, count_one per item,
+  // begin_place, place per item in the same order, end_place.
+  void begin_count(std::uint32_t keys) { offset.assign(keys + 1, 0); }
+  void count_one(std::uint32_t key) { ++offset[key + 1]; }
+  void begin_place() {
+    const std::size_t keys = offset.size() - 1;
+    for (std::size_t k = 0; k < keys; ++k) offset[k + 1] += offset[k];
+    items.resize(offset[keys]);
+  }
+  // Each row fills from its start, offset[k] moving to the row's end (the next row's start) ...
+  void place(std::uint32_t key, std::uint32_t value) { items[offset[key]++] = value; }
+  // ... and the starts shift back in place.
+  void end_place() {
+    for (std::size_t k = offset.size() - 1; k > 0; --k) offset[k] = offset[k - 1];
+    offset[0] = 0;
   }
 };
 

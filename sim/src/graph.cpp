@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <boost/graph/compressed_sparse_row_graph.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <boost/graph/topological_sort.hpp>
@@ -37,18 +38,24 @@ bool ids_in_dependency_order(const TaskGraph& g) {
 // critical_path's, each chain's finish the max of its dependencies' plus its own duration.
 double longest_chain_in_id_order(const TaskGraph& g) {
   const auto& tasks = g.tasks();
-  // Each task's dependencies, grouped by task (a counting sort: two flat arrays).
-  std::vector<std::size_t> first(tasks.size() + 1, 0);
+  // Each task's dependencies, grouped by task (a counting sort into flat arrays kept per thread: the
+  // tuner bounds thousands of plans on each).
+  thread_local std::vector<std::uint32_t> first;
+  thread_local std::vector<TaskId> waits;
+  thread_local std::vector<double> finish;
+  first.assign(tasks.size() + 1, 0);
   for (const auto& [task, dep] : g.deps()) ++first[task + 1];
   for (std::size_t v = 0; v < tasks.size(); ++v) first[v + 1] += first[v];
-  std::vector<TaskId> waits(g.deps().size());
-  std::vector<std::size_t> fill(first.begin(), first.end() - 1);
-  for (const auto& [task, dep] : g.deps()) waits[fill[task]++] = dep;
-  std::vector<double> finish(tasks.size(), 0.0);
+  waits.resize(g.deps().size());
+  // Each row fills from its start, first[v] moving to the row's end, then the starts shift back.
+  for (const auto& [task, dep] : g.deps()) waits[first[task]++] = dep;
+  for (std::size_t v = tasks.size(); v > 0; --v) first[v] = first[v - 1];
+  first[0] = 0;
+  finish.resize(tasks.size());
   double longest = 0;
   for (std::size_t v = 0; v < tasks.size(); ++v) {
     double start = 0;
-    for (std::size_t k = first[v]; k < first[v + 1]; ++k) start = std::max(start, finish[waits[k]]);
+    for (std::uint32_t k = first[v]; k < first[v + 1]; ++k) start = std::max(start, finish[waits[k]]);
     finish[v] = start + tasks[v].duration_s;
     longest = std::max(longest, finish[v]);
   }

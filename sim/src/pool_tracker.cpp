@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <tuple>
 
 #include "zeroplan/profiles/host_allocator.h"
@@ -15,84 +14,117 @@ namespace {
 constexpr std::uint32_t kFreeBit = 0x80000000u;
 }
 
-PoolTracker::PoolTracker(const TaskGraph& g) : g_(g) {
+PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
+    : g_(g),
+      allocs_(g.allocs().data()),
+      by_owner_(buffers.by_owner),
+      by_free_(buffers.by_free),
+      state_(buffers.state),
+      log_(buffers.log),
+      live_(buffers.live),
+      resident_(buffers.resident),
+      timeline_(buffers.timeline) {
   const auto& allocs = g.allocs();
   const auto n_tasks = static_cast<std::uint32_t>(g.num_tasks());
   const auto n_allocs = static_cast<std::uint32_t>(allocs.size());
-  by_owner_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].owner; },
-                         [](std::uint32_t i) { return i; }, kNone);
-  by_free_ = Csr::build(n_tasks, n_allocs, [&](std::uint32_t i) { return allocs[i].free_at; },
-                        [](std::uint32_t i) { return i; }, kNone);
   const std::size_t pools = g.pools().size();
+  // Both lists and each pool's count of allocations in one pass over the allocations, then one to place.
+  std::vector<std::size_t> changes(pools, 1);  // timeline points: at most one per allocation and free, and the first
+  by_owner_.begin_count(n_tasks);
+  by_free_.begin_count(n_tasks);
+  resident_.clear();
+  for (const Alloc& a : allocs) {
+    if (a.owner != kNone) by_owner_.count_one(a.owner);
+    else resident_.push_back(static_cast<AllocId>(&a - allocs.data()));
+    if (a.free_at != kNone) by_free_.count_one(a.free_at);
+    changes[a.pool] += 2;
+  }
+  by_owner_.begin_place();
+  by_free_.begin_place();
+  for (std::uint32_t i = 0; i < n_allocs; ++i) {
+    if (allocs[i].owner != kNone) by_owner_.place(allocs[i].owner, i);
+    if (allocs[i].free_at != kNone) by_free_.place(allocs[i].free_at, i);
+  }
+  by_owner_.end_place();
+  by_free_.end_place();
   state_.assign(n_allocs, State::pending);
   current_.assign(pools, 0);
   peak_.assign(pools, 0);
   peak_time_.assign(pools, 0);
   peak_log_end_.assign(pools, 0);
-  timeline_.assign(pools, {});
+  // Kept between runs: the lists are cleared, their memory stays (a list reserved for the most points a
+  // pool can have is mostly untouched, and was faulted in again at every run when handed back).
+  if (timeline_.size() < pools) timeline_.resize(pools);
   live_blocks_.assign(pools, {});
   most_blocks_.assign(pools, {});
-  for (auto& t : timeline_) t.emplace_back(0.0, 0);
+  for (std::size_t p = 0; p < pools; ++p) {
+    timeline_[p].clear();
+    timeline_[p].reserve(changes[p]);
+    timeline_[p].emplace_back(0.0, 0);
+  }
+  pinned_.resize(pools);
+  for (std::size_t p = 0; p < pools; ++p) pinned_[p] = g.pools()[p].pinned_pow2 ? 1 : 0;
+  log_.clear();
   log_.reserve(2 * n_allocs);
 }
 
-void PoolTracker::apply(AllocId a, bool allocate, double now) {
-  const Alloc& al = g_.allocs()[a];
+void PoolTracker::allocate(AllocId a, double now) {
+  const Alloc& al = allocs_[a];
   const PoolId p = al.pool;
-  if (g_.pools()[p].pinned_pow2 && al.bytes > 0) {
+  if (pinned_[p] && al.bytes > 0) {
     const auto k = static_cast<std::size_t>(pinned_block_class(al.bytes));
-    if (allocate) {
-      most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
-    } else if (state_[a] == State::live) {
-      --live_blocks_[p][k];
-    }
+    most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
   }
-  if (allocate) {
-    state_[a] = State::live;
-    current_[p] += al.bytes;
-    log_.push_back(a);
-    if (current_[p] > peak_[p]) {
-      peak_[p] = current_[p];
-      peak_time_[p] = now;
-      peak_log_end_[p] = log_.size();
-    }
-  } else {
-    if (state_[a] != State::live) {
-      const std::string owner = al.owner == kNone ? "t=0" : fmt::format("\"{}\"", g_.task_name(al.owner));
-      throw SimError(fmt::format("simulate: memory \"{}\" on pool \"{}\" is freed by \"{}\" before {} allocates it",
-                                 g_.label_text(al.label), g_.pools()[p].name, g_.task_name(al.free_at), owner));
-    }
-    state_[a] = State::freed;
-    current_[p] -= al.bytes;
-    log_.push_back(a | kFreeBit);
+  state_[a] = State::live;
+  const std::int64_t current = current_[p] += al.bytes;
+  log_.push_back(a);
+  if (current > peak_[p]) {
+    peak_[p] = current;
+    peak_time_[p] = now;
+    peak_log_end_[p] = log_.size();
   }
+  point(p, now, current);
+}
+
+void PoolTracker::free(AllocId a, double now) {
+  const Alloc& al = allocs_[a];
+  const PoolId p = al.pool;
+  if (state_[a] != State::live) freed_early(a);
+  if (pinned_[p] && al.bytes > 0) --live_blocks_[p][static_cast<std::size_t>(pinned_block_class(al.bytes))];
+  state_[a] = State::freed;
+  const std::int64_t current = current_[p] -= al.bytes;
+  log_.push_back(a | kFreeBit);
+  point(p, now, current);
+}
+
+void PoolTracker::point(PoolId p, double now, std::int64_t bytes) {
   auto& tl = timeline_[p];
   if (tl.back().first == now) {
-    tl.back().second = current_[p];
+    tl.back().second = bytes;
   } else {
-    tl.emplace_back(now, current_[p]);
+    tl.emplace_back(now, bytes);
   }
+}
+
+void PoolTracker::freed_early(AllocId a) const {
+  const Alloc& al = allocs_[a];
+  const std::string owner = al.owner == kNone ? "t=0" : fmt::format("\"{}\"", g_.task_name(al.owner));
+  throw SimError(fmt::format("simulate: memory \"{}\" on pool \"{}\" is freed by \"{}\" before {} allocates it",
+                             g_.label_text(al.label), g_.pools()[al.pool].name, g_.task_name(al.free_at), owner));
 }
 
 void PoolTracker::start_resident() {
-  const auto& allocs = g_.allocs();
-  for (AllocId a = 0; a < allocs.size(); ++a) {
-    if (allocs[a].owner == kNone) apply(a, true, 0.0);
-  }
+  for (const AllocId a : resident_) allocate(a, 0.0);
 }
 
-void PoolTracker::on_start(TaskId t, double now) {
-  for (std::uint32_t a : by_owner_.row(t)) apply(a, true, now);
-}
-
-void PoolTracker::on_end(TaskId t, double now) {
-  for (std::uint32_t a : by_free_.row(t)) apply(a, false, now);
-}
-
-std::vector<PoolResult> PoolTracker::results() const {
+std::vector<PoolResult> PoolTracker::results() {
   const auto& allocs = g_.allocs();
   std::vector<PoolResult> out(g_.pools().size());
-  std::vector<char> live(allocs.size());
+  std::vector<char>& live = live_;
+  live.assign(allocs.size(), 0);
+  // (category, name) -> (bytes, count), a flat table read in (category, name) order.
+  const std::size_t names = g_.num_names();
+  std::vector<std::pair<std::int64_t, std::int32_t>> groups(kNumMemCategories * names);
   for (PoolId p = 0; p < out.size(); ++p) {
     PoolResult& r = out[p];
     r.name = g_.pools()[p].name;
@@ -104,24 +136,28 @@ std::vector<PoolResult> PoolTracker::results() const {
       r.reserved_bytes = 0;
       for (std::size_t k = 0; k < most_blocks_[p].size(); ++k) r.reserved_bytes += most_blocks_[p][k] << k;
     }
-    r.timeline = timeline_[p];
-    std::fill(live.begin(), live.end(), 0);
-    for (std::size_t i = 0; i < peak_log_end_[p]; ++i) {
+    r.timeline.assign(timeline_[p].begin(), timeline_[p].end());
+    // What was live at the peak: the log replayed up to it; each live allocation counted once.
+    const std::size_t end = peak_log_end_[p];
+    for (std::size_t i = 0; i < end; ++i) {
       const std::uint32_t a = log_[i] & ~kFreeBit;
       if (allocs[a].pool == p) live[a] = (log_[i] & kFreeBit) == 0;
     }
-    // (category, name) -> (bytes, count); std::map gives a fixed order before the final sort.
-    std::map<std::pair<int, NameId>, std::pair<std::int64_t, std::int32_t>> groups;
-    for (AllocId a = 0; a < allocs.size(); ++a) {
-      if (!live[a]) continue;
-      auto& e = groups[{static_cast<int>(allocs[a].category), allocs[a].label.name}];
+    std::fill(groups.begin(), groups.end(), std::pair<std::int64_t, std::int32_t>{0, 0});
+    for (std::size_t i = 0; i < end; ++i) {
+      const std::uint32_t a = log_[i];  // an allocation (no free bit) of this pool still live: counted, then cleared
+      if ((a & kFreeBit) != 0 || !live[a] || allocs[a].pool != p) continue;
+      live[a] = 0;
+      const auto cat = static_cast<std::size_t>(allocs[a].category);
+      auto& e = groups[cat * names + allocs[a].label.name];
       e.first += allocs[a].bytes;
       e.second += 1;
-      r.peak_by_category[static_cast<std::size_t>(allocs[a].category)] += allocs[a].bytes;
+      r.peak_by_category[cat] += allocs[a].bytes;
     }
-    for (const auto& [key, val] : groups) {
-      r.resident_at_peak.push_back({static_cast<MemCategory>(key.first), std::string(g_.name(key.second)), val.first,
-                                    val.second});
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      if (groups[k].second == 0) continue;
+      r.resident_at_peak.push_back({static_cast<MemCategory>(k / names), std::string(g_.name(static_cast<NameId>(k % names))),
+                                    groups[k].first, groups[k].second});
     }
     std::stable_sort(r.resident_at_peak.begin(), r.resident_at_peak.end(), [](const auto& a, const auto& b) {
       return std::tie(a.category, b.bytes, a.name) < std::tie(b.category, a.bytes, b.name);

@@ -17,27 +17,44 @@ namespace {
 
 using Interval = std::pair<double, double>;
 
-// The intervals of the tasks on resources of `kind`, sorted. A resource's tasks in id order are in start
-// order almost always (it runs them one after another): each resource's run is sorted only when it is
-// not, and the runs merged (the whole list sorted cost a twentieth of a GPT-3 step's simulation).
-std::vector<Interval> sorted_intervals(const TaskGraph& g, const SimResult& r, ResourceKind kind) {
-  std::vector<std::vector<Interval>> runs(g.resources().size());
-  const auto& tasks = g.tasks();
-  for (TaskId t = 0; t < tasks.size(); ++t)
-    if (g.resources()[tasks[t].resource].kind == kind) runs[tasks[t].resource].emplace_back(r.start_s[t], r.end_s[t]);
-  std::vector<Interval> out;
-  for (std::vector<Interval>& run : runs) {
-    if (!std::is_sorted(run.begin(), run.end())) std::sort(run.begin(), run.end());
-    const auto mid = static_cast<std::ptrdiff_t>(out.size());
-    out.insert(out.end(), run.begin(), run.end());
-    std::inplace_merge(out.begin(), out.begin() + mid, out.end());
+// The intervals of the tasks on communication and on compute resources, each list sorted, into `comm`
+// and `compute`. A resource's tasks in id order are in start order almost always (it runs them one after
+// another): each resource's run is sorted only when it is not, and the runs merged (the whole list sorted
+// cost a twentieth of a GPT-3 step's simulation). One pass over the tasks for both kinds; the lists are
+// the caller's, kept between simulations.
+void sorted_intervals(const TaskGraph& g, const SimResult& r, std::vector<std::vector<Interval>>& runs,
+                      std::vector<Interval>& comm, std::vector<Interval>& compute) {
+  const auto& resources = g.resources();
+  comm.clear();
+  compute.clear();
+  runs.resize(std::max(runs.size(), resources.size()));
+  bool any = false;
+  for (std::size_t i = 0; i < resources.size(); ++i) {
+    runs[i].clear();
+    if (resources[i].kind != ResourceKind::comm && resources[i].kind != ResourceKind::compute) continue;
+    runs[i].reserve(r.resources[i].tasks);
+    any = true;
   }
-  return out;
+  if (!any) return;
+  const auto& tasks = g.tasks();
+  for (TaskId t = 0; t < tasks.size(); ++t) {
+    const ResourceKind k = resources[tasks[t].resource].kind;
+    if (k == ResourceKind::comm || k == ResourceKind::compute) runs[tasks[t].resource].emplace_back(r.start_s[t], r.end_s[t]);
+  }
+  for (std::size_t i = 0; i < resources.size(); ++i) {
+    std::vector<Interval>& run = runs[i];
+    if (run.empty()) continue;
+    std::vector<Interval>& to = resources[i].kind == ResourceKind::comm ? comm : compute;
+    if (!std::is_sorted(run.begin(), run.end())) std::sort(run.begin(), run.end());
+    const auto mid = static_cast<std::ptrdiff_t>(to.size());
+    to.insert(to.end(), run.begin(), run.end());
+    if (mid > 0) std::inplace_merge(to.begin(), to.begin() + mid, to.end());
+  }
 }
 
-// The union of `v`, sorted (REQUIRES: v sorted), as disjoint intervals in order.
-std::vector<Interval> merged(const std::vector<Interval>& v) {
-  std::vector<Interval> out;
+// The union of `v`, sorted (REQUIRES: v sorted), as disjoint intervals in order, into `out`.
+void merged(const std::vector<Interval>& v, std::vector<Interval>& out) {
+  out.clear();
   for (const Interval& i : v) {
     if (i.second <= i.first) continue;
     if (!out.empty() && i.first <= out.back().second) {
@@ -46,7 +63,6 @@ std::vector<Interval> merged(const std::vector<Interval>& v) {
       out.push_back(i);
     }
   }
-  return out;
 }
 
 double length(const std::vector<Interval>& v) {
@@ -220,10 +236,16 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   p.host = pool_peak(s.explain.host);
 
   // Time per resource, exposed vs overlapped communication, what bounds the step.
-  const std::vector<Interval> comm = merged(sorted_intervals(c.g, r, ResourceKind::comm));
-  const std::vector<Interval> compute = merged(sorted_intervals(c.g, r, ResourceKind::compute));
-  p.overlapped_comm_s = overlap(comm, compute);
-  p.exposed_comm_s = std::max(0.0, length(comm) - p.overlapped_comm_s);
+  {
+    // Lists kept per thread between simulations (the tuner runs thousands on each).
+    thread_local std::vector<std::vector<Interval>> runs;
+    thread_local std::vector<Interval> comm_all, compute_all, comm, compute;
+    sorted_intervals(c.g, r, runs, comm_all, compute_all);
+    merged(comm_all, comm);
+    merged(compute_all, compute);
+    p.overlapped_comm_s = overlap(comm, compute);
+    p.exposed_comm_s = std::max(0.0, length(comm) - p.overlapped_comm_s);
+  }
   double best = -1;
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const ResourceResult& rr = r.resources[i];

@@ -33,7 +33,50 @@ std::string_view to_string(ResourceKind k) {
   return "?";
 }
 
+namespace {
+
+// The lists (memory only) of the last graph destroyed on this thread, for the next reserve(). The flag
+// is trivially destructible, so a graph destroyed after this thread's cache (at its exit) sees it gone.
+thread_local bool recycled_gone = false;
+struct Recycled {
+  std::vector<Task> tasks;
+  std::vector<std::pair<TaskId, TaskId>> deps;
+  std::vector<Alloc> allocs;
+  ~Recycled() { recycled_gone = true; }
+};
+Recycled* recycled() {
+  if (recycled_gone) return nullptr;
+  thread_local Recycled r;
+  return &r;
+}
+// A list larger than this is not kept (a huge pipeline's graph would stay held by an idle thread).
+constexpr std::size_t kMaxRecycledBytes = std::size_t{64} << 20;
+
+template <class T>
+void keep(std::vector<T>& mine, std::vector<T>& cache) {
+  if (mine.capacity() <= cache.capacity() || mine.capacity() * sizeof(T) > kMaxRecycledBytes) return;
+  mine.clear();
+  cache.swap(mine);
+}
+
+template <class T>
+void take(std::vector<T>& mine, std::vector<T>& cache, std::size_t n) {
+  if (!mine.empty() || mine.capacity() >= n || cache.capacity() < n) return;
+  cache.clear();
+  mine.swap(cache);
+}
+
+}  // namespace
+
 TaskGraph::TaskGraph() { names_.emplace_back("task"); }
+
+TaskGraph::~TaskGraph() {
+  if (Recycled* r = recycled()) {
+    keep(tasks_, r->tasks);
+    keep(deps_, r->deps);
+    keep(allocs_, r->allocs);
+  }
+}
 
 NameId TaskGraph::intern(std::string_view name) {
   // Few distinct names (one per kind of task), so a linear scan beats a map and keeps ids in first-use order.
@@ -76,34 +119,6 @@ PoolId TaskGraph::add_pool(std::string name, std::int64_t capacity_bytes, bool p
   return static_cast<PoolId>(pools_.size() - 1);
 }
 
-TaskId TaskGraph::add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps,
-                           NameId category) {
-  assert(resource < resources_.size());
-  assert(duration_s >= 0 && std::isfinite(duration_s));
-  tasks_.push_back({label, resource, duration_s, category});
-  const auto id = static_cast<TaskId>(tasks_.size() - 1);
-  for (TaskId d : deps) add_dep(id, d);
-  return id;
-}
-
-void TaskGraph::add_dep(TaskId task, TaskId depends_on) {
-  if (depends_on == kNone) return;
-  assert(task < tasks_.size() && depends_on < tasks_.size());
-  deps_.emplace_back(task, depends_on);
-}
-
-AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label) {
-  return alloc(owner, pool, bytes, cat, label, owner);
-}
-
-AllocId TaskGraph::alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label,
-                         TaskId free_at) {
-  assert(owner < tasks_.size() && pool < pools_.size() && bytes >= 0);
-  assert(free_at == kNone || free_at < tasks_.size());
-  allocs_.push_back({pool, cat, label, bytes, owner, free_at});
-  return static_cast<AllocId>(allocs_.size() - 1);
-}
-
 AllocId TaskGraph::resident(PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at) {
   assert(pool < pools_.size() && bytes >= 0);
   assert(free_at == kNone || free_at < tasks_.size());
@@ -111,12 +126,12 @@ AllocId TaskGraph::resident(PoolId pool, std::int64_t bytes, MemCategory cat, La
   return static_cast<AllocId>(allocs_.size() - 1);
 }
 
-void TaskGraph::set_free_at(AllocId a, TaskId free_at) {
-  assert(a < allocs_.size() && (free_at == kNone || free_at < tasks_.size()));
-  allocs_[a].free_at = free_at;
-}
-
 void TaskGraph::reserve(std::size_t tasks, std::size_t deps, std::size_t allocs) {
+  if (Recycled* r = recycled()) {
+    take(tasks_, r->tasks, tasks);
+    take(deps_, r->deps, deps);
+    take(allocs_, r->allocs, allocs);
+  }
   tasks_.reserve(tasks);
   deps_.reserve(deps);
   allocs_.reserve(allocs);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "zeroplan/sim/cost_models.h"
 #include "zeroplan/sim/errors.h"
@@ -117,6 +118,10 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   m = plan.microbatches;
   b = bytes_of(plan);
   units = expand_units(model, plan, &cluster);
+  // About what a step's schedule adds per unit and microbatch (forward, backward, gathers, copies,
+  // reduce-scatters and their waits; their allocations and dependencies): one allocation of each list.
+  const std::size_t unit_mbs = units.size() * static_cast<std::size_t>(std::max(1, m)) + 16;
+  g.reserve(12 * unit_mbs, 14 * unit_mbs, 10 * unit_mbs);
   for (const Unit& u : units) total_params += u.params;
   if (!model.input_shape.empty() && model.batch > 0) {
     std::int64_t numel = 1;
@@ -154,6 +159,7 @@ Ctx::Ctx(const ModelProfile& mp, const ClusterProfile& cp, const Plan& p, const 
   fwd0.assign(units.size(), kNone);
   bwd0.assign(units.size(), kNone);
   bwd.assign(units.size(), kNone);
+  compute_factor_ = compute_time_factor(model, cluster);
   intern_names();
 }
 
@@ -185,6 +191,7 @@ Ctx::Ctx(Ctx& whole, int stage_index, int first, int count)
   fwd0.assign(units.size(), kNone);
   bwd0.assign(units.size(), kNone);
   bwd.assign(units.size(), kNone);
+  compute_factor_ = compute_time_factor(model, cluster);
   intern_names();
 }
 
@@ -235,8 +242,31 @@ std::string Ctx::unit_name(int u) const {
 }
 
 TaskId Ctx::compute_task(double s, NameId name, int u, int mb) {
-  last_compute = g.add_task(compute, s * compute_time_factor(model, cluster), label(name, u, mb), {}, n_cat_compute);
+  last_compute = g.add_task(compute, s * compute_factor_, label(name, u, mb), {}, n_cat_compute);
   return last_compute;
+}
+
+double Ctx::collective_s(CollOp op, double bytes, int ranks, CollAlgo algo, std::string_view dtype) {
+  // Few distinct questions (a model's unit sizes): the last answer with the same hash, else a linear scan.
+  auto same = [&](const KnownCollective& k) {
+    return k.op == op && k.algo == algo && k.ranks == ranks && k.bytes == bytes && k.dtype == dtype;
+  };
+  const std::uint64_t key = std::bit_cast<std::uint64_t>(bytes) ^ (static_cast<std::uint64_t>(op) << 56) ^
+                            (static_cast<std::uint64_t>(ranks) << 24) ^ static_cast<std::uint64_t>(algo);
+  std::uint32_t& recent = recent_collectives_[(key * 0x9E3779B97F4A7C15ULL) >> 60];
+  if (recent > 0 && same(known_collectives_[recent - 1])) return known_collectives_[recent - 1].s;
+  for (std::size_t i = 0; i < known_collectives_.size(); ++i) {
+    if (!same(known_collectives_[i])) continue;
+    recent = static_cast<std::uint32_t>(i + 1);
+    return known_collectives_[i].s;
+  }
+  CollectiveOptions o;
+  o.algo = algo;
+  o.dtype = std::string(dtype);
+  const double s = collective_time(cluster, op, bytes, ranks, o);
+  known_collectives_.push_back({op, algo, ranks, bytes, std::string(dtype), s});
+  recent = static_cast<std::uint32_t>(known_collectives_.size());
+  return s;
 }
 
 }  // namespace zeroplan::sim::lowering

@@ -2,15 +2,19 @@
 // the expanded units with their costs, and the byte sizes the precision settings imply.
 #pragma once
 
+#include <array>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/plan.h"
+#include "zeroplan/sim/cost_models.h"
 #include "zeroplan/sim/simulate.h"
 #include "zeroplan/sim/task_graph.h"
 
@@ -147,9 +151,23 @@ struct Ctx {
   std::string unit_name(int u) const;
   Label label(NameId name, int u = -1, int mb = -1) const { return {name, u >= 0 ? u + unit_offset : u, mb}; }
   TaskId compute_task(double s, NameId name, int u, int mb);
+  // collective_time(cluster, op, bytes, ranks, {algo, dtype}), each distinct question answered once per
+  // lowering (the units of a model repeat a few sizes over every microbatch).
+  double collective_s(CollOp op, double bytes, int ranks, CollAlgo algo, std::string_view dtype = "fp32");
 
  private:
   void intern_names();
+  double compute_factor_ = 1;  // compute_time_factor(model, cluster)
+  struct KnownCollective {
+    CollOp op;
+    CollAlgo algo;
+    int ranks;
+    double bytes;
+    std::string dtype;
+    double s;
+  };
+  std::vector<KnownCollective> known_collectives_;
+  std::array<std::uint32_t, 16> recent_collectives_{};  // by a hash of (op, bytes, ranks): an index + 1 into known_
 };
 
 // The pieces, each in its own file.
@@ -179,6 +197,7 @@ struct ParamResidency {
   Ctx& c_;
   std::vector<TaskId> gathered_;  // per unit: gather task of the current phase
   std::vector<AllocId> gathered_alloc_;
+  std::vector<double> h2d_s_, gather_s_;  // per unit: its shard's copy in, its all-gather (NaN: not yet asked)
   TaskId mb_start_ = kNone;  // the previous microbatch's last compute task, which its first gathers wait for
 };
 
@@ -245,6 +264,18 @@ struct RsBucket {
 std::vector<RsBucket> reduce_scatter_buckets(const Plan& plan, const std::vector<Unit>& units,
                                              std::vector<int>* bucket_of = nullptr);
 
+// A reduce-scatter's buffers held until it is drained: its input, a cast copy, a temporary.
+struct HeldAllocs {
+  std::array<AllocId, 4> ids{};
+  std::size_t n = 0;
+  void push_back(AllocId a) {
+    assert(n < ids.size());
+    ids[n++] = a;
+  }
+  const AllocId* begin() const { return ids.data(); }
+  const AllocId* end() const { return ids.data() + n; }
+};
+
 struct GradSync {
   explicit GradSync(Ctx& c);
   // Allocates gradients, launches bucket collectives; returns the unit's last compute task (the
@@ -263,7 +294,7 @@ struct GradSync {
   // compute stream (the executor waits for it after issuing the next one, then adds its output).
   struct InFlight {
     TaskId rs = kNone;
-    std::vector<AllocId> allocs;  // freed at the wait
+    HeldAllocs allocs;            // freed at the wait
     AllocId output = kNone;       // freed once added into the gradient shard
   };
   void plan_buckets();
@@ -279,6 +310,7 @@ struct GradSync {
   std::vector<int> bucket_of_;   // per unit: its RsBucket
   AllocId bucket_buffer_ = kNone;
   std::vector<AllocId> early_;   // per owner: its gradient, allocated at its first borrower's backward
+  std::vector<double> rs_s_;     // per unit: its reduce-scatter's time (NaN: not yet asked)
   std::int64_t shard_bytes_ = 0;  // a transient gradient shard's bytes (0: none)
   AllocId shard_ = kNone;
 };

@@ -13,6 +13,8 @@
 // as FSDP2). 16-bit reduce of fp32 grads and fp32_reduce_scatter cast into a transient buffer of the
 // collective. With an offloaded optimizer the owned share is copied to the host.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "context.h"
 #include "zeroplan/sim/cost_models.h"
@@ -22,13 +24,16 @@ namespace zeroplan::sim::lowering {
 namespace {
 
 TaskId collective(Ctx& c, ResourceId res, CollOp op, std::int64_t elems, int ranks, NameId name, int u, int mb,
-                  TaskId after, std::vector<AllocId>* held = nullptr) {
+                  TaskId after, HeldAllocs* held = nullptr, double* known_s = nullptr) {
   const std::int64_t bytes = elems * (c.plan.precision.fp32_reduce_scatter ? 4 : c.b.reduce);
-  CollectiveOptions o;
-  o.algo = c.opt.collective_algo;
-  o.dtype = c.plan.precision.fp32_reduce_scatter ? "fp32" : c.plan.precision.reduce_dtype;
-  const TaskId t = c.g.add_task(res, collective_time(c.cluster, op, static_cast<double>(bytes), ranks, o),
-                                c.label(name, u, mb), {after}, c.n_cat_comm);
+  // `known_s`: the time of this same collective asked before (NaN: not yet), kept by the caller.
+  double s = known_s != nullptr ? *known_s : std::numeric_limits<double>::quiet_NaN();
+  if (std::isnan(s)) {
+    const std::string_view dtype = c.plan.precision.fp32_reduce_scatter ? std::string_view("fp32") : c.plan.precision.reduce_dtype;
+    s = c.collective_s(op, static_cast<double>(bytes), ranks, c.opt.collective_algo, dtype);
+    if (known_s != nullptr) *known_s = s;
+  }
+  const TaskId t = c.g.add_task(res, s, c.label(name, u, mb), {after}, c.n_cat_comm);
   // A cast copy when the collective's dtype differs from the gradients': a reduce-scatter's is held with
   // its input until the wait (the executor's GradSync keeps the wire of a pending reduce-scatter).
   if (bytes != elems * c.b.grad) {
@@ -102,6 +107,7 @@ GradSync::GradSync(Ctx& c) : c_(c) {
 
 void GradSync::plan_buckets() {
   early_.assign(c_.units.size(), kNone);
+  rs_s_.assign(c_.units.size(), std::numeric_limits<double>::quiet_NaN());
   rs_buckets_ = reduce_scatter_buckets(c_.plan, c_.units, &bucket_of_);
 }
 
@@ -111,7 +117,9 @@ TaskId GradSync::reduce_scatter(std::int64_t padded, std::int64_t shard, int u, 
   const TaskId waited = drain(0, mb);
   InFlight f;
   f.allocs.push_back(input);
-  f.rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, padded, c_.n, c_.n_reduce_scatter, u, mb, bwd, &f.allocs);
+  // A unit's own reduce-scatter is the same in every microbatch.
+  double* known = u >= 0 ? &rs_s_[static_cast<std::size_t>(u)] : nullptr;
+  f.rs = collective(c_, c_.comm_rs, CollOp::reduce_scatter, padded, c_.n, c_.n_reduce_scatter, u, mb, bwd, &f.allocs, known);
   if (waited != kNone) c_.g.add_dep(f.rs, waited);
   // The output shard is in the collective's dtype (fp32 under reduce_dtype fp32 or fp32_reduce_scatter).
   const std::int64_t wire = c_.plan.precision.fp32_reduce_scatter ? 4 : c_.b.reduce;

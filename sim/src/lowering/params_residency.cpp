@@ -4,6 +4,9 @@
 // (the root's own parameters, FSDP's root is never resharded after forward) and every owner of shared
 // parameters (its borrowers use them in between) stay gathered from forward to backward.
 // Below stage 3 parameters are resident and nothing is scheduled here.
+#include <cmath>
+#include <limits>
+
 #include "context.h"
 #include "zeroplan/sim/cost_models.h"
 
@@ -16,21 +19,22 @@ int ParamResidency::back_distance() const {
 }
 
 TaskId ParamResidency::gather(int u, int mb, TaskId after) {
-  const Unit& x = c_.units[static_cast<std::size_t>(u)];
+  const auto i = static_cast<std::size_t>(u);
+  const Unit& x = c_.units[i];
   const auto bytes = x.padded * c_.b.param;
+  // The unit's copy and gather take the same time in every microbatch and phase: found once.
+  if (std::isnan(gather_s_[i])) {
+    h2d_s_[i] = copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(x.shard * c_.b.param));
+    gather_s_[i] = c_.collective_s(CollOp::all_gather, static_cast<double>(bytes), c_.n, c_.opt.collective_algo);
+  }
   TaskId ready = after;
   if (c_.plan.offload.params) {
     // The offloaded shard is copied into its chunk of the full buffer and the all-gather runs in place,
     // so the copy adds no device memory of its own; the full buffer is counted from the all-gather on,
     // as without offload.
-    const auto shard_bytes = x.shard * c_.b.param;
-    ready = c_.g.add_task(c_.h2d, copy_time(c_.cluster, CopyDir::h2d, static_cast<double>(shard_bytes)),
-                          c_.label(c_.n_h2d, u, mb), {after}, c_.n_cat_copy);
+    ready = c_.g.add_task(c_.h2d, h2d_s_[i], c_.label(c_.n_h2d, u, mb), {after}, c_.n_cat_copy);
   }
-  CollectiveOptions o;
-  o.algo = c_.opt.collective_algo;
-  const TaskId ag = c_.g.add_task(c_.comm, collective_time(c_.cluster, CollOp::all_gather, static_cast<double>(bytes), c_.n, o),
-                                  c_.label(c_.n_allgather, u, mb), {ready}, c_.n_cat_comm);
+  const TaskId ag = c_.g.add_task(c_.comm, gather_s_[i], c_.label(c_.n_allgather, u, mb), {ready}, c_.n_cat_comm);
   gathered_alloc_[static_cast<std::size_t>(u)] =
       c_.g.alloc(ag, c_.dev, bytes, MemCategory::params, c_.label(c_.n_gathered, u, mb), kNone);
   last_gather = ag;
@@ -42,6 +46,8 @@ TaskId ParamResidency::before_fwd(int u, int mb) {
   if (gathered_.empty()) {
     gathered_.assign(c_.units.size(), kNone);
     gathered_alloc_.assign(c_.units.size(), kNone);
+    h2d_s_.assign(c_.units.size(), std::numeric_limits<double>::quiet_NaN());
+    gather_s_.assign(c_.units.size(), std::numeric_limits<double>::quiet_NaN());
   }
   // Prefetch (depth d, buckets.prefetch_depth): the gather of u is issued as the forward of u-d starts, so
   // it may run during the forwards of u-d..u-1 (it waits for u-d-1's); else after u-1's. The first units'

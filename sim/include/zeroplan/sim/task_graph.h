@@ -4,6 +4,8 @@
 #pragma once
 
 #include <array>
+#include <cassert>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -98,9 +100,18 @@ struct Alloc {
 class TaskGraph {
  public:
   TaskGraph();
+  TaskGraph(const TaskGraph&) = default;
+  TaskGraph(TaskGraph&&) noexcept = default;
+  TaskGraph& operator=(const TaskGraph&) = default;
+  TaskGraph& operator=(TaskGraph&&) noexcept = default;
+  // Hands its task, dependency and allocation lists to the next reserve() on this thread (their memory,
+  // not their contents): a thread lowering plan after plan reuses one graph's memory instead of having it
+  // handed back to the system and faulted in again (a fifth of a GPT-3 lowering's time).
+  ~TaskGraph();
 
   NameId intern(std::string_view name);
   std::string_view name(NameId id) const { return names_[id]; }
+  std::size_t num_names() const { return names_.size(); }
   std::string label_text(const Label& l) const;
 
   GroupId add_group(std::string name, double capacity);
@@ -112,17 +123,39 @@ class TaskGraph {
 
   // REQUIRES: resource exists, duration_s >= 0 and finite, every dep exists.
   TaskId add_task(ResourceId resource, double duration_s, Label label, std::initializer_list<TaskId> deps = {},
-                  NameId category = 0);
+                  NameId category = 0) {
+    assert(resource < resources_.size());
+    assert(duration_s >= 0 && std::isfinite(duration_s));
+    tasks_.push_back({label, resource, duration_s, category});
+    const auto id = static_cast<TaskId>(tasks_.size() - 1);
+    for (TaskId d : deps) add_dep(id, d);
+    return id;
+  }
   // `task` cannot start before `depends_on` has finished. kNone is ignored, so optional deps read simply.
-  void add_dep(TaskId task, TaskId depends_on);
+  void add_dep(TaskId task, TaskId depends_on) {
+    if (depends_on == kNone) return;
+    assert(task < tasks_.size() && depends_on < tasks_.size());
+    deps_.emplace_back(task, depends_on);
+  }
 
   // Allocate at the start of `owner`, free at the end of `free_at` (default: owner's own end).
-  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label);
-  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at);
+  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label) {
+    return alloc(owner, pool, bytes, cat, label, owner);
+  }
+  AllocId alloc(TaskId owner, PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at) {
+    assert(owner < tasks_.size() && pool < pools_.size() && bytes >= 0);
+    assert(free_at == kNone || free_at < tasks_.size());
+    allocs_.push_back({pool, cat, label, bytes, owner, free_at});
+    return static_cast<AllocId>(allocs_.size() - 1);
+  }
   // Resident from t = 0; freed at the end of `free_at` (kNone: never).
   AllocId resident(PoolId pool, std::int64_t bytes, MemCategory cat, Label label, TaskId free_at = kNone);
-  void set_free_at(AllocId a, TaskId free_at);
+  void set_free_at(AllocId a, TaskId free_at) {
+    assert(a < allocs_.size() && (free_at == kNone || free_at < tasks_.size()));
+    allocs_[a].free_at = free_at;
+  }
 
+  // Room for that many of each (taking the lists a graph destroyed on this thread left, when large enough).
   void reserve(std::size_t tasks, std::size_t deps, std::size_t allocs);
 
   std::size_t num_tasks() const { return tasks_.size(); }
