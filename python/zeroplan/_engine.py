@@ -198,8 +198,7 @@ class Engine:
         stash, self._stash[u] = self._stash[u], []
         for slot, g in stash:
             self.driver.accumulate(u, slot, g)
-        g = None
-        del stash, g
+        stash = g = None  # the gradients go before the unit's reduction
         self.driver.backward_done(u)
 
     def _backward_starts(self) -> None:
@@ -212,7 +211,7 @@ class Engine:
 
     def _end_backward(self) -> None:
         for u in reversed(range(len(self._stash))):  # units with a parameter that got no gradient
-            if self._stash[u] or (self._in_place and 0 < self._seen[u] and self._remaining[u] > 0):
+            if 0 < self._seen[u] and self._remaining[u] > 0:
                 self._finish_unit(u)
         self.driver.end_backward()
         # Parameters that got no gradient this time (unused in the forward) are not waited for again.

@@ -48,28 +48,58 @@ std::int64_t forward_window(const std::vector<std::int64_t>& sizes, std::int64_t
   return most;
 }
 
-std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes) {
-  // Needed in the reverse of the order saved; `next` the next to copy back, `ahead` the bytes copied
-  // back and not yet unpacked.
-  const auto n = static_cast<std::ptrdiff_t>(sizes.size());
-  std::ptrdiff_t next = n - 1;
-  std::int64_t ahead = 0, most = 0;
-  auto issue = [&] {
-    while (next >= 0) {
-      const std::int64_t b = sizes[static_cast<std::size_t>(next)];
-      if (!copy_back_ahead(ahead, b, prefetch_bytes)) break;
-      ahead += b;
-      --next;
-    }
-  };
-  issue();
-  most = ahead;
-  for (std::ptrdiff_t k = n - 1; k >= 0; --k) {
-    const std::int64_t b = sizes[static_cast<std::size_t>(k)];
-    if (k > next) ahead -= b;  // copied ahead
-    else next = k - 1;         // copied now
+namespace {
+
+// The executor's copies back in a unit's backward (ActivationOffload::issue_ahead and unpack): the picked
+// tensors needed in the reverse of the order saved, copied back ahead of need while copy_back_ahead
+// allows, or when unpacked if not yet; `copied` every byte copied back so far, `ahead` those not yet
+// unpacked.
+struct CopiesBack {
+  CopiesBack(const std::vector<std::int64_t>& sizes, const std::vector<bool>& picked, std::int64_t prefetch_bytes)
+      : sizes_(sizes), picked_(picked), prefetch_(prefetch_bytes), back_(sizes.size(), false),
+        next_(static_cast<std::ptrdiff_t>(sizes.size()) - 1) {
     issue();
-    most = std::max(most, b + ahead);
+  }
+  void unpack(std::size_t j) {
+    if (!picked_[j]) return;
+    if (back_[j]) {
+      ahead -= sizes_[j];
+    } else {
+      back_[j] = true;
+      copied += sizes_[j];
+    }
+    issue();
+  }
+  std::int64_t ahead = 0, copied = 0;
+
+ private:
+  void issue() {
+    for (; next_ >= 0; --next_) {
+      const auto j = static_cast<std::size_t>(next_);
+      if (!picked_[j] || back_[j]) continue;
+      if (!copy_back_ahead(ahead, sizes_[j], prefetch_)) break;
+      back_[j] = true;
+      ahead += sizes_[j];
+      copied += sizes_[j];
+    }
+  }
+  const std::vector<std::int64_t>& sizes_;
+  const std::vector<bool>& picked_;
+  std::int64_t prefetch_;
+  std::vector<bool> back_;
+  std::ptrdiff_t next_;
+};
+
+}  // namespace
+
+std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_t prefetch_bytes) {
+  // Every tensor offloaded, unpacked in the reverse of the order saved: the one unpacked beside those ahead.
+  const std::vector<bool> all(sizes.size(), true);
+  CopiesBack back(sizes, all, prefetch_bytes);
+  std::int64_t most = back.ahead;
+  for (std::size_t k = sizes.size(); k-- > 0;) {
+    back.unpack(k);
+    most = std::max(most, sizes[k] + back.ahead);
   }
   return most;
 }
@@ -77,38 +107,12 @@ std::int64_t backward_window(const std::vector<std::int64_t>& sizes, std::int64_
 std::int64_t offloaded_backward_peak(const std::vector<std::int64_t>& sizes, const std::vector<bool>& picked,
                                      const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& peaks,
                                      std::int64_t prefetch_bytes) {
-  const std::size_t n = sizes.size();
-  std::vector<bool> back(n, false);
-  std::ptrdiff_t next = static_cast<std::ptrdiff_t>(n) - 1;
-  std::int64_t ahead = 0, copied = 0;
-  auto issue = [&] {  // ActivationOffload::issue_ahead
-    while (next >= 0) {
-      const auto j = static_cast<std::size_t>(next);
-      if (!picked[j] || back[j]) {
-        --next;
-        continue;
-      }
-      if (!copy_back_ahead(ahead, sizes[j], prefetch_bytes)) break;
-      back[j] = true;
-      ahead += sizes[j];
-      copied += sizes[j];
-      --next;
-    }
-  };
-  issue();
-  std::int64_t most = peaks.empty() ? 0 : peaks[0] + copied;
+  CopiesBack back(sizes, picked, prefetch_bytes);
+  std::int64_t most = peaks.empty() ? 0 : peaks[0] + back.copied;
   for (std::size_t k = 0; k < order.size() && k + 1 < peaks.size(); ++k) {
     const auto j = static_cast<std::size_t>(order[k]);
-    if (j < n && picked[j]) {
-      if (back[j]) {
-        ahead -= sizes[j];  // copied ahead
-      } else {
-        back[j] = true;  // copied now
-        copied += sizes[j];
-      }
-      issue();
-    }
-    most = std::max(most, peaks[k + 1] + copied);
+    if (j < sizes.size()) back.unpack(j);
+    most = std::max(most, peaks[k + 1] + back.copied);
   }
   return most;
 }

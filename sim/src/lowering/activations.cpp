@@ -63,12 +63,11 @@ void Activations::pick_offloaded() {
       lists.push_back(x.saved_tensors);
       keeps.push_back(!x.checkpoint);
     }
-    const auto picked = offloaded_tensors(lists, keeps, ratio);
-    picked_ = picked;
+    picked_ = offloaded_tensors(lists, keeps, ratio);
     for (std::size_t i = 0; i < n; ++i) {
       const Unit& x = c_.units[i];
-      for (std::size_t k = 0; k < picked[i].size(); ++k) {
-        if (!picked[i][k]) continue;
+      for (std::size_t k = 0; k < picked_[i].size(); ++k) {
+        if (!picked_[i][k]) continue;
         const double bytes = static_cast<double>(x.saved_tensors[k]) * x.saved_tensor_scale;
         off_sizes_[i].push_back(bytes);
         off_bytes_[i] += static_cast<std::int64_t>(std::llround(bytes));
@@ -96,15 +95,16 @@ void Activations::set_windows() {
     std::vector<std::int64_t> sizes;
     for (double b : off_sizes_[i]) sizes.push_back(static_cast<std::int64_t>(std::llround(b)));
     fwd_window_[i] = std::min(off_bytes_[i], forward_window(sizes, prefetch));
-    bwd_window_[i] = std::min(off_bytes_[i], backward_window(sizes, prefetch));
     const Unit& x = c_.units[i];
     if (i < picked_.size() && off_bytes_[i] > 0 && !x.unpack_peaks.empty()) {
-      // With the backward's timeline: what its copies back add to its peak, replayed (the window above
+      // With the backward's timeline: what its copies back add to its peak, replayed (the window alone
       // undercounts when the peak comes after tensors came back and were freed).
       std::vector<std::int64_t> all;
       for (const std::int64_t b : x.saved_tensors) all.push_back(std::llround(static_cast<double>(b) * x.saved_tensor_scale));
       bwd_window_[i] = std::max<std::int64_t>(
           0, offloaded_backward_peak(all, picked_[i], x.unpack_order, x.unpack_peaks, prefetch) - x.peak_bwd);
+    } else {
+      bwd_window_[i] = std::min(off_bytes_[i], backward_window(sizes, prefetch));
     }
   }
 }

@@ -20,7 +20,7 @@ namespace {
 struct Timeline {
   Timeline(Devices& dev, std::int64_t base, const std::vector<saved_tensors::SavedRef>& saved,
            const std::vector<std::size_t>& own)
-      : dev_(dev), base_(base) {
+      : base(base), dev_(dev) {
     for (std::size_t k = 0; k < own.size(); ++k) position_.emplace(saved[own[k]].key, static_cast<std::int64_t>(k));
   }
   void unpacked(const saved_tensors::SavedRef& r) {
@@ -29,20 +29,20 @@ struct Timeline {
     close();
     order.push_back(it->second);
   }
-  // Closes the last segment; returns the backward's peak above `base`.
-  std::int64_t finish() {
+  // Closes the last segment: `peak` is the backward's, above `base`.
+  void finish() {
     close();
-    return *std::max_element(peaks.begin(), peaks.end());
+    peak = *std::max_element(peaks.begin(), peaks.end());
   }
+  std::int64_t base, peak = 0;
   std::vector<std::int64_t> order, peaks;
 
  private:
   void close() {
-    peaks.push_back(dev_.memory.peak() - base_);
+    peaks.push_back(dev_.memory.peak() - base);
     dev_.memory.begin_phase();
   }
   Devices& dev_;
-  std::int64_t base_;
   std::unordered_map<const void*, std::int64_t> position_;
   std::unordered_set<const void*> first_;
 };
@@ -152,6 +152,19 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     return saved_tensors::distinct_storages(rec.saved(), kept, in.device().type());
   };
   const std::vector<std::size_t> own = own_storages(saved, x_copy, y);
+  // The unit's backward from `g` (what `rec` saved in its forward, `unit_own` the unit's own storages among
+  // them), its timeline taken from `rec`'s unpacks, above the bytes live when it starts.
+  auto backward_timeline = [&](saved_tensors::Recorder& rec, const std::vector<std::size_t>& unit_own,
+                               const torch::Tensor& out, const torch::Tensor& g) {
+    dev.synchronize();
+    Timeline timeline(dev, dev.memory.begin_phase(), rec.saved(), unit_own);
+    rec.on_unpack = [&timeline](const saved_tensors::SavedRef& r) { timeline.unpacked(r); };
+    backward(out, g);
+    dev.synchronize();
+    rec.on_unpack = nullptr;
+    timeline.finish();
+    return timeline;
+  };
   for (std::size_t i : own) m.saved_tensors.push_back(saved.saved()[i].bytes);
   if (loss) {  // what a recompute of the unit (no loss) allocates
     dev.synchronize();
@@ -169,19 +182,12 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
       std::max(0.0, static_cast<double>(live1 - live0) + bytes_x_copy - m.bytes_output);
   {
     torch::Tensor g = loss ? std::move(g_loss) : torch::ones_like(y);
-    dev.synchronize();
-    const std::int64_t live2 = dev.memory.begin_phase();
     const double bwd_ts_us = trace != nullptr ? trace->begin_us() : 0;
-    Timeline timeline(dev, live2, saved.saved(), own);
-    saved.on_unpack = [&](const saved_tensors::SavedRef& r) { timeline.unpacked(r); };
-    backward(y, g);
-    dev.synchronize();
-    saved.on_unpack = nullptr;
-    const std::int64_t peak = timeline.finish();
-    m.bytes_peak_bwd = static_cast<double>(peak);
+    Timeline timeline = backward_timeline(saved, own, y, g);
+    m.bytes_peak_bwd = static_cast<double>(timeline.peak);
     m.bwd_unpack_order = std::move(timeline.order);
     m.bwd_unpack_peaks = std::move(timeline.peaks);
-    memory_phase("backward", bwd_ts_us, live2, live2 + peak);
+    memory_phase("backward", bwd_ts_us, timeline.base, timeline.base + timeline.peak);
   }
   torch::Tensor output = y.detach();
   y = torch::Tensor();
@@ -204,14 +210,8 @@ std::pair<UnitMeasurement, torch::Tensor> measure(zoo::UnitModule& unit, const t
     const std::vector<std::size_t> own_again = own_storages(again, x_again, y_again);
     x_again = torch::Tensor();
     torch::Tensor g = loss ? output_grad(y_again) : torch::ones_like(y_again);
-    dev.synchronize();
-    const std::int64_t live = dev.memory.begin_phase();
-    Timeline timeline(dev, live, again.saved(), own_again);
-    again.on_unpack = [&](const saved_tensors::SavedRef& r) { timeline.unpacked(r); };
-    backward(y_again, g);
-    dev.synchronize();
-    again.on_unpack = nullptr;
-    m.bytes_peak_bwd_in_place = static_cast<double>(timeline.finish());
+    Timeline timeline = backward_timeline(again, own_again, y_again, g);
+    m.bytes_peak_bwd_in_place = static_cast<double>(timeline.peak);
     // The same tensors unpacked in the same order (as they are: the same unit on the same input).
     if (timeline.order == m.bwd_unpack_order) m.bwd_unpack_peaks_in_place = std::move(timeline.peaks);
   }
