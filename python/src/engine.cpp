@@ -159,6 +159,7 @@ void bind_engine(py::module_& m) {
            py::keep_alive<1, 2>())
       .def_property_readonly("unit_count", [](Driver& d) { return d.d().unit_count(); })
       .def_property_readonly("microbatches", [](Driver& d) { return d.d().microbatches(); })
+      .def_property_readonly("grads_in_place", [](Driver& d) { return d.d().grads_in_place(); })
       .def("param_names", [](Driver& d, int u) { return d.d().param_names(u); })
       .def("checkpointed", [](Driver& d, int u) { return d.d().checkpointed(u); })
       // c10's names: "Float", "BFloat16", "Half"

@@ -155,7 +155,7 @@ class Engine:
         self._remaining = list(self._expected)
         self._seen = [0] * n
         self._stash: list[list] = [[] for _ in range(n)]
-        self._in_place = int(self.plan.get("zero_stage", 0)) <= 1 and not self.plan.get("adascale", False)
+        self._in_place = self.driver.grads_in_place
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._root_post, with_kwargs=True))
         for i, b in enumerate(self.blocks):
@@ -172,7 +172,7 @@ class Engine:
 
     # --- hooks ---------------------------------------------------------------------------------------
     def _grad_hook(self, u: int, slot: int):
-        # At stages 0-1 (no AdaScale) each gradient goes into the unit's region, which lives all step, as soon
+        # Under Plan::grads_in_place (stages 0-1, no AdaScale) each gradient goes into the unit's region, which lives all step, as soon
         # as autograd has made it, and is freed: the step driver's in-place accumulation, one parameter's
         # gradient at a time (the profile's bytes_peak_bwd_in_place). Otherwise a unit's gradients are held
         # as autograd made them until its backward is done, then added into its gradient region together

@@ -8,24 +8,6 @@
 
 namespace zeroplan::exec::pieces {
 
-namespace {
-
-// Whether autograd can add unit u's gradients straight into their regions: each parameter's region in
-// its dtype and on its device (OffloadModel's regions are on the host).
-bool regions_take_grads(Ctx& c, int u, const std::function<torch::Tensor(int)>& region) {
-  const UnitRT& U = c.unit(u);
-  auto fits = [](const torch::Tensor& r, const torch::Tensor& p) {
-    return r.scalar_type() == p.scalar_type() && r.device() == p.device();
-  };
-  if (U.numel() > 0 && !U.flat.slots().empty() && !fits(region(u), U.flat.slots().front().param)) return false;
-  for (const auto& b : U.borrows) {
-    if (!fits(region(b.owner), b.param)) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
                             const std::function<torch::Tensor(int)>& region, AdaScale* adascale, bool in_place) {
   UnitRT& U = c.unit(u);
@@ -38,7 +20,8 @@ torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tenso
   // The incoming gradient in the output's dtype (16-bit compute, an fp32 loss).
   const torch::Tensor g = !run || grad.scalar_type() == out.scalar_type() ? grad : grad.to(out.scalar_type());
 
-  if (in_place && adascale == nullptr && regions_take_grads(c, u, region)) {
+  TORCH_INTERNAL_ASSERT(!in_place || adascale == nullptr, "AdaScale reads the gradients autograd returns");
+  if (in_place) {
     // Each parameter's gradient is a view of its region and autograd adds what it makes into it and frees
     // it, one parameter at a time (DDP's in-place accumulation into its buckets): the unit's gradients
     // never exist twice.

@@ -171,7 +171,7 @@ class Executor::Impl {
     const double t0 = c_->rec.now_s();
     torch::Tensor grad_in = differentiate(*c_, u, std::move(out), acts(micro).input(u), grad,
                                           [this](int owner) { return grads_->region(owner); }, adascale_.get(),
-                                          /*in_place=*/c_->plan.zero_stage <= 1);
+                                          c_->plan.grads_in_place());
     acts(micro).after_bwd(u);
     dev_.wait_compute();
     c_->rec.span(Lane::compute, "backward " + c_->unit(u).name, t0, c_->rec.now_s(), "backward", u, micro);

@@ -293,6 +293,7 @@ HookDriver::~HookDriver() = default;
 
 int HookDriver::unit_count() const { return impl_->c().unit_count(); }
 int HookDriver::microbatches() const { return impl_->c().plan.microbatches; }
+bool HookDriver::grads_in_place() const { return impl_->c().plan.grads_in_place(); }
 std::vector<std::string> HookDriver::param_names(int u) const {
   std::vector<std::string> out;
   for (const auto& s : impl_->c().unit(u).flat.slots()) out.push_back(s.name);

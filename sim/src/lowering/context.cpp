@@ -75,8 +75,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       u.peak_recompute = saturated_bytes(own * act_scale);
       u.peak_fwd = saturated_bytes(static_cast<double>(u.peak_recompute) + std::max(0.0, whole - own));
     }
-    u.grads_in_place = up.bytes_peak_bwd_in_place.value > 0 && plan.zero_stage <= 1 && !plan.adascale &&
-                       !plan.offload_model.enabled;
+    u.grads_in_place = up.bytes_peak_bwd_in_place.value > 0 && plan.grads_in_place();
     const Figure& bwd_peak = u.grads_in_place ? up.bytes_peak_bwd_in_place : up.bytes_peak_bwd;
     u.peak_bwd = bytes(bwd_peak);
     const auto& unpack_peaks = u.grads_in_place ? up.bwd_unpack_peaks_in_place : up.bwd_unpack_peaks;

@@ -36,11 +36,9 @@ struct Unit {
   std::int64_t peak_fwd = 0;       // transient workspace
   std::int64_t peak_recompute = 0; // a recompute's peak: the last unit's without its loss, else peak_fwd
   std::int64_t peak_bwd = 0;
-  // At stages 0-1 the executor's backward adds the parameters' gradients into the flat gradient as
-  // autograd makes them (pieces::differentiate): peak_bwd is then the profile's bytes_peak_bwd_in_place.
-  // False at stages 2-3 (a unit's unsharded gradient is made once its backward is done, its activations
-  // gone), under AdaScale and OffloadModel (the gradients returned, then added), and for a profile
-  // without that figure (analytic, older).
+  // Plan::grads_in_place and the profile has bytes_peak_bwd_in_place (not analytic or older ones): the
+  // executor's backward adds the parameters' gradients into the flat gradient as autograd makes them
+  // (pieces::differentiate), and peak_bwd is that figure.
   bool grads_in_place = false;
   bool checkpoint = false;
   // Activation offload: the profile's saved tensors the unit alone keeps (UnitProfile::saved_tensors, at

@@ -47,7 +47,7 @@ struct PlainStep {
     for (int u = c.unit_count() - 1; u >= 0; --u) {
       params.before_bwd(u, k);
       g = pieces::differentiate(c, u, acts.output_for_backward(u, k), acts.input(u), g,
-                                [this](int owner) { return grads.region(owner); }, adascale, /*in_place=*/true);
+                                [this](int owner) { return grads.region(owner); }, adascale, c.plan.grads_in_place());
       acts.after_bwd(u);
       params.after_bwd(u);
       grads.after_bwd(u, k, last);

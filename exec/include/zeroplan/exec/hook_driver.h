@@ -56,6 +56,7 @@ class HookDriver {
 
   int unit_count() const;
   int microbatches() const;
+  bool grads_in_place() const;  // Plan::grads_in_place: add each gradient as autograd makes it
   // The order of unit u's parameters in its flat buffer (accumulate's slot indices).
   std::vector<std::string> param_names(int u) const;
   bool checkpointed(int u) const;  // the plan recomputes unit u in its backward

@@ -8,11 +8,11 @@ namespace zeroplan::exec::pieces {
 
 // Differentiates unit u's output `out` (with its graph) from its input leaf `in` with the incoming
 // gradient: the gradients of its parameters (and of the weights it borrows) accumulate into
-// region(owner); returns the gradient of its input (undefined for the model's input). `in_place`:
-// autograd adds each parameter's gradient into its region as it makes it (the region a view as the
-// parameter's .grad for the backward; the profile's bytes_peak_bwd_in_place), unless AdaScale (when
-// given) must see each microbatch's gradient or a region is in another dtype or place (OffloadModel's
-// host regions): then autograd returns them and they are added after (bytes_peak_bwd).
+// region(owner); returns the gradient of its input (undefined for the model's input). `in_place`
+// (Plan::grads_in_place; never with AdaScale): autograd adds each parameter's gradient into its region as
+// it makes it (the region a view as the parameter's .grad for the backward; the profile's
+// bytes_peak_bwd_in_place); else autograd returns them and they are added after (bytes_peak_bwd), AdaScale
+// (when given) seeing each.
 torch::Tensor differentiate(Ctx& c, int u, torch::Tensor out, const torch::Tensor& in, const torch::Tensor& grad,
                             const std::function<torch::Tensor(int)>& region, AdaScale* adascale, bool in_place);
 // The loss of one microbatch from the last unit's output, its gradient scaled by `scale`: the loss in

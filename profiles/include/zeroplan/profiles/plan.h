@@ -154,6 +154,10 @@ struct Plan {
   bool optimizer_on_host() const { return offload.optimizer || offload_model.enabled; }
   // Stage 3: the units whose parameters are gathered ahead of the one computing (0 without prefetch).
   int prefetch_ahead() const { return buckets.prefetch ? buckets.prefetch_depth : 0; }
+  // A unit's backward adds each parameter's gradient into the flat gradient as autograd makes it: at
+  // stages 0-1, where that gradient lives all step (at 2-3 a unit's unsharded gradient is made after its
+  // backward), unless AdaScale reads each microbatch's gradient or OffloadModel keeps them on the host.
+  bool grads_in_place() const { return zero_stage <= 1 && !adascale && !offload_model.enabled; }
   // fairscale SlowMo is on when its update is not the identity (slowmo_momentum != 0 or slowmo_lr != 1):
   // then it keeps the slow momentum and the previous parameters, and updates every slowmo_frequency steps.
   bool slowmo() const { return localsgd() && slowmo_frequency > 0 && (slowmo_momentum != 0 || slowmo_lr != 1); }
