@@ -85,9 +85,9 @@ std::vector<Block> document(const ReportInput& in) {
       in.model_opts, in.params, in.nproc, in.gloo ? "Gloo on 127.0.0.1" : "one process", in.global_batch, in.cluster,
       in.cores)));
   d.push_back(Block::paragraph(fmt::format(
-      "Device budget per rank: **{}** ({} bytes), enforced in the runs with `--device-memory-limit`. The default "
-      "plan (DDP, no offload) is predicted to need {}.",
-      mib(double(in.budget_bytes)), in.budget_bytes, mib(double(in.default_need_bytes)))));
+      "Device budget per rank: **{}** ({} bytes), enforced in the runs with `--device-memory-limit`; the tuner kept "
+      "{:.0f}% of it free for what a prediction misses. The default plan (DDP, no offload) is predicted to need {}.",
+      mib(double(in.budget_bytes)), in.budget_bytes, 100 * in.headroom, mib(double(in.default_need_bytes)))));
   d.push_back(Block::paragraph("Every prediction below is the simulator's (labelled *predicted*); every measured "
                                "figure comes from the run in this folder."));
   d.push_back(trials_table(in.trials));

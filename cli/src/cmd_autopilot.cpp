@@ -214,7 +214,7 @@ int run_autopilot(Args& a, const Globals& g) {
   budgeted.provenance["device.mem_bytes"] = Provenance{"estimate", "zeroplan autopilot budget"};
 
   tuner::TuneConstraints constraints;
-  constraints.set_global_batch(a.global_batch).set_world_size(a.nproc).set_nodes(1);
+  constraints.set_global_batch(a.global_batch).set_world_size(a.nproc).set_nodes(1).set_device_headroom_fraction(a.headroom);
   constraints.knobs = tuner::parse_knobs(a.knobs);
   constraints.allow_approximate_averaging = a.allow_approximate_averaging;
   constraints.runnable = true;  // it runs what it picks: none of the executor's refusals (knobs.h run_rules)
@@ -261,6 +261,7 @@ int run_autopilot(Args& a, const Globals& g) {
                                                   .cluster = cluster.name,
                                                   .cores = cluster.host.cores,
                                                   .budget_bytes = budget,
+                                                  .headroom = a.headroom,
                                                   .default_need_bytes = ddp_pred.device.total_bytes(),
                                                   .trials = trials,
                                                   .grid = grid,
@@ -290,6 +291,9 @@ Action add_autopilot(CLI::App& app, const Globals& globals) {
   app.add_option("--budget-bytes", a->budget_bytes, "Device memory per rank (default: a share of the default plan's need)");
   app.add_option("--budget-fraction", a->budget_fraction, "Budget as a share of the default plan's predicted peak")
       ->capture_default_str()->check(number_in(0, 1, true));
+  app.add_option("--headroom", a->headroom, "Share of the budget the tuner keeps free for what the prediction misses "
+                 "(the runs get the whole budget)")
+      ->capture_default_str()->check(number_in(0, 0.99));
   app.add_option("--verify", a->verify, "Top plans to run for real")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--nproc", a->nproc, "Local ranks")->capture_default_str();
   app.add_option("--profile-concurrent-ranks", a->profile_concurrent_ranks,

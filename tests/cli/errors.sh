@@ -77,6 +77,7 @@ if ls "$out/diverged" | grep -q 'step-[2-9]'; then echo "FAIL: a checkpoint afte
 # autopilot checks its options and its cluster file before it profiles anything.
 echo '{corrupt' > "$out/corrupt.json"
 expect 1 "^zeroplan: --budget-fraction: must be > 0 \(got -1\)" -q autopilot --budget-fraction -1 -o "$out/ap1"
+expect 1 "^zeroplan: --headroom: must be <= 0.99 \(got 1.5\)" -q autopilot --headroom 1.5 -o "$out/ap3"
 expect 1 "^zeroplan autopilot: .*corrupt.json:1:2: invalid JSON" -q autopilot --cluster "$out/corrupt.json" -o "$out/ap2"
 expect 1 "unknown model \"foo\" \(models: gpt, mlp, resnet\)" -q run --model foo --nproc 2 --steps 2
 # Option values out of range: one line naming the option and the value, exit 1, before any work.
