@@ -12,6 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("ZEROPLAN_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 ZEROPLAN = os.path.join(BUILD, "zeroplan")
 MODELS = os.path.join(HERE, "models.py")
+# The suite's one quick probe of this machine (test.probe) when CTest runs it; else autopilot probes.
+CLUSTER = ["--cluster", os.environ["ZEROPLAN_TEST_CLUSTER"]] if os.environ.get("ZEROPLAN_TEST_CLUSTER") else []
 
 
 def run(*args):
@@ -39,8 +41,7 @@ class CliTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "ap")
             r = run("autopilot", "--python", f"{MODELS}:llama", "--global-batch", "4", "--steps", "3", "--warmup", "1",
-                    "--verify", "1",
-                    "-o", out)
+                    "--verify", "1", *CLUSTER, "-o", out)
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(os.path.join(out, "model_profile.json")) as f:
                 doc = json.load(f)
