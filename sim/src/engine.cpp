@@ -58,6 +58,7 @@ struct Workspace {
   detail::Csr succ;
   std::vector<ResourceId> succ_resource;
   std::vector<std::uint32_t> pending;
+  std::vector<double> chain_start;  // per task, the longest chain of its dependencies
   detail::PoolTracker::Buffers memory;
 };
 
@@ -76,6 +77,7 @@ class EventLoop {
         members_(detail::Csr::build(n_groups_, n_res_, [&](std::uint32_t r) { return g.resources()[r].group; },
                                     [](std::uint32_t r) { return r; }, kNone)),
         pending_(w.pending),
+        chain_start_(w.chain_start),
         mem_(g, w.memory),
         first_task_(n_res_, kNone),
         next_task_(n_res_, kNone),
@@ -101,9 +103,11 @@ class EventLoop {
     // Successors and unfinished dependencies counted in one pass over the dependencies.
     pending_.assign(n_, 0);
     succ_.begin_count(n_);
+    bool in_id_order = true;
     for (const auto& [task, dep] : g.deps()) {
       ++pending_[task];
       succ_.count_one(dep);
+      in_id_order &= dep < task;
     }
     succ_.begin_place();
     // Beside each successor its resource, which a completion marks (read here in dependency order, not
@@ -114,6 +118,7 @@ class EventLoop {
       succ_.place(dep, task);
     }
     succ_.end_place();
+    if (in_id_order) out_.longest_chain_s = longest_chain();
     out_.start_s.assign(n_, -1.0);
     out_.end_s.assign(n_, -1.0);
     out_.resources.resize(n_res_);
@@ -178,6 +183,22 @@ class EventLoop {
   }
 
  private:
+  // graph.h's longest_chain_s over the successor lists in id order (REQUIRES every dependency an earlier
+  // task): each task's chain its dependencies' longest plus its duration, maxima and sums as there.
+  double longest_chain() {
+    chain_start_.assign(n_, 0.0);
+    double longest = 0;
+    for (TaskId t = 0; t < n_; ++t) {
+      const double finish = chain_start_[t] + tasks_[t].duration_s;
+      longest = std::max(longest, finish);
+      for (std::uint32_t k = succ_.offset[t]; k < succ_.offset[t + 1]; ++k) {
+        double& start = chain_start_[succ_.items[k]];
+        start = std::max(start, finish);
+      }
+    }
+    return longest;
+  }
+
   // Rank skew: a source resource's busy seconds since the ranks were last aligned.
   double busy_since_aligned(ResourceId src) const {
     const TaskId t = run_[src].task;
@@ -319,6 +340,7 @@ class EventLoop {
   std::vector<ResourceId>& succ_resource_;  // beside succ_.items: each one's resource
   const detail::Csr members_;  // per group, its resources
   std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
+  std::vector<double>& chain_start_;
   detail::PoolTracker mem_;
   std::vector<TaskId> first_task_;   // per resource, its first task (kNone: none)
   std::vector<TaskId> next_task_;    // per resource, its next task to start (kNone: none left)
