@@ -126,7 +126,7 @@ class EventLoop {
     res_.resize(n_res_);
     for (ResourceId r = 0; r < n_res_; ++r) {
       const Resource& res = g.resources()[r];
-      res_[r] = {res.group, res.skew_source, res.skew_fraction};
+      res_[r] = {res.group, res.skew_source, res.skew_fraction, res.contended_rate};
       if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
     }
   }
@@ -160,9 +160,12 @@ class EventLoop {
           join_group(r);
         }
       }
-      // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here.
-      for (ResourceId r = 0; r < n_res_; ++r) {
-        if (next_[r] <= now_) complete(r);
+      // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here. A
+      // completion changes only its own resource's next_.
+      const double now = now_;
+      const double* due = next_.data();
+      for (ResourceId r = 0, n = n_res_; r < n; ++r) {
+        if (due[r] <= now) complete(r);
       }
       start_ready();
       rerate();
@@ -320,7 +323,7 @@ class EventLoop {
         if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
-        const double contended = g_.resources()[r].contended_rate;
+        const double contended = res_[r].contended_rate;
         const double others = static_cast<double>(group_count_[gr]) - 1.0;
         const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now_ - std::max(x.last, x.work_from)));
@@ -355,6 +358,7 @@ class EventLoop {
     GroupId group;
     ResourceId skew_source;
     double skew_fraction;
+    double contended_rate;
   };
   std::vector<ResourceState> res_;
   // Per resource, when its next event is: its task's finish (doing its work), the start of a skewed
