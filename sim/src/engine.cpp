@@ -27,16 +27,17 @@ struct Running {
   bool in_group = false;
 };
 
-[[noreturn]] void report_deadlock(const TaskGraph& g, const detail::Csr& queue, const std::vector<std::uint32_t>& head,
-                                  const std::vector<double>& end, double now) {
+// `head`: per resource, its next task (kNone: none left).
+[[noreturn]] void report_deadlock(const TaskGraph& g, const std::vector<TaskId>& head, const std::vector<double>& end,
+                                  double now) {
   const auto& res = g.resources();
   for (ResourceId r = 0; r < res.size(); ++r) {
-    if (head[r] >= queue.row(r).size()) continue;
-    const TaskId t = queue.row(r)[head[r]];
+    if (head[r] == kNone) continue;
+    const TaskId t = head[r];
     for (const auto& [task, dep] : g.deps()) {
       if (task != t || end[dep] >= 0) continue;
       const ResourceId dr = g.tasks()[dep].resource;
-      const TaskId blocker = queue.row(dr)[head[dr]];
+      const TaskId blocker = head[dr];
       const std::string where = blocker == dep ? fmt::format("next on \"{}\" and itself waiting", res[dr].name)
                                                : fmt::format("queued on \"{}\" behind \"{}\"", res[dr].name,
                                                              g.task_name(blocker));
@@ -53,9 +54,11 @@ struct Running {
 // each thread, and memory handed back to the system and faulted in again cost more than the lists built in
 // it (a fifth of a GPT-3 step's simulation).
 struct Workspace {
-  detail::Csr queue, succ;
+  std::vector<TaskId> next_on_resource;  // per task, the next task queued on its resource (kNone: last)
+  detail::Csr succ;
   std::vector<ResourceId> succ_resource;
   std::vector<std::uint32_t> pending;
+  std::vector<double> chain_start;  // per task, the longest chain of its dependencies
   detail::PoolTracker::Buffers memory;
 };
 
@@ -68,14 +71,15 @@ class EventLoop {
         n_(static_cast<std::uint32_t>(g.tasks().size())),
         n_res_(static_cast<std::uint32_t>(g.resources().size())),
         n_groups_(static_cast<std::uint32_t>(g.groups().size())),
-        queue_(w.queue),
+        next_on_resource_(w.next_on_resource),
         succ_(w.succ),
         succ_resource_(w.succ_resource),
         members_(detail::Csr::build(n_groups_, n_res_, [&](std::uint32_t r) { return g.resources()[r].group; },
                                     [](std::uint32_t r) { return r; }, kNone)),
         pending_(w.pending),
+        chain_start_(w.chain_start),
         mem_(g, w.memory),
-        head_(n_res_, 0),
+        first_task_(n_res_, kNone),
         next_task_(n_res_, kNone),
         run_(n_res_),
         group_count_(n_groups_, 0),
@@ -84,13 +88,26 @@ class EventLoop {
         skew_source_(n_res_, 0),
         next_(n_res_, kNever),
         maybe_ready_((n_res_ + 63) / 64, 0) {
-    queue_.assign(n_res_, n_, [&](std::uint32_t i) { return tasks_[i].resource; }, [](std::uint32_t i) { return i; });
+    // Each resource's queue as links from task to task, in the order added.
+    next_on_resource_.resize(n_);
+    for (TaskId t = 0; t < n_; ++t) {
+      const ResourceId r = tasks_[t].resource;
+      if (next_task_[r] == kNone) first_task_[r] = t;
+      else next_on_resource_[next_task_[r]] = t;
+      next_task_[r] = t;
+    }
+    for (ResourceId r = 0; r < n_res_; ++r) {
+      if (next_task_[r] != kNone) next_on_resource_[next_task_[r]] = kNone;
+      next_task_[r] = first_task_[r];
+    }
     // Successors and unfinished dependencies counted in one pass over the dependencies.
     pending_.assign(n_, 0);
     succ_.begin_count(n_);
+    bool in_id_order = true;
     for (const auto& [task, dep] : g.deps()) {
       ++pending_[task];
       succ_.count_one(dep);
+      in_id_order &= dep < task;
     }
     succ_.begin_place();
     // Beside each successor its resource, which a completion marks (read here in dependency order, not
@@ -101,8 +118,7 @@ class EventLoop {
       succ_.place(dep, task);
     }
     succ_.end_place();
-    for (ResourceId r = 0; r < n_res_; ++r)
-      if (!queue_.row(r).empty()) next_task_[r] = queue_.row(r)[0];
+    if (in_id_order) out_.longest_chain_s = longest_chain();
     out_.start_s.assign(n_, -1.0);
     out_.end_s.assign(n_, -1.0);
     out_.resources.resize(n_res_);
@@ -110,7 +126,7 @@ class EventLoop {
     res_.resize(n_res_);
     for (ResourceId r = 0; r < n_res_; ++r) {
       const Resource& res = g.resources()[r];
-      res_[r] = {res.group, res.skew_source, res.skew_fraction, 0.0, 0.0, 0};
+      res_[r] = {res.group, res.skew_source, res.skew_fraction, res.contended_rate};
       if (res.skew_source != kNone) skew_source_[res.skew_source] = 1;
     }
   }
@@ -144,18 +160,25 @@ class EventLoop {
           join_group(r);
         }
       }
-      // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here.
-      for (ResourceId r = 0; r < n_res_; ++r) {
-        if (next_[r] <= now_) complete(r);
+      // Running tasks in a group keep next_ == finish, the others (waiting, idle) next_ > now here. A
+      // completion changes only its own resource's next_.
+      const double now = now_;
+      const double* due = next_.data();
+      for (ResourceId r = 0, n = n_res_; r < n; ++r) {
+        if (due[r] <= now) complete(r);
       }
       start_ready();
       rerate();
     }
-    if (n_done_ != n_) report_deadlock(g_, queue_, head_, out_.end_s, now_);
+    if (n_done_ != n_) report_deadlock(g_, next_task_, out_.end_s, now_);
+    // Each resource's totals summed in its queue's order, the order its tasks completed in.
     for (ResourceId r = 0; r < n_res_; ++r) {
-      out_.resources[r].busy_s = res_[r].busy_s;
-      out_.resources[r].work_s = res_[r].work_s;
-      out_.resources[r].tasks = res_[r].tasks;
+      ResourceResult& rr = out_.resources[r];
+      for (TaskId t = first_task_[r]; t != kNone; t = next_on_resource_[t]) {
+        rr.busy_s += out_.end_s[t] - out_.start_s[t];
+        rr.work_s += tasks_[t].duration_s;
+        ++rr.tasks;
+      }
     }
     out_.makespan_s = now_;
     out_.pools = mem_.results();
@@ -163,6 +186,22 @@ class EventLoop {
   }
 
  private:
+  // graph.h's longest_chain_s over the successor lists in id order (REQUIRES every dependency an earlier
+  // task): each task's chain its dependencies' longest plus its duration, maxima and sums as there.
+  double longest_chain() {
+    chain_start_.assign(n_, 0.0);
+    double longest = 0;
+    for (TaskId t = 0; t < n_; ++t) {
+      const double finish = chain_start_[t] + tasks_[t].duration_s;
+      longest = std::max(longest, finish);
+      for (std::uint32_t k = succ_.offset[t]; k < succ_.offset[t + 1]; ++k) {
+        double& start = chain_start_[succ_.items[k]];
+        start = std::max(start, finish);
+      }
+    }
+    return longest;
+  }
+
   // Rank skew: a source resource's busy seconds since the ranks were last aligned.
   double busy_since_aligned(ResourceId src) const {
     const TaskId t = run_[src].task;
@@ -186,10 +225,7 @@ class EventLoop {
     Running& x = run_[r];
     const TaskId t = x.task;
     out_.end_s[t] = now_;
-    ResourceState& rs = res_[r];
-    rs.busy_s += now_ - out_.start_s[t];
-    rs.work_s += tasks_[t].duration_s;
-    ++rs.tasks;
+    const ResourceState& rs = res_[r];
     x.task = kNone;
     next_[r] = kNever;
     mark(r);
@@ -212,8 +248,7 @@ class EventLoop {
   }
 
   void start(ResourceId r, TaskId t) {
-    const std::uint32_t next = queue_.offset[r] + ++head_[r];
-    next_task_[r] = next < queue_.offset[r + 1] ? queue_.items[next] : kNone;
+    next_task_[r] = next_on_resource_[t];
     const ResourceState& rs = res_[r];
     const double wait = rs.skew_source != kNone && tasks_[t].duration_s > 0
                             ? rs.skew_fraction * busy_since_aligned(rs.skew_source)
@@ -235,18 +270,20 @@ class EventLoop {
     return t != kNone && pending_[t] == 0 && run_[r].task == kNone ? t : kNone;
   }
 
-  // The first marked resource at or after r (n_res_: none). Marks made meanwhile count.
-  ResourceId next_marked(ResourceId r) const {
-    if (r >= n_res_) return n_res_;
-    std::size_t w = r >> 6;
-    std::uint64_t bits = maybe_ready_[w] & (~std::uint64_t{0} << (r & 63));
-    while (bits == 0) {
-      if (++w == maybe_ready_.size()) return n_res_;
-      bits = maybe_ready_[w];
-    }
-    return static_cast<ResourceId>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
-  }
   void unmark(ResourceId r) { maybe_ready_[r >> 6] &= ~(std::uint64_t{1} << (r & 63)); }
+
+  // f(r) for each marked resource in resource order; marks made meanwhile after r count.
+  template <class F>
+  void for_each_marked(F f) {
+    for (std::size_t w = 0; w < maybe_ready_.size(); ++w) {
+      std::uint64_t after = ~std::uint64_t{0};
+      for (std::uint64_t bits; (bits = maybe_ready_[w] & after) != 0;) {
+        const int b = std::countr_zero(bits);
+        after = ~((std::uint64_t{2} << b) - 1);  // the bits above b (none above 63)
+        f(static_cast<ResourceId>(w * 64 + static_cast<std::size_t>(b)));
+      }
+    }
+  }
 
   // Start what can start. Tasks too short to move the clock (zero duration) run to completion first,
   // before any longer task starts at this instant, so an instant never shows memory they would free.
@@ -255,23 +292,23 @@ class EventLoop {
   void start_ready() {
     for (bool again = true; again;) {
       again = false;
-      for (ResourceId r = next_marked(0); r < n_res_; r = next_marked(r + 1)) {
+      for_each_marked([&](ResourceId r) {
         const TaskId t = ready_head(r);
         if (t == kNone) {
           unmark(r);
-          continue;
+          return;
         }
-        if (now_ + tasks_[t].duration_s > now_) continue;
+        if (now_ + tasks_[t].duration_s > now_) return;
         start(r, t);
         complete(r);
         again = true;
-      }
+      });
     }
     // The last pass started nothing: the resources still marked are those with a ready task (a longer one).
-    for (ResourceId r = next_marked(0); r < n_res_; r = next_marked(r + 1)) {
+    for_each_marked([&](ResourceId r) {
       start(r, next_task_[r]);
       unmark(r);
-    }
+    });
   }
 
   // Re-rate the running tasks of groups whose membership changed at now (progress-rate sharing).
@@ -286,7 +323,7 @@ class EventLoop {
         if (!x.in_group) continue;  // waiting for the other ranks: its work has not begun
         // A measured slowdown is one other member's: with k others running it adds k times over (two
         // collectives in flight beside compute take twice the cores one takes).
-        const double contended = g_.resources()[r].contended_rate;
+        const double contended = res_[r].contended_rate;
         const double others = static_cast<double>(group_count_[gr]) - 1.0;
         const double rate = contended > 0 ? 1.0 / (1.0 + others * (1.0 / contended - 1.0)) : share;
         x.remaining = std::max(0.0, x.remaining - x.rate * (now_ - std::max(x.last, x.work_from)));
@@ -301,27 +338,27 @@ class EventLoop {
   const TaskGraph& g_;
   const std::vector<Task>& tasks_;
   const std::uint32_t n_, n_res_, n_groups_;
-  detail::Csr& queue_;         // per resource, its tasks in the order added
+  std::vector<TaskId>& next_on_resource_;  // per task, the next on its resource (kNone: the last)
   detail::Csr& succ_;          // per task, the tasks that depend on it
   std::vector<ResourceId>& succ_resource_;  // beside succ_.items: each one's resource
   const detail::Csr members_;  // per group, its resources
   std::vector<std::uint32_t>& pending_;  // per task, its unfinished dependencies
+  std::vector<double>& chain_start_;
   detail::PoolTracker mem_;
-  std::vector<std::uint32_t> head_;  // per resource, the index of its next task
-  std::vector<TaskId> next_task_;    // per resource, that task (kNone: none left)
+  std::vector<TaskId> first_task_;   // per resource, its first task (kNone: none)
+  std::vector<TaskId> next_task_;    // per resource, its next task to start (kNone: none left)
   std::vector<Running> run_;         // per resource, what runs on it
   std::vector<std::uint32_t> group_count_;
   std::vector<char> group_dirty_;
   std::vector<double> since_aligned_;
   std::vector<char> skew_source_;
   static constexpr double kNever = std::numeric_limits<double>::infinity();
-  // Per resource, what the steps read of it and its totals so far (written to out_ at the end).
+  // Per resource, what the steps read of it.
   struct ResourceState {
     GroupId group;
     ResourceId skew_source;
     double skew_fraction;
-    double busy_s, work_s;
-    std::uint32_t tasks;
+    double contended_rate;
   };
   std::vector<ResourceState> res_;
   // Per resource, when its next event is: its task's finish (doing its work), the start of a skewed

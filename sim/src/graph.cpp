@@ -124,23 +124,39 @@ double longest_chain_s(const TaskGraph& g) {
   return ids_in_dependency_order(g) ? longest_chain_in_id_order(g) : critical_path(g).length_s;
 }
 
-double makespan_lower_bound(const TaskGraph& g) {
-  double bound = longest_chain_s(g);
-  std::vector<double> per_resource(g.resources().size(), 0.0);
-  for (const Task& t : g.tasks()) per_resource[t.resource] += t.duration_s;
+namespace {
+
+// max(chain, each resource's work, each shared group's work / capacity); `work(r)` is resource r's.
+template <class Work>
+double bound_of(const TaskGraph& g, double chain, Work work) {
+  double bound = chain;
   std::vector<double> per_group(g.groups().size(), 0.0);
   // A group with a member at its own contended rate may do more than its capacity at once: no bound.
   std::vector<char> shares(g.groups().size(), 1);
-  for (std::size_t r = 0; r < per_resource.size(); ++r) {
-    bound = std::max(bound, per_resource[r]);
+  for (std::size_t r = 0; r < g.resources().size(); ++r) {
+    bound = std::max(bound, work(r));
     if (const GroupId gr = g.resources()[r].group; gr != kNone) {
-      per_group[gr] += per_resource[r];
+      per_group[gr] += work(r);
       if (g.resources()[r].contended_rate > 0) shares[gr] = 0;
     }
   }
   for (std::size_t i = 0; i < per_group.size(); ++i)
     if (shares[i]) bound = std::max(bound, per_group[i] / g.groups()[i].capacity);
   return bound;
+}
+
+}  // namespace
+
+double makespan_lower_bound(const TaskGraph& g) {
+  std::vector<double> per_resource(g.resources().size(), 0.0);
+  for (const Task& t : g.tasks()) per_resource[t.resource] += t.duration_s;
+  return bound_of(g, longest_chain_s(g), [&](std::size_t r) { return per_resource[r]; });
+}
+
+double makespan_lower_bound(const TaskGraph& g, const SimResult& run) {
+  // A resource's work_s sums its durations in its queue's order, which is id order, as the loop above.
+  const double chain = run.longest_chain_s >= 0 ? run.longest_chain_s : longest_chain_s(g);
+  return bound_of(g, chain, [&](std::size_t r) { return run.resources[r].work_s; });
 }
 
 }  // namespace zeroplan::sim

@@ -10,10 +10,6 @@
 
 namespace zeroplan::sim::detail {
 
-namespace {
-constexpr std::uint32_t kFreeBit = 0x80000000u;
-}
-
 PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
     : g_(g),
       allocs_(g.allocs().data()),
@@ -55,55 +51,27 @@ PoolTracker::PoolTracker(const TaskGraph& g, Buffers& buffers)
   // Kept between runs: the lists are cleared, their memory stays (a list reserved for the most points a
   // pool can have is mostly untouched, and was faulted in again at every run when handed back).
   if (timeline_.size() < pools) timeline_.resize(pools);
+  if (log_.size() < pools) log_.resize(pools);
   live_blocks_.assign(pools, {});
   most_blocks_.assign(pools, {});
   for (std::size_t p = 0; p < pools; ++p) {
     timeline_[p].clear();
     timeline_[p].reserve(changes[p]);
     timeline_[p].emplace_back(0.0, 0);
+    log_[p].clear();
+    log_[p].reserve(changes[p] - 1);
   }
   pinned_.resize(pools);
   for (std::size_t p = 0; p < pools; ++p) pinned_[p] = g.pools()[p].pinned_pow2 ? 1 : 0;
-  log_.clear();
-  log_.reserve(2 * n_allocs);
 }
 
-void PoolTracker::allocate(AllocId a, double now) {
-  const Alloc& al = allocs_[a];
-  const PoolId p = al.pool;
-  if (pinned_[p] && al.bytes > 0) {
-    const auto k = static_cast<std::size_t>(pinned_block_class(al.bytes));
-    most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
-  }
-  state_[a] = State::live;
-  const std::int64_t current = current_[p] += al.bytes;
-  log_.push_back(a);
-  if (current > peak_[p]) {
-    peak_[p] = current;
-    peak_time_[p] = now;
-    peak_log_end_[p] = log_.size();
-  }
-  point(p, now, current);
+void PoolTracker::allocate_block(PoolId p, std::int64_t bytes) {
+  const auto k = static_cast<std::size_t>(pinned_block_class(bytes));
+  most_blocks_[p][k] = std::max(most_blocks_[p][k], ++live_blocks_[p][k]);
 }
 
-void PoolTracker::free(AllocId a, double now) {
-  const Alloc& al = allocs_[a];
-  const PoolId p = al.pool;
-  if (state_[a] != State::live) freed_early(a);
-  if (pinned_[p] && al.bytes > 0) --live_blocks_[p][static_cast<std::size_t>(pinned_block_class(al.bytes))];
-  state_[a] = State::freed;
-  const std::int64_t current = current_[p] -= al.bytes;
-  log_.push_back(a | kFreeBit);
-  point(p, now, current);
-}
-
-void PoolTracker::point(PoolId p, double now, std::int64_t bytes) {
-  auto& tl = timeline_[p];
-  if (tl.back().first == now) {
-    tl.back().second = bytes;
-  } else {
-    tl.emplace_back(now, bytes);
-  }
+void PoolTracker::free_block(PoolId p, std::int64_t bytes) {
+  --live_blocks_[p][static_cast<std::size_t>(pinned_block_class(bytes))];
 }
 
 void PoolTracker::freed_early(AllocId a) const {
@@ -137,16 +105,14 @@ std::vector<PoolResult> PoolTracker::results() {
       for (std::size_t k = 0; k < most_blocks_[p].size(); ++k) r.reserved_bytes += most_blocks_[p][k] << k;
     }
     r.timeline.assign(timeline_[p].begin(), timeline_[p].end());
-    // What was live at the peak: the log replayed up to it; each live allocation counted once.
+    // What was live at the peak: the pool's log replayed up to it; each live allocation counted once.
+    const std::vector<std::uint32_t>& log = log_[p];
     const std::size_t end = peak_log_end_[p];
-    for (std::size_t i = 0; i < end; ++i) {
-      const std::uint32_t a = log_[i] & ~kFreeBit;
-      if (allocs[a].pool == p) live[a] = (log_[i] & kFreeBit) == 0;
-    }
+    for (std::size_t i = 0; i < end; ++i) live[log[i] & ~kFreeBit] = (log[i] & kFreeBit) == 0;
     std::fill(groups.begin(), groups.end(), std::pair<std::int64_t, std::int32_t>{0, 0});
     for (std::size_t i = 0; i < end; ++i) {
-      const std::uint32_t a = log_[i];  // an allocation (no free bit) of this pool still live: counted, then cleared
-      if ((a & kFreeBit) != 0 || !live[a] || allocs[a].pool != p) continue;
+      const std::uint32_t a = log[i];  // an allocation (no free bit) still live: counted, then cleared
+      if ((a & kFreeBit) != 0 || !live[a]) continue;
       live[a] = 0;
       const auto cat = static_cast<std::size_t>(allocs[a].category);
       auto& e = groups[cat * names + allocs[a].label.name];

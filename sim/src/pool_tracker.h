@@ -20,7 +20,7 @@ class PoolTracker {
     Csr by_owner;  // per task, the allocations it makes
     Csr by_free;   // per task, the allocations freed at its end
     std::vector<State> state;
-    std::vector<std::uint32_t> log;
+    std::vector<std::vector<std::uint32_t>> log;  // per pool
     std::vector<char> live;
     std::vector<AllocId> resident;  // allocations without an owner, in id order
     std::vector<std::vector<std::pair<double, std::int64_t>>> timeline;  // per pool
@@ -36,10 +36,46 @@ class PoolTracker {
   std::vector<PoolResult> results();  // once, at the end
 
  private:
-  void allocate(AllocId a, double now);
-  void free(AllocId a, double now);
-  void point(PoolId p, double now, std::int64_t bytes);  // the pool's timeline after a change at now
-  [[noreturn]] void freed_early(AllocId a) const;        // throws SimError naming the allocation
+  static constexpr std::uint32_t kFreeBit = 0x80000000u;  // in the log: a free
+
+  // Inline: the engine calls these for every allocation and free.
+  void allocate(AllocId a, double now) {
+    const Alloc& al = allocs_[a];
+    const PoolId p = al.pool;
+    if (pinned_[p] && al.bytes > 0) allocate_block(p, al.bytes);
+    state_[a] = State::live;
+    const std::int64_t current = current_[p] += al.bytes;
+    std::vector<std::uint32_t>& log = log_[p];
+    log.push_back(a);
+    if (current > peak_[p]) {
+      peak_[p] = current;
+      peak_time_[p] = now;
+      peak_log_end_[p] = log.size();
+    }
+    point(p, now, current);
+  }
+  void free(AllocId a, double now) {
+    const Alloc& al = allocs_[a];
+    const PoolId p = al.pool;
+    if (state_[a] != State::live) freed_early(a);
+    if (pinned_[p] && al.bytes > 0) free_block(p, al.bytes);
+    state_[a] = State::freed;
+    const std::int64_t current = current_[p] -= al.bytes;
+    log_[p].push_back(a | kFreeBit);
+    point(p, now, current);
+  }
+  // The pool's timeline after a change at now.
+  void point(PoolId p, double now, std::int64_t bytes) {
+    auto& tl = timeline_[p];
+    if (tl.back().first == now) {
+      tl.back().second = bytes;
+    } else {
+      tl.emplace_back(now, bytes);
+    }
+  }
+  void allocate_block(PoolId p, std::int64_t bytes);  // pinned_pow2 pools' block counts
+  void free_block(PoolId p, std::int64_t bytes);
+  [[noreturn]] void freed_early(AllocId a) const;  // throws SimError naming the allocation
 
   const TaskGraph& g_;
   const Alloc* allocs_;         // g_.allocs()
@@ -47,13 +83,13 @@ class PoolTracker {
   Csr& by_owner_;
   Csr& by_free_;
   std::vector<State>& state_;
-  std::vector<std::uint32_t>& log_;  // alloc id, high bit set for a free
+  std::vector<std::vector<std::uint32_t>>& log_;  // per pool: alloc id, kFreeBit set for a free
   std::vector<char>& live_;
   std::vector<AllocId>& resident_;
   std::vector<std::int64_t> current_;
   std::vector<std::int64_t> peak_;
   std::vector<double> peak_time_;
-  std::vector<std::size_t> peak_log_end_;
+  std::vector<std::size_t> peak_log_end_;  // per pool: its log's length at its peak
   // pinned_pow2 pools: per pool and power of two, blocks live now and the most ever live at once.
   std::vector<std::array<std::int64_t, 64>> live_blocks_, most_blocks_;
   std::vector<std::vector<std::pair<double, std::int64_t>>>& timeline_;  // per pool: (time, bytes) after each change

@@ -221,7 +221,7 @@ Simulation simulate_step(const ModelProfile& model, const ClusterProfile& cluste
   p.step_time_s = r.makespan_s + sync.amortised_extra_s;
   p.sync_step_time_s = r.makespan_s + sync.sync_extra_s;
   p.samples_per_s = plan.global_batch / p.step_time_s;
-  p.lower_bound_s = std::min(makespan_lower_bound(c.g), p.step_time_s);
+  p.lower_bound_s = std::min(makespan_lower_bound(c.g, r), p.step_time_s);
 
   if (stages.empty()) {
     s.explain.device = explain_pool(r.pools[c.dev], cluster.device.mem_bytes, cluster.allocator_overhead_factor);

@@ -335,10 +335,19 @@ TEST(Graph, LongestChainInIdOrderEqualsTheCriticalPath) {
       ids.push_back(id);
     }
     EXPECT_EQ(longest_chain_s(g), critical_path(g).length_s);
-    const TaskId late = g.add_task(r0, 9.0, {});  // an earlier task waits for a later one: acyclic, depth-first now
+    // The engine finds the same chain beside its run, and the bound from the run is the graph's.
+    const SimResult in_order = run(g);
+    EXPECT_EQ(in_order.longest_chain_s, longest_chain_s(g));
+    EXPECT_EQ(makespan_lower_bound(g, in_order), makespan_lower_bound(g));
+    // An earlier task waits for a later one (on a resource of its own, so the run can end): acyclic,
+    // depth-first now.
+    const TaskId late = g.add_task(g.add_resource("late", ResourceKind::copy_h2d), 9.0, {});
     g.add_dep(ids[5], late);
     EXPECT_NO_THROW(check_acyclic(g));
     EXPECT_EQ(longest_chain_s(g), critical_path(g).length_s);
+    const SimResult out_of_order = run(g);  // no chain beside the run: the bound finds it
+    EXPECT_EQ(out_of_order.longest_chain_s, -1);
+    EXPECT_EQ(makespan_lower_bound(g, out_of_order), makespan_lower_bound(g));
   }
   TaskGraph cyclic;  // a cycle through a later task is still found
   const ResourceId r = cyclic.add_resource("a", ResourceKind::compute);

@@ -46,6 +46,9 @@ struct SimResult {
   std::vector<ResourceResult> resources;
   std::vector<PoolResult> pools;
   std::uint64_t events = 0;     // clock advances
+  // graph.h's longest_chain_s of the graph, found beside the run when every dependency is an earlier task
+  // (the lowering's graphs); -1 otherwise.
+  double longest_chain_s = -1;
 };
 
 // Runs every task to completion. Deterministic: ties fire in resource-id order, frees before allocations

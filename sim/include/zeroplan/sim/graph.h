@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "zeroplan/sim/engine.h"
 #include "zeroplan/sim/task_graph.h"
 
 namespace zeroplan::sim {
@@ -25,5 +26,8 @@ double longest_chain_s(const TaskGraph& graph);
 // max(critical path, the busiest resource's work, each shared group's work / capacity): no schedule of
 // this graph is shorter.
 double makespan_lower_bound(const TaskGraph& graph);
+// The same from a completed run of the graph: its longest chain and each resource's work as the run
+// found them (the same sums), without a pass over the tasks.
+double makespan_lower_bound(const TaskGraph& graph, const SimResult& run);
 
 }  // namespace zeroplan::sim
