@@ -1,6 +1,7 @@
 // Compressed rows: items grouped by key, in input order within a key. The engine's adjacency lists.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -58,5 +59,24 @@ struct Csr {
     offset[0] = 0;
   }
 };
+
+// The longest chain of a task graph whose every dependency is an earlier task (ids a topological order):
+// in id order, each task finishes its duration(t) after the latest finish among its dependencies; the
+// same maxima and sums as a critical path. `succ`: per task, the tasks waiting for it; `start`: scratch,
+// per task the latest finish among its dependencies. graph.h's longest_chain_s and the engine's run.
+template <class Duration>
+double longest_chain_in_id_order(std::uint32_t tasks, const Csr& succ, Duration duration, std::vector<double>& start) {
+  start.assign(tasks, 0.0);
+  double longest = 0;
+  for (std::uint32_t t = 0; t < tasks; ++t) {
+    const double finish = start[t] + duration(t);
+    longest = std::max(longest, finish);
+    for (std::uint32_t k = succ.offset[t]; k < succ.offset[t + 1]; ++k) {
+      double& s = start[succ.items[k]];
+      s = std::max(s, finish);
+    }
+  }
+  return longest;
+}
 
 }  // namespace zeroplan::sim::detail

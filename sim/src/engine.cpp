@@ -118,7 +118,9 @@ class EventLoop {
       succ_.place(dep, task);
     }
     succ_.end_place();
-    if (in_id_order) out_.longest_chain_s = longest_chain();
+    if (in_id_order)  // graph.h's longest_chain_s, over the successor lists just built
+      out_.longest_chain_s = detail::longest_chain_in_id_order(n_, succ_, [&](std::uint32_t t) { return tasks_[t].duration_s; },
+                                                               chain_start_);
     out_.start_s.assign(n_, -1.0);
     out_.end_s.assign(n_, -1.0);
     out_.resources.resize(n_res_);
@@ -186,22 +188,6 @@ class EventLoop {
   }
 
  private:
-  // graph.h's longest_chain_s over the successor lists in id order (REQUIRES every dependency an earlier
-  // task): each task's chain its dependencies' longest plus its duration, maxima and sums as there.
-  double longest_chain() {
-    chain_start_.assign(n_, 0.0);
-    double longest = 0;
-    for (TaskId t = 0; t < n_; ++t) {
-      const double finish = chain_start_[t] + tasks_[t].duration_s;
-      longest = std::max(longest, finish);
-      for (std::uint32_t k = succ_.offset[t]; k < succ_.offset[t + 1]; ++k) {
-        double& start = chain_start_[succ_.items[k]];
-        start = std::max(start, finish);
-      }
-    }
-    return longest;
-  }
-
   // Rank skew: a source resource's busy seconds since the ranks were last aligned.
   double busy_since_aligned(ResourceId src) const {
     const TaskId t = run_[src].task;

@@ -9,6 +9,7 @@
 #include <boost/graph/topological_sort.hpp>
 #include <iterator>
 
+#include "csr.h"
 #include "zeroplan/sim/errors.h"
 
 namespace zeroplan::sim {
@@ -34,32 +35,16 @@ bool ids_in_dependency_order(const TaskGraph& g) {
   return true;
 }
 
-// The longest chain's length in id order (REQUIRES ids_in_dependency_order): the same sums as
-// critical_path's, each chain's finish the max of its dependencies' plus its own duration.
+// The longest chain's length in id order (REQUIRES ids_in_dependency_order), over the tasks waiting for
+// each (lists kept per thread: the tuner bounds thousands of plans on each).
 double longest_chain_in_id_order(const TaskGraph& g) {
-  const auto& tasks = g.tasks();
-  // Each task's dependencies, grouped by task (a counting sort into flat arrays kept per thread: the
-  // tuner bounds thousands of plans on each).
-  thread_local std::vector<std::uint32_t> first;
-  thread_local std::vector<TaskId> waits;
-  thread_local std::vector<double> finish;
-  first.assign(tasks.size() + 1, 0);
-  for (const auto& [task, dep] : g.deps()) ++first[task + 1];
-  for (std::size_t v = 0; v < tasks.size(); ++v) first[v + 1] += first[v];
-  waits.resize(g.deps().size());
-  // Each row fills from its start, first[v] moving to the row's end, then the starts shift back.
-  for (const auto& [task, dep] : g.deps()) waits[first[task]++] = dep;
-  for (std::size_t v = tasks.size(); v > 0; --v) first[v] = first[v - 1];
-  first[0] = 0;
-  finish.resize(tasks.size());
-  double longest = 0;
-  for (std::size_t v = 0; v < tasks.size(); ++v) {
-    double start = 0;
-    for (std::uint32_t k = first[v]; k < first[v + 1]; ++k) start = std::max(start, finish[waits[k]]);
-    finish[v] = start + tasks[v].duration_s;
-    longest = std::max(longest, finish[v]);
-  }
-  return longest;
+  thread_local detail::Csr succ;
+  thread_local std::vector<double> start;
+  const auto& deps = g.deps();
+  const auto n = static_cast<std::uint32_t>(g.tasks().size());
+  succ.assign(n, static_cast<std::uint32_t>(deps.size()), [&](std::uint32_t i) { return deps[i].second; },
+              [&](std::uint32_t i) { return deps[i].first; });
+  return detail::longest_chain_in_id_order(n, succ, [&](std::uint32_t t) { return g.tasks()[t].duration_s; }, start);
 }
 
 struct FoundCycle {

@@ -26,6 +26,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+def largest_layer_bytes(profile):
+    """The largest unit's parameter bytes in a profile: the one layer a stage-3 prediction holds or not as the
+    prefetch's timing falls."""
+    with open(profile) as f:
+        return max(u["bytes_param"] for u in json.load(f)["units"])
+
+
 def run(*args, **kw):
     return subprocess.run([ZEROPLAN, *args], capture_output=True, text=True, timeout=600, **kw)
 
@@ -108,8 +115,7 @@ class ExportsTest(unittest.TestCase):
             # beside the current one's when the prefetch is issued early (how early follows the probe's
             # timings); FSDP2 held one layer fewer here. So: never under by more than 10%, never over by more
             # than one layer's parameters plus 5% (docs/2-subcommands.md, tune --for).
-            with open(profile) as f:
-                layer = max(u["bytes_param"] for u in json.load(f)["units"])
+            layer = largest_layer_bytes(profile)
             for peak in self.device_peaks(tmp, profile, out, record, f"FSDP2 script (one layer {layer:,} B)"):
                 self.assertGreater(peak["rel_error"], -0.10)
                 self.assertLess(peak["predicted"] - peak["measured"], layer + 0.05 * peak["measured"])
@@ -138,8 +144,7 @@ class ExportsTest(unittest.TestCase):
             # zeroplan's prediction holds the next layer's gathered parameters or not as the probe's timings say
             # (the script test above): 2.91 MB once in a fresh clone's CI run (2026-11-28), one layer lower. So:
             # never over by 10%, never under by more than 10% and one layer.
-            with open(profile) as f:
-                layer = max(u["bytes_param"] for u in json.load(f)["units"])
+            layer = largest_layer_bytes(profile)
             for peak in self.device_peaks(tmp, profile, out, record, f"Accelerate FSDP2 (one layer {layer:,} B)"):
                 self.assertLess(peak["rel_error"], 0.10)
                 self.assertGreater(peak["predicted"] - peak["measured"], -(layer + 0.10 * peak["measured"]))
