@@ -192,6 +192,13 @@ std::vector<std::string> warnings_for(const Prediction& p, const RunRecord& r, c
                               "{:.1f}%: the machine was not quiet",
                               100 * spread, ms(r.step_time_p10_s), ms(r.step_time_p90_s), 100 * o.time_tolerance));
   }
+  // The input pipeline is not simulated: a step that waited for its data over a twentieth of its time is
+  // slower than predicted for that reason alone.
+  if (const auto data = r.phase_times_s.find("data");
+      data != r.phase_times_s.end() && r.step_time_median_s > 0 && data->second > 0.05 * r.step_time_median_s)
+    w.push_back(fmt::format("the run waited {} per step for its data ({:.0f}% of the step): the input pipeline, which "
+                            "the prediction does not model, made the step slower",
+                            ms(data->second), 100 * data->second / r.step_time_median_s));
   if (!p.fits())
     w.push_back("the prediction says the plan does not fit in memory, yet it ran: check the cluster's capacities");
   if (!r.units.empty()) {

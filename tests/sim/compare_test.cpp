@@ -382,6 +382,18 @@ TEST(Compare, WarnsAboutNoisyRuns) {
   EXPECT_TRUE(has_warning(c, "measured step times spread 32.0%"));
 }
 
+// The input pipeline is not simulated: a run that waited for its data over a twentieth of its step says so,
+// one under that does not.
+TEST(Compare, SaysWhenTheStepWaitedForItsData) {
+  const ModelProfile m = profile();
+  RunRecord r = record();
+  r.phase_times_s["data"] = 0.3 * r.step_time_median_s;
+  const Comparison c = compare(prediction(), r, CompareOptions{}.set_model(&m));
+  EXPECT_TRUE(has_warning(c, "for its data (30% of the step)")) << (c.warnings.empty() ? "" : c.warnings.front());
+  r.phase_times_s["data"] = 0.01 * r.step_time_median_s;
+  EXPECT_FALSE(has_warning(compare(prediction(), r, CompareOptions{}.set_model(&m)), "for its data"));
+}
+
 // ---- overlay -----------------------------------------------------------------------------------
 
 const char* kPredictedTrace = R"({"displayTimeUnit":"ms","traceEvents":[

@@ -234,6 +234,27 @@ TEST(ModelStates, OffloadedHostBlocksArePinnedPowersOfTwoOnAGpu) {
   EXPECT_EQ(memory_lower_bound(m, cpu(2), p).host_bytes, 16 * shard);
 }
 
+// The GEMM libraries' workspaces a CUDA profile measured (cuBLAS and cuBLASLt: 33 MiB on an H200) are on
+// the device for the whole step, at every stage, and only on the kind of device they were measured on.
+TEST(ModelStates, LibraryWorkspacesOfAGpuProfileAreResidentOnTheGpu) {
+  ModelProfile m = two_units(128);
+  m.device = "NVIDIA H200";
+  Plan p = testing::mixed_plan(1, 0);
+  const Prediction without = simulate(m, testing::a100(1), p);
+  m.device_library_bytes = 33 << 20;
+  for (const int stage : {0, 3}) {
+    p = testing::mixed_plan(1, stage);
+    p.reshard_after_forward = stage == 3;
+    const Prediction with = simulate(m, testing::a100(1), p);
+    EXPECT_EQ(resident(with, "library workspaces"), 33 << 20) << dump(with);
+    if (stage == 0) {
+      EXPECT_EQ(with.device.peak_bytes, without.device.peak_bytes + (33 << 20));
+    }
+  }
+  m.device = "cpu";  // a CPU profile simulated on a GPU: nothing of it
+  EXPECT_EQ(resident(simulate(m, testing::a100(1), testing::mixed_plan(1, 0)), "library workspaces"), 0);
+}
+
 // An offloaded optimizer without offloaded gradients steps a host copy of this rank's final gradients,
 // one block the executor allocates at set-up, at stages 1-3 alike (fp32, SGD with momentum: gradient
 // copy, parameter copy, momentum: three shards).

@@ -24,13 +24,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path measured_dir(const std::string& model) {
-  return shipped_data_dir() / "measured" / "h100-sxm-80gb-2026-11-27" / model;
+constexpr const char* kH100 = "h100-sxm-80gb-2026-11-27";
+constexpr const char* kH200 = "h200-sxm-141gb-2026-11-28";
+
+fs::path measured_dir(const std::string& model, const std::string& machine = kH100) {
+  return shipped_data_dir() / "measured" / machine / model;
 }
 
 // metric name -> signed relative error, for every run of `model` (by the run file's name).
-std::map<std::string, std::map<std::string, double>> errors(const std::string& model, const std::string& profile_file = "") {
-  const fs::path dir = measured_dir(model);
+std::map<std::string, std::map<std::string, double>> errors(const std::string& model, const std::string& profile_file = "",
+                                                             const std::string& machine = kH100) {
+  const fs::path dir = measured_dir(model, machine);
   const auto profile = read_document<ModelProfile>(dir / (profile_file.empty() ? model + ".json" : profile_file));
   const auto cluster = read_document<ClusterProfile>(dir / "cluster.json");
   std::map<std::string, std::map<std::string, double>> out;
@@ -123,6 +127,40 @@ TEST(MeasuredH100, Resnet50ActivationOffloadPeaks) {
       read_document<ModelProfile>(measured_dir("resnet50-offload-per-tensor") / "resnet50-b256.json"));
   for (size_t i = 1; i < peaks.size(); ++i) EXPECT_LT(peaks[i], peaks[i - 1]) << kHfaiRatios[i];
   EXPECT_LT(peaks.back(), std::int64_t{6} << 30) << "hfai measured 4.4 GB at ratio 1";
+}
+
+// The same study on a lent H200 (h200-sxm-141gb-2026-11-28, the GPU kit at 35abd6e): the CUDA side lane's
+// host-side wait in, every ratio's device peak predicted within 1% of the measured 21.24 / 19.40 / 12.05 /
+// 4.97 GiB (0.03 GiB under each: cuBLAS's workspaces, which that profile predates), ratio 1 below 6 GiB
+// measured as predicted (hfai: 4.4 GB). The ratio-0.1 and ratio-0 steps waited for the host's batch
+// (the images were made on the CPU then), so step times are judged only where the copies bound the step:
+// ratios 0.5 and 1 within 10%.
+TEST(MeasuredH200, Resnet50ActivationOffloadPeaks) {
+  const auto runs = errors("resnet50-offload", "resnet50-b256.json", kH200);
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& [run, metrics] : runs) {
+    SCOPED_TRACE(run);
+    ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
+    EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.01);
+    if (run == "run-r50-act0.5.json" || run == "run-r50-act1.json") {
+      EXPECT_LE(std::abs(metrics.at("step_time_s")), 0.10);
+    }
+  }
+  const auto record = read_document<RunRecord>(measured_dir("resnet50-offload", kH200) / "run-r50-act1.json");
+  EXPECT_LT(record.peaks.at(0).device_peak_bytes, std::int64_t{6} << 30) << "measured at ratio 1";
+}
+
+// gpt2-small under the kit's nine plans on the H200: device peaks within 7% as on the H100 (0.6-6.1% under:
+// cuBLAS's workspaces, which the profile predates, and 0.23 GiB more where the peak is in the loss, not
+// modelled yet).
+TEST(MeasuredH200, Gpt2SmallPeaks) {
+  const auto runs = errors("gpt2-small", "", kH200);
+  ASSERT_EQ(runs.size(), 9u);
+  for (const auto& [run, metrics] : runs) {
+    SCOPED_TRACE(run);
+    ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
+    EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.07);
+  }
 }
 
 // The same study from zeroplan's own resnet50 profile with the backward's timeline

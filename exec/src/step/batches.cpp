@@ -4,13 +4,15 @@
 namespace zeroplan::exec::pieces {
 
 Batches::Batches(const zoo::Task& task, int rank, int microbatches, std::int64_t micro_batch, bool background,
-                 bool pin)
+                 bool pin, const torch::Device& device)
     : task_(task),
       rank_(rank),
       microbatches_(microbatches),
       micro_batch_(micro_batch),
-      background_(background && task.batches_in_background()),
-      pin_(pin) {}
+      device_(device),
+      on_device_(task.draws_on(device)),
+      background_(background && !on_device_ && task.batches_in_background()),
+      pin_(pin && !on_device_) {}
 
 Batches::~Batches() {
   if (next_.valid()) next_.wait();  // its exception, if any, goes with it
@@ -18,6 +20,7 @@ Batches::~Batches() {
 
 zoo::Batch Batches::make(std::int64_t step, int k) const {
   const std::int64_t first = (static_cast<std::int64_t>(rank_) * microbatches_ + k) * micro_batch_;
+  if (on_device_) return task_.batch_on(device_, step, first, micro_batch_);
   zoo::Batch batch = task_.batch(step, first, micro_batch_);
   if (pin_) {
     batch.input = batch.input.pin_memory();

@@ -65,9 +65,11 @@ class Executor::Impl {
       if (plan.offload_model.enabled) offload_model_ = std::make_unique<OffloadModel>(*c_, *params_, *grads_, adascale_.get());
       checkpoint_ = std::make_unique<Checkpoint>(*c_, *params_, *optimizer_, *precision_);
       // On CUDA the next microbatch is made while the device computes, in pinned memory (a DataLoader
-      // worker with pin_memory); on a CPU device in line, as the simulator's compute takes every core.
+      // worker with pin_memory), or drawn on the device where the task can; on a CPU device in line, as the
+      // simulator's compute takes every core.
       const bool cuda = dev.torch_device().is_cuda();
-      batches_ = std::make_unique<pieces::Batches>(*model.task, c_->rank, plan.microbatches, plan.micro_batch, cuda, cuda);
+      batches_ = std::make_unique<pieces::Batches>(*model.task, c_->rank, plan.microbatches, plan.micro_batch, cuda, cuda,
+                                                   dev.torch_device());
     });
   }
 
@@ -193,9 +195,14 @@ class Executor::Impl {
     return grad;
   }
 
+  // The microbatch from the data loader; the time the step waited for it is the "data" phase (made in
+  // line, or the worker's batch not ready yet), which the simulator does not model: compare says so.
   zoo::Batch data(std::int64_t step, int k) {
     c_->at("all", "data");
-    return batches_->get(step, k);
+    const double t0 = c_->rec.now_s();
+    zoo::Batch batch = batches_->get(step, k);
+    c_->rec.span(Lane::compute, "data", t0, c_->rec.now_s(), "data", -1, k);
+    return batch;
   }
 
   // A pipeline stage's step: the schedule's forwards and backwards in the Pipeline piece's order, the

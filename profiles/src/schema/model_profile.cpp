@@ -114,6 +114,7 @@ ojson to_ordered_json(const ModelProfile& m) {
   if (m.concurrent_ranks != 1) j["concurrent_ranks"] = m.concurrent_ranks;
   if (m.backward_adds_grads) j["backward_adds_grads"] = true;
   if (m.rank_skew > 0) j["rank_skew"] = m.rank_skew;
+  if (m.device_library_bytes > 0) j["device_library_bytes"] = m.device_library_bytes;
   j["library_versions"] = m.library_versions;
   j["batch"] = m.batch;
   j["seq_len"] = m.seq_len;
@@ -273,6 +274,7 @@ void from_json(const nlohmann::json& j, ModelProfile& m) {
   r.opt("concurrent_ranks", m.concurrent_ranks);
   r.opt("backward_adds_grads", m.backward_adds_grads);
   r.opt("rank_skew", m.rank_skew);
+  r.opt("device_library_bytes", m.device_library_bytes);
   r.opt("library_versions", m.library_versions);
   r.req("batch", m.batch);
   r.opt("seq_len", m.seq_len);

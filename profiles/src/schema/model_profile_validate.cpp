@@ -48,6 +48,8 @@ void validate(const ModelProfile& m) {
   if (m.concurrent_ranks < 1 || m.concurrent_ranks > 4096)
     model_error("concurrent_ranks must be in 1..4096 (got " + num(m.concurrent_ranks) + ")");
   if (!(m.rank_skew >= 0 && m.rank_skew <= 1)) model_error("rank_skew must be in [0, 1] (got " + num(m.rank_skew) + ")");
+  if (m.device_library_bytes < 0)
+    model_error("device_library_bytes must be >= 0 (got " + num(m.device_library_bytes) + ")");
   if (m.batch < 1) model_error("batch must be >= 1 (got " + num(m.batch) + ")");
   if (m.seq_len < 0) model_error("seq_len must be >= 0 (got " + num(m.seq_len) + ")");
   if (m.image_size < 0) model_error("image_size must be >= 0 (got " + num(m.image_size) + ")");

@@ -232,6 +232,7 @@ void Ctx::intern_names() {
   n_cat_comm = g.intern("comm");
   n_cat_copy = g.intern("copy");
   n_cat_optimizer = g.intern("optimizer");
+  n_library = g.intern("library workspaces");
 }
 
 std::string Ctx::unit_name(int u) const {

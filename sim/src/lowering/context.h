@@ -139,7 +139,7 @@ struct Ctx {
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
       n_rs_output, n_rs_wait, n_rs_add, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_zero_grad, n_cast, n_gather_bucket,
-      n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer;
+      n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer, n_library;
 
   // Per-unit results of the current microbatch, filled by the step schedule.
   std::vector<TaskId> fwd, bwd;

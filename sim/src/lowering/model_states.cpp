@@ -93,6 +93,9 @@ void place_model_states(Ctx& c) {
   put(c.host, r.host_master(), MemCategory::optimizer, c.n_states);
   for (int i = 0; i < r.host_state_blocks; ++i) put(c.host, r.host_state_block, MemCategory::optimizer, c.n_states);
   put(c.host, r.host_buffers, MemCategory::buffers, c.n_reduce_buffers);
+  // What the device's libraries hold for the whole process (the profile's GEMM workspaces on CUDA), where
+  // the profile was measured on the kind of device simulated.
+  if (measured_on_device_kind(c.model, c.cluster)) put(c.dev, c.model.device_library_bytes, MemCategory::overhead, c.n_library);
 }
 
 }  // namespace zeroplan::sim::lowering

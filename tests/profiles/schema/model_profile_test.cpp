@@ -135,21 +135,27 @@ TEST(ModelProfile, RunConditionsAndDtypeTimesAreOptional) {
   nlohmann::json j = m;
   EXPECT_FALSE(j.contains("concurrent_ranks"));
   EXPECT_FALSE(j.contains("backward_adds_grads"));
+  EXPECT_FALSE(j.contains("device_library_bytes"));
   EXPECT_FALSE(j["units"][1].contains("times_at_dtype"));
   EXPECT_EQ(j.get<ModelProfile>().concurrent_ranks, 1);
   m.concurrent_ranks = 2;
   m.backward_adds_grads = true;
+  m.device_library_bytes = 34603008;
   m.units[1].times_at_dtype["bf16"] = DtypeTimes{Figure::constant(6e-5), Figure{1.5e-4, Fit{1e-5, 1.75e-5, 1, 2}, {}}};
   validate(m);
   testing::expect_round_trip(m);
   j = m;
   EXPECT_EQ(j["concurrent_ranks"].get<int>(), 2);
+  EXPECT_EQ(j["device_library_bytes"].get<std::int64_t>(), 34603008);
   EXPECT_EQ(j["units"][1]["times_at_dtype"]["bf16"]["time_bwd_s"]["value"].get<double>(), 1.5e-4);
   m.units[1].times_at_dtype["int8"] = DtypeTimes{};
   expect_error([&] { validate(m); }, "model_profile: units[1] (block).times_at_dtype: \"int8\" is not one of fp32, fp16, bf16");
   m.units[1].times_at_dtype.erase("int8");
   m.concurrent_ranks = 0;
   expect_error([&] { validate(m); }, "model_profile: concurrent_ranks must be in 1..4096 (got 0)");
+  m.concurrent_ranks = 1;
+  m.device_library_bytes = -1;
+  expect_error([&] { validate(m); }, "model_profile: device_library_bytes must be >= 0 (got -1)");
 }
 
 // The same model profiled at another dtype: its unit times go into the profile's times_at_dtype.

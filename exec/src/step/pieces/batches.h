@@ -20,10 +20,13 @@ namespace zeroplan::exec::pieces {
 // (zoo::Task::batches_in_background) and `background` is asked for: the executor asks on CUDA, where the
 // host is otherwise idle while the device computes; on a CPU device the worker would take cores from the
 // step. A request out of that order (a pipeline's schedule, a resumed step) is made on the spot, the
-// prefetched one dropped. The batches are the same bits either way.
+// prefetched one dropped. The batches are the same bits either way. Where the task draws its samples on
+// `device` itself (zoo::Task::draws_on: the image task on CUDA), they are made there in line: a batch made
+// ahead would sit in device memory beside the step's.
 class Batches {
  public:
-  Batches(const zoo::Task& task, int rank, int microbatches, std::int64_t micro_batch, bool background, bool pin);
+  Batches(const zoo::Task& task, int rank, int microbatches, std::int64_t micro_batch, bool background, bool pin,
+          const torch::Device& device = torch::kCPU);
   ~Batches();  // waits for a batch in flight
   Batches(const Batches&) = delete;
   Batches& operator=(const Batches&) = delete;
@@ -40,6 +43,8 @@ class Batches {
   int rank_;
   int microbatches_;
   std::int64_t micro_batch_;
+  torch::Device device_;
+  bool on_device_;
   bool background_;
   bool pin_;
   std::optional<std::pair<std::int64_t, int>> next_key_;

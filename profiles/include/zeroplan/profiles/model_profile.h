@@ -131,6 +131,10 @@ struct ModelProfile {
   // (max - mean) / mean). Ranks sharing cores drift apart, and a collective starts when the last rank
   // issues it. 0: not measured. Optional.
   double rank_skew = 0;
+  // Device bytes the libraries hold for the whole process once a step ran (cuBLAS's and cuBLASLt's
+  // workspaces on CUDA, allocated through the caching allocator; cuda_init.h), so every run on that
+  // device holds them beside the model. 0 on a CPU. Optional.
+  std::int64_t device_library_bytes = 0;
   std::map<std::string, std::string> library_versions;  // {"torch": "2.15.0", "zeroplan": "0.1.0"}; optional
   int batch = 1;                              // reference micro batch: figures' `value`s are at this batch
   std::int64_t seq_len = 0;                   // sequence length (0 when not a sequence model); optional

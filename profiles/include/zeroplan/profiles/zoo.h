@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,20 @@ class Task {
   // Whether batch() may run on another thread while the step computes (a data loader's worker): true
   // for the zoo's tasks (pure functions of their keys); a task that calls back into Python says no.
   virtual bool batches_in_background() const { return false; }
+  // Whether the task draws its samples on `device` itself (batch_on), as benchmarks' synthetic-data
+  // loaders do on a GPU: the zoo's image task on CUDA, where the CPU would make a 256-image ResNet batch
+  // slower than the device trains on it.
+  virtual bool draws_on(const torch::Device& device) const {
+    (void)device;
+    return false;
+  }
+  // Samples [first_sample, first_sample + count) of `step` made on `device` where draws_on(device): the
+  // same classes as batch(), the noise from the device's generator seeded per sample with the same key
+  // (other bits than the CPU's, the same on every run). Elsewhere batch() on the CPU.
+  virtual Batch batch_on(const torch::Device& device, int64_t step, int64_t first_sample, int64_t count) const {
+    (void)device;
+    return batch(step, first_sample, count);
+  }
 };
 
 struct Model {

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstddef>
@@ -79,7 +80,34 @@ void check_cuda_backward() {
   (void)checked;
 }
 
+std::int64_t allocated_now() {
+  constexpr auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const auto index = c10::cuda::current_device();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[aggregate].current;
+}
+
+std::int64_t measure_library_workspaces() {
+  c10::cuda::device_synchronize();
+  const std::int64_t before = allocated_now();
+  {
+    torch::NoGradGuard no_grad;
+    for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+      const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+      const torch::Tensor a = torch::ones({64, 64}, o), bias = torch::ones({64}, o);
+      (void)torch::mm(a, a);
+      (void)torch::addmm(bias, a, a);
+      (void)torch::nn::functional::linear(a, a, bias);
+    }
+    c10::cuda::device_synchronize();
+  }
+  return std::max<std::int64_t>(0, allocated_now() - before);
+}
+
+std::atomic<std::int64_t> library_workspace_bytes{0};
+
 }  // namespace
+
+std::int64_t cuda_library_workspace_bytes() { return library_workspace_bytes.load(); }
 
 void cuda_init() {
   // Both once per process; harmless where they were not needed.
@@ -90,6 +118,8 @@ void cuda_init() {
   // would only hand the work over; the check above names what the engine holds when its queues fail.
   check_cuda_backward();
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  static std::once_flag measured;
+  std::call_once(measured, [] { library_workspace_bytes = measure_library_workspaces(); });
 }
 
 }  // namespace zeroplan
@@ -110,6 +140,7 @@ class CudaMemoryMeter final : public MemoryMeter {
   }
   std::int64_t live() const override { return stat().current; }
   std::int64_t peak() const override { return stat().peak; }
+  std::int64_t library_bytes() const override { return cuda_library_workspace_bytes(); }
 
  private:
   c10::CachingAllocator::Stat stat() const {

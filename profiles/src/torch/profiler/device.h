@@ -20,6 +20,9 @@ class MemoryMeter {
   virtual std::int64_t begin_phase() = 0;
   virtual std::int64_t live() const = 0;
   virtual std::int64_t peak() const = 0;
+  // Bytes the device's libraries hold for the whole process once they ran (cuda_init.h: the GEMM
+  // workspaces); 0 on a CPU.
+  virtual std::int64_t library_bytes() const { return 0; }
 };
 
 #if ZEROPLAN_HAVE_CUDA

@@ -296,6 +296,7 @@ ModelProfile profile_model(zoo::Model& model, const ProfileOptions& options, Tra
 #endif
 
   detail::DeviceContext ctx(device);
+  profile.device_library_bytes = ctx.devices().memory.library_bytes();
   std::optional<detail::ProfilerTrace> profiler_trace;
   if (trace != nullptr) profiler_trace.emplace(*trace);
   detail::ProfilerTrace* traced = profiler_trace ? &*profiler_trace : nullptr;

@@ -5,10 +5,15 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <zeroplan/config.h>
+#if ZEROPLAN_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 #include <zeroplan/profiles/errors.h>
 
 #include <cmath>
+#include <mutex>
 
 namespace zeroplan::zoo::detail {
 namespace {
@@ -147,6 +152,34 @@ class PatternImages : public Task {
       }
     });
     return {input, target};
+  }
+
+  bool draws_on(const torch::Device& device) const override { return ZEROPLAN_HAVE_CUDA && device.is_cuda(); }
+
+  // On CUDA: each sample's noise from a CUDA generator seeded with its key, the patterns added in one go.
+  Batch batch_on(const torch::Device& device, int64_t step, int64_t first_sample, int64_t count) const override {
+#if ZEROPLAN_HAVE_CUDA
+    if (!device.is_cuda()) return batch(step, first_sample, count);
+    TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "resnet task: bad batch request");
+    torch::Tensor classes = torch::empty({count}, torch::kInt64);
+    auto t = classes.accessor<int64_t, 1>();
+    for (int64_t j = 0; j < count; ++j) t[j] = Rng(sample_key(seed_, step, first_sample + j)).below(classes_);
+    const torch::Tensor target = classes.to(device);
+    torch::Tensor input = torch::empty({count, 3, image_, image_}, torch::TensorOptions().device(device).dtype(torch::kFloat32));
+    at::Generator gen = at::cuda::detail::createCUDAGenerator(device.index());
+    for (int64_t j = 0; j < count; ++j) {
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_current_seed(sample_key(seed_, step, first_sample + j));
+      }
+      input[j].normal_(0.0, 1.0, gen);
+    }
+    const torch::Tensor blocks = blocks_.to(device);
+    input.add_(patterns_.to(device).index_select(0, target).index_select(2, blocks).index_select(3, blocks));
+    return {input, target};
+#else
+    return batch(step, first_sample, count);
+#endif
   }
 
   torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const override {
