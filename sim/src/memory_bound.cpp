@@ -51,8 +51,10 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
 // lowering's Activations::on_fwd): a unit's saved bytes, or a checkpointed unit's input (none with
 // checkpoint_offload), and the stage's last output (the loss's allocation); a pipeline-checkpointed
 // microbatch keeps the stage's received input only. With activation offload a unit's offloaded share leaves
-// as its forward ends, and only what a unit saves beside its input goes where the profile lists no saved
-// tensors; with a list nothing else is counted (a bound must not exceed the peak).
+// as its forward ends: where the profile lists no saved tensors the unit keeps the rest of what it saves
+// (lowering::analytic_offloaded_bytes, its input counted as the stage's lowering counts it; the model's own
+// input as none: more offloaded, less kept), so the bound falls as the ratio rises; with a list only what
+// units without one save up to their input is counted (a bound must not exceed the peak).
 std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Unit>& all, std::size_t first,
                                 std::size_t last, int stage) {
   std::vector<int> before_backward;  // microbatches forwarded before the stage's first backward
@@ -60,7 +62,9 @@ std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Un
     if (!op.forward) break;
     before_backward.push_back(op.microbatch);
   }
-  const bool offload = plan.offload.activations_ratio > 0;
+  const double ratio = plan.offload.activations_ratio;
+  const bool offload = ratio > 0;
+  const bool lists = all[first].tensor_list;  // the stage's lowering picks by tensor when its first unit has a list
   std::int64_t kept = all[last - 1].output;  // one microbatch, not pipeline-checkpointed
   for (std::size_t i = first; i < last; ++i) {
     const lowering::Unit& u = all[i];
@@ -69,6 +73,8 @@ std::int64_t pipeline_in_flight(const Plan& plan, const std::vector<lowering::Un
       if (!plan.checkpoint_offload) kept += input;
     } else if (!offload) {
       kept += u.saved;
+    } else if (!lists) {
+      kept += u.saved - lowering::analytic_offloaded_bytes(u, input, ratio);
     } else if (!u.tensor_list) {
       kept += std::min(u.saved, input);
     }

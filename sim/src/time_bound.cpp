@@ -9,7 +9,15 @@
 //  - a replay of a subset of a stream's tasks in the same order, with a subset of their dependencies,
 //    ends no later than the tasks do (the pipelines' stages below).
 // step_time_s adds LocalSGD's amortised averaging to the makespan; so does the bound. Checkpointed units add
-// their recompute; activation and checkpoint offload only add copies, which the bound leaves out.
+// their recompute. Checkpoint offload only adds copies, which the bound leaves out; so does activation offload
+// in plans without pipeline stages. In a pipeline stage a unit's activation-offload copies stand between
+// compute tasks (activations.cpp): the next forward waits for a unit's copies out (which start after the
+// previous unit's forward, or the unit's own for the stage's first), and a unit's backward for its copies
+// back (which start after the next unit's backward; for the stage's last unit after the stage's previous
+// task and, but on the last stage, the next stage's backward): the replay runs those copies too, each at
+// its stand-alone time, where the profile lists no saved tensors (lowering::analytic_offloaded_bytes; the
+// model's first unit's left out). Longer copies never end a replay earlier, so the bound never falls as the
+// ratio rises.
 #include <algorithm>
 
 #include "lowering/context.h"
@@ -63,14 +71,22 @@ double flat_comm_bound(const Plan& plan, const ClusterProfile& cluster, const st
 
 // Pipelined plans: each stage's forwards, recomputes (pipeline-checkpointed microbatches) and backwards
 // replayed in the stage's order (pipeline_order), a forward after the previous stage's forward of its
-// microbatch, a backward after the next stage's backward of it: sends, gathers, gradient reductions and
-// optimizer steps free. Returns the last stage to finish, in unscaled compute seconds.
-double pipeline_replay(const Plan& plan, const ModelProfile& model, const std::vector<lowering::Unit>& units) {
+// microbatch, a backward after the next stage's backward of it, with the activation-offload copies that
+// stand between a stage's compute tasks (above): sends, gathers, gradient reductions and optimizer steps
+// free. Returns the last stage to finish, in unscaled compute seconds (copies divided by `factor`).
+double pipeline_replay(const Plan& plan, const ModelProfile& model, const ClusterProfile& cluster,
+                       const std::vector<lowering::Unit>& units, double factor) {
   const int p = plan.pipeline_stages, m = plan.microbatches;
   // Per stage, one microbatch: forward; the stage's recompute (pipeline-checkpointed microbatches); what
   // its backward runs before it needs the next stage's gradient (the last unit's recompute, when that unit
   // is checkpointed) and after (the backwards and the other checkpointed units' recomputes).
   std::vector<double> fwd, recompute, early, bwd;
+  // Stages with activation-offload copies: a forward's end (its last unit's forward) and the end of the
+  // copies out it waits for, from its start; each unit's copies back (0: none).
+  std::vector<double> fwd_done, fwd_free;
+  std::vector<std::vector<double>> back;
+  const double ratio = plan.offload.activations_ratio;
+  std::vector<std::size_t> firsts;
   std::size_t first = 0;
   for (const int n : pipeline_balance(plan, model)) {
     const std::size_t last = first + static_cast<std::size_t>(n) - 1;
@@ -84,6 +100,32 @@ double pipeline_replay(const Plan& plan, const ModelProfile& model, const std::v
     recompute.push_back(r);
     early.push_back(units[last].checkpoint ? units[last].recompute_s : 0.0);
     bwd.push_back(b);
+    std::vector<double> h2d(last - first + 1, 0.0);
+    double done = f, free = f;
+    if (ratio > 0 && factor > 0 && !units[first].tensor_list) {
+      // The forward's chain: each unit's copies out after the previous unit's forward (the first's after its
+      // own), one at a time; the next forward after them.
+      double t = 0, prev_end = 0, d2h_free = 0;
+      for (std::size_t i = first; i <= last; ++i) {
+        const double end = t + units[i].fwd_s;
+        t = end;
+        const std::int64_t off = units[i].checkpoint || i == 0 ? 0 : lowering::analytic_offloaded_bytes(units[i], units[i - 1].output, ratio);
+        if (off > 0) {
+          const double start = std::max(i == first ? end : prev_end, d2h_free);
+          d2h_free = start + copy_time(cluster, CopyDir::d2h, static_cast<double>(off)) / factor;
+          t = std::max(end, d2h_free);
+          h2d[i - first] = copy_time(cluster, CopyDir::h2d, static_cast<double>(off)) / factor;
+        }
+        prev_end = end;
+      }
+      done = prev_end;
+      free = t;
+    }
+    fwd_done.push_back(done);
+    fwd_free.push_back(free);
+    const bool copies = std::any_of(h2d.begin(), h2d.end(), [](double c) { return c > 0; });
+    back.push_back(copies ? std::move(h2d) : std::vector<double>{});
+    firsts.push_back(first);
     first = last + 1;
   }
   std::vector<std::vector<PipelineOp>> order;
@@ -93,6 +135,7 @@ double pipeline_replay(const Plan& plan, const ModelProfile& model, const std::v
   const auto at = [m](int s, int mb) { return static_cast<std::size_t>(s) * static_cast<std::size_t>(m) + static_cast<std::size_t>(mb); };
   std::vector<double> fwd_end(at(p, 0), -1.0), bwd_end(at(p, 0), -1.0);
   std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+  std::vector<double> work_at(static_cast<std::size_t>(p), 0.0);  // the stage's last forward, recompute or backward ends
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   std::vector<int> todo;  // stages that may advance
   for (int s = p - 1; s >= 0; --s) todo.push_back(s);
@@ -102,16 +145,45 @@ double pipeline_replay(const Plan& plan, const ModelProfile& model, const std::v
     const auto si = static_cast<std::size_t>(s);
     for (; next[si] < order[si].size(); ++next[si]) {
       const PipelineOp& op = order[si][next[si]];
+      const bool ckpt = checkpointed[static_cast<std::size_t>(op.microbatch)] != 0;
       if (op.forward) {
         const double ready = s > 0 ? fwd_end[at(s - 1, op.microbatch)] : 0.0;
         if (ready < 0) break;  // the previous stage has not run it yet
-        free_at[si] = fwd_end[at(s, op.microbatch)] = std::max(free_at[si], ready) + fwd[si];
+        const double start = std::max(free_at[si], ready);
+        if (ckpt || back[si].empty()) {
+          free_at[si] = work_at[si] = fwd_end[at(s, op.microbatch)] = start + fwd[si];
+        } else {
+          work_at[si] = fwd_end[at(s, op.microbatch)] = start + fwd_done[si];
+          free_at[si] = start + fwd_free[si];
+        }
         if (s + 1 < p) todo.push_back(s + 1);
       } else {
         const double ready = s + 1 < p ? bwd_end[at(s + 1, op.microbatch)] : 0.0;
         if (ready < 0) break;
-        const double own = free_at[si] + (checkpointed[static_cast<std::size_t>(op.microbatch)] ? recompute[si] : 0.0) + early[si];
-        free_at[si] = bwd_end[at(s, op.microbatch)] = std::max(own, ready) + bwd[si];
+        if (ckpt || back[si].empty()) {
+          const double own = free_at[si] + (ckpt ? recompute[si] : 0.0) + early[si];
+          free_at[si] = work_at[si] = bwd_end[at(s, op.microbatch)] = std::max(own, ready) + bwd[si];
+        } else {
+          // Unit by unit from the last: a checkpointed one's recompute, an offloaded one's copies back (the
+          // last's after the stage's previous task and the gradient, the others' after the next unit's
+          // backward), then the backward.
+          const std::vector<double>& h2d = back[si];
+          const std::size_t n = h2d.size();
+          double t = free_at[si], h2d_free = 0;
+          for (std::size_t k = n; k-- > 0;) {
+            const lowering::Unit& u = units[firsts[si] + k];
+            double start = t;
+            if (u.checkpoint) start += u.recompute_s;
+            if (k + 1 == n) start = std::max(start, ready);
+            if (h2d[k] > 0) {
+              const double issue = std::max(k + 1 == n ? std::max(work_at[si], ready) : t, h2d_free);
+              h2d_free = issue + h2d[k];
+              start = std::max(start, h2d_free);
+            }
+            t = start + u.bwd_s;
+          }
+          free_at[si] = work_at[si] = bwd_end[at(s, op.microbatch)] = t;
+        }
         if (s > 0) todo.push_back(s - 1);
       }
     }
@@ -126,7 +198,7 @@ double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cl
   const double factor = compute_time_factor(model, cluster);
   double makespan = 0;
   if (plan.pipeline_stages > 1) {
-    makespan = pipeline_replay(plan, model, units) * factor;
+    makespan = pipeline_replay(plan, model, cluster, units, factor) * factor;
   } else {
     // Every unit's forward, recompute (checkpointed) and backward of every microbatch on the one compute
     // stream (OffloadModel: of every chunk of it, recomputed with checkpoint_activation).

@@ -2,6 +2,7 @@
 // with and without pipeline stages; collective_time_lower_bound never exceeds the time of any split.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <string>
 
@@ -201,10 +202,65 @@ TEST(StepTimeBound, CheckpointingMoreUnitsOnlyRaisesIt) {
     const double all = step_time_lower_bound(model, a100(2), p);
     p.checkpoint_offload = true;
     p.offload.activations_ratio = 0.3;
-    EXPECT_EQ(step_time_lower_bound(model, a100(2), p), all);  // copies are not counted
+    EXPECT_EQ(step_time_lower_bound(model, a100(2), p), all);  // every unit checkpointed: nothing offloaded, copies in not counted
     EXPECT_LT(none, some);
     EXPECT_LE(some, all);
   }
+}
+
+// A pipeline stage's activation-offload copies stand between its compute tasks: the step-time bound counts
+// them and the memory bound the share each unit keeps, so as the ratio rises the first never falls and the
+// second never rises (what the tuner's search assumes), each still below the simulated step and peak.
+TEST(StepTimeBound, PipelinedActivationOffloadRaisesTheTimeBoundAndLowersTheMemoryBound) {
+  const ModelProfile model = gpt(6, 1024, 16, 512, 1000);
+  const ClusterProfile c = a100(2);
+  int plans = 0;
+  for (const int stages : {2, 4, 8}) {
+    for (const int stage : {0, 1, 2}) {
+      for (const char* schedule : {"gpipe", "1f1b"}) {
+        for (const bool some_checkpointed : {false, true}) {
+          Plan p = mixed_plan(16, stage, 1, 8);
+          p.pipeline_stages = stages;
+          p.global_batch = 8 * 16 / stages;
+          p.pipeline.schedule = schedule;
+          if (some_checkpointed) p.checkpointing = {Checkpointing::Mode::units, {0, 2}};  // the embedding and the head
+          double time = 0;
+          std::int64_t device = std::numeric_limits<std::int64_t>::max();
+          for (const double ratio : {0.0, 0.05, 0.2, 0.5, 0.8, 1.0}) {
+            p.offload.activations_ratio = ratio;
+            SCOPED_TRACE(to_json_string(p));
+            const double t = step_time_lower_bound(model, c, p);
+            const std::int64_t d = memory_lower_bound(model, c, p).device_bytes;
+            const Prediction pred = simulate(model, c, p);
+            EXPECT_LE(t, pred.step_time_s);
+            EXPECT_LE(d, pred.device.peak_bytes);
+            EXPECT_GE(t, time);
+            EXPECT_LE(d, device);
+            time = t;
+            device = d;
+            ++plans;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(plans, 216);
+  // Not vacuous: one unit a stage, every saved byte beside the inputs copied out and back.
+  Plan p = mixed_plan(16, 1, 1, 8);
+  p.pipeline_stages = 8;
+  p.global_batch = 8 * 16 / 8;
+  const double none = step_time_lower_bound(model, c, p);
+  const std::int64_t kept = memory_lower_bound(model, c, p).device_bytes;
+  p.offload.activations_ratio = 1;
+  const double all = step_time_lower_bound(model, c, p);
+  EXPECT_GT(all, none * 1.05) << simulate(model, c, p).step_time_s;
+  EXPECT_LT(memory_lower_bound(model, c, p).device_bytes, kept);
+  p.offload.activations_ratio = 0.5;
+  EXPECT_GT(memory_lower_bound(model, c, p).device_bytes, memory_lower_bound(model, c, [&] {
+              Plan q = p;
+              q.offload.activations_ratio = 1;
+              return q;
+            }()).device_bytes);
 }
 
 TEST(CollectiveTimeBound, NeverExceedsAnySplit) {

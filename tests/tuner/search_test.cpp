@@ -165,6 +165,61 @@ TEST(Search, VariantsAboveTheRankingCutoffAreNotSimulated) {
   EXPECT_EQ(evaluate_candidate(c, m, ev, needs_checkpointing, opt).status, Status::fits);
 }
 
+// LinearFake's exact bounds: memory and step time as simulated (device memory falls, time rises with the
+// ratio, as the search assumes of every evaluator's bounds).
+class RatioBoundedFake final : public Evaluator {
+ public:
+  LinearFake inner;
+  mutable int simulations = 0;
+  Prediction simulate(const Plan& p) const override {
+    ++simulations;
+    return inner.simulate(p);
+  }
+  MemoryBytes memory_lower_bound(const Plan& p) const override {
+    const Prediction q = inner.simulate(p);
+    return {q.device.total_bytes(), q.host.total_bytes()};
+  }
+  double step_time_lower_bound(const Plan& p) const override { return inner.simulate(p).step_time_s; }
+};
+
+TEST(Search, OffloadRatiosThatCannotBeRankedAreNotSimulated) {
+  RatioBoundedFake fake;
+  const RatioBoundedFake& ev = fake;
+  const ModelProfile m = small_gpt();
+  const MemoryLimits limits{820, 1 << 20};  // ratio 0.30 at least (1.15 s); checkpointing alone fits (1.1 s)
+  SearchOptions opt;
+  const Outcome all = evaluate_candidate(free_candidate(), m, ev, limits, opt);
+  ASSERT_EQ(all.status, Status::fits);
+  EXPECT_DOUBLE_EQ(all.plan.offload.activations_ratio, 0.30);
+  // Top_k plans at 1.12 s: every ratio that fits is bounded above them, so none is simulated.
+  opt.rank_cutoff_s = 1.12;
+  fake.simulations = 0;
+  const Outcome cut = evaluate_candidate(free_candidate(), m, ev, limits, opt);
+  EXPECT_EQ(cut.status, Status::dominated);
+  EXPECT_EQ(cut.simulations, 0);
+  EXPECT_EQ(fake.simulations, 0);
+  // A cutoff above the fitting ratio's bound, or no pruning, finds it.
+  opt.rank_cutoff_s = 1.16;
+  EXPECT_DOUBLE_EQ(evaluate_candidate(free_candidate(), m, ev, limits, opt).plan.offload.activations_ratio, 0.30);
+  opt.rank_cutoff_s = 1.12;
+  opt.prune = false;
+  EXPECT_EQ(evaluate_candidate(free_candidate(), m, ev, limits, opt).status, Status::fits);
+  // With checkpointing free the cut level is passed over, not the candidate: the next level (no offload,
+  // 1.1 s) is what an unpruned search ranks too, in fewer simulations.
+  Candidate c = free_candidate();
+  c.fit_checkpointing = true;
+  opt.prune = true;
+  fake.simulations = 0;
+  const Outcome pruned = evaluate_candidate(c, m, ev, limits, opt);
+  opt.prune = false;
+  const Outcome full = evaluate_candidate(c, m, ev, limits, opt);
+  ASSERT_EQ(pruned.status, Status::fits);
+  ASSERT_EQ(full.status, Status::fits);
+  EXPECT_EQ(pruned.plan, full.plan);
+  EXPECT_DOUBLE_EQ(pruned.prediction.step_time_s, 1.1);
+  EXPECT_LT(pruned.simulations, full.simulations);
+}
+
 TEST(Search, HostLimitStopsOffloadEarly) {
   const LinearFake fake;
   // Device needs ratio >= 0.5 (host 50), host allows 40: nothing fits.

@@ -18,6 +18,11 @@ static_assert(kRatioSteps * kRatioStep > 0.999 && kRatioSteps * kRatioStep < 1.0
 
 double ratio_of(int steps) { return static_cast<double>(steps) / kRatioSteps; }
 
+Plan with_ratio(Plan p, int steps) {
+  p.offload.activations_ratio = ratio_of(steps);
+  return p;
+}
+
 std::int64_t device_excess(const Prediction& p, const MemoryLimits& l) { return p.device.total_bytes() - l.device_bytes; }
 std::int64_t host_excess(const Prediction& p, const MemoryLimits& l) { return p.host.total_bytes() - l.host_bytes; }
 
@@ -50,6 +55,23 @@ class Fitter {
   bool time_ruled_out(const Plan& p) {
     if (!opt_.prune || !(opt_.rank_cutoff_s < std::numeric_limits<double>::infinity())) return false;
     if (!(opt_.rank_cutoff_s < ev_.step_time_lower_bound(p))) return false;
+    time_cut_ = true;
+    return true;
+  }
+
+  // True when no activation offload ratio of `p` can be ranked: a ratio that fits is at least the smallest
+  // whose device memory bound fits (the bound never rises with the ratio), so its step time is above that
+  // ratio's step-time bound (which never falls with it); above the ranking's cutoff, none can be ranked.
+  // REQUIRES: `p` at ratio 1 within the device memory bound.
+  bool ratio_time_ruled_out(const Plan& p) {
+    if (!opt_.prune || !(opt_.rank_cutoff_s < std::numeric_limits<double>::infinity())) return false;
+    // The smallest ratio within the bound: `hi` is, `lo` is not (-1: none below).
+    int lo = -1, hi = kRatioSteps;
+    while (hi - lo > 1) {
+      const int mid = lo + (hi - lo) / 2;
+      (ev_.memory_lower_bound(with_ratio(p, mid)).device > limits_.device_bytes ? lo : hi) = mid;
+    }
+    if (!(opt_.rank_cutoff_s < ev_.step_time_lower_bound(with_ratio(p, hi)))) return false;
     time_cut_ = true;
     return true;
   }
@@ -129,11 +151,6 @@ class Fitter {
   std::string error_;
   bool time_cut_ = false;
 };
-
-Plan with_ratio(Plan p, int steps) {
-  p.offload.activations_ratio = ratio_of(steps);
-  return p;
-}
 
 // Smallest ratio (in grid steps) whose device memory fits, given that `lo` does not fit the device
 // (excess `lo_excess` > 0) and `hi` does (excess `hi_excess` <= 0). Secant guesses, rounded up to the grid
@@ -267,6 +284,8 @@ Outcome evaluate_candidate(const Candidate& cand, const ModelProfile& model, con
     const Plan p0 = with_ratio(p, 0), p1 = with_ratio(p, kRatioSteps);
     if (f.host_ruled_out(p0)) return Next::stop;
     if (f.device_ruled_out(p1)) return Next::level;
+    // No ratio that fits can be ranked (the next level, with more recompute, is checked as usual).
+    if (f.ratio_time_ruled_out(p)) return Next::level;
     std::optional<Prediction> pred0;
     if (!f.device_ruled_out(p0)) {
       pred0 = f.sim(p0);

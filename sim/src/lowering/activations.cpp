@@ -83,7 +83,7 @@ void Activations::pick_offloaded() {
     const Unit& x = c_.units[i];
     if (x.checkpoint) continue;
     const std::int64_t input = i > 0 ? c_.units[i - 1].output : c_.input0;
-    off_bytes_[i] = static_cast<std::int64_t>(std::llround(static_cast<double>(std::max<std::int64_t>(0, x.saved - input)) * ratio));
+    off_bytes_[i] = analytic_offloaded_bytes(x, input, ratio);
     if (off_bytes_[i] > 0) off_sizes_[i].push_back(static_cast<double>(off_bytes_[i]));
   }
   set_windows();

@@ -2,8 +2,10 @@
 // the expanded units with their costs, and the byte sizes the precision settings imply.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cassert>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,6 +80,13 @@ std::int64_t saturated_bytes(double v);
 
 // The units after expanding repetitions, with sizes at the plan's micro batch; costs only if `cluster`.
 std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, const ClusterProfile* cluster);
+
+// Activation offload where the profile lists no saved tensors (tensor_list false): the bytes of unit `x`
+// that go to the host at `ratio`, a ratio of what it saves beside its input (`input`, kept anyway), as one
+// tensor (Activations::pick_offloaded; the bounds count the same). Never falls as the ratio rises.
+inline std::int64_t analytic_offloaded_bytes(const Unit& x, std::int64_t input, double ratio) {
+  return static_cast<std::int64_t>(std::llround(static_cast<double>(std::max<std::int64_t>(0, x.saved - input)) * ratio));
+}
 
 // Model states resident for the whole step, per pool (what memory_bound and the lowering share).
 struct Residency {

@@ -26,14 +26,16 @@ MemoryBound memory_lower_bound(const ModelProfile& model, const ClusterProfile& 
 //  - pipelined plans: each stage's forwards, backwards and recomputes (of checkpointed units; of the stage
 //    in pipeline-checkpointed microbatches) replayed in its schedule's order, a forward after the previous
 //    stage's forward of its microbatch and a backward after the next stage's backward of it, with free
-//    sends and collectives;
+//    sends and collectives, and the activation-offload copies a stage's compute waits for (profiles
+//    without saved-tensor lists);
 //  - other plans: the larger of the compute stream's forwards, recomputes and backwards and the
 //    collectives' stream (stages 0-1: one all-reduce of the gradients; stage 2: a reduce-scatter of them
 //    per microbatch; stages 1-2: the all-gather of the updated parameters; stage 3: the larger of the
 //    gathers of the parameters and the reduce-scatters of the gradients), each at the cheapest split of its
 //    bytes into buckets (OffloadModel: its compute only);
-// plus LocalSGD's amortised averaging. Checkpointing more units only raises it; activation and checkpoint
-// offload leave it as it is (their copies are not counted). REQUIRES: as memory_lower_bound.
+// plus LocalSGD's amortised averaging. Checkpointing more units only raises it; checkpoint offload leaves
+// it as it is (its copies are not counted); a higher activation offload ratio never lowers it (ratio 0: the
+// lowest), while memory_lower_bound's device bytes never rise with the ratio. REQUIRES: as memory_lower_bound.
 double step_time_lower_bound(const ModelProfile& model, const ClusterProfile& cluster, const Plan& plan);
 
 }  // namespace zeroplan::sim

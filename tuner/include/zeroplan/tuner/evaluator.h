@@ -27,6 +27,8 @@ class Evaluator {
   virtual MemoryBytes memory_lower_bound(const Plan& plan) const = 0;
   // A lower bound of simulate(plan).step_time_s, cheap. Thread-safe, never throws: 0 is always correct (no
   // pruning), and is what a plan that cannot be bounded gets (its simulation says why).
+  // The search assumes of both bounds, as of simulate(), that raising offload.activations_ratio never
+  // raises the device bytes' bound and never lowers the step time's (the simulator's bounds: memory_bound.h).
   virtual double step_time_lower_bound(const Plan& plan) const { (void)plan; return 0; }
 };
 
