@@ -129,30 +129,26 @@ TEST(MeasuredH100, Resnet50ActivationOffloadPeaks) {
   EXPECT_LT(peaks.back(), std::int64_t{6} << 30) << "hfai measured 4.4 GB at ratio 1";
 }
 
-// The same study on a lent H200 (h200-sxm-141gb-2026-11-28, the GPU kit at 35abd6e): the CUDA side lane's
-// host-side wait in, every ratio's device peak predicted within 1% of the measured 21.24 / 19.40 / 12.05 /
-// 4.97 GiB (0.03 GiB under each: cuBLAS's workspaces, which that profile predates), ratio 1 below 6 GiB
-// measured as predicted (hfai: 4.4 GB). The ratio-0.1 and ratio-0 steps waited for the host's batch
-// (the images were made on the CPU then), so step times are judged only where the copies bound the step:
-// ratios 0.5 and 1 within 10%.
+// The same study on a lent H200 (h200-sxm-141gb-2026-11-28: the GPU kit at 4877938, its profile with the
+// GEMM libraries' 33 MiB, the images drawn on the GPU): device peaks measured 21.25 / 19.40 / 12.06 / 4.97
+// GiB at ratios 0 / 0.1 / 0.5 / 1, each predicted within 0.5% (hfai: 22.4 / 20.3 / 11.8 / 4.4 GB), ratio 1
+// below 6 GiB measured as predicted. Steps within 10% at ratios 0, 0.5 and 1 (+0.9%, -5.9%, -1.9%) and 20%
+// at 0.1 (-17%: the compute waits on each tensor's copy, which the simulator does not charge).
 TEST(MeasuredH200, Resnet50ActivationOffloadPeaks) {
   const auto runs = errors("resnet50-offload", "resnet50-b256.json", kH200);
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& [run, metrics] : runs) {
     SCOPED_TRACE(run);
     ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
-    EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.01);
-    if (run == "run-r50-act0.5.json" || run == "run-r50-act1.json") {
-      EXPECT_LE(std::abs(metrics.at("step_time_s")), 0.10);
-    }
+    EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.005);
+    EXPECT_LE(std::abs(metrics.at("step_time_s")), run == "run-r50-act0.1.json" ? 0.20 : 0.10);
   }
   const auto record = read_document<RunRecord>(measured_dir("resnet50-offload", kH200) / "run-r50-act1.json");
   EXPECT_LT(record.peaks.at(0).device_peak_bytes, std::int64_t{6} << 30) << "measured at ratio 1";
 }
 
-// gpt2-small under the kit's nine plans on the H200: device peaks within 7% as on the H100 (0.6-6.1% under:
-// cuBLAS's workspaces, which the profile predates, and 0.23 GiB more where the peak is in the loss, not
-// modelled yet).
+// gpt2-small under the kit's nine plans on the H200: device peaks within 7% as on the H100 (0-5.2% under:
+// the checkpointed plans and ratio 1 exact, 0.23 GiB more where the peak is in the loss, not modelled yet).
 TEST(MeasuredH200, Gpt2SmallPeaks) {
   const auto runs = errors("gpt2-small", "", kH200);
   ASSERT_EQ(runs.size(), 9u);
