@@ -121,8 +121,8 @@ TEST(Search, CheckpointOffloadIsTriedAtEachLevelBeforeCheckpointingMore) {
   EXPECT_FALSE(o.plan.checkpoint_offload);
 }
 
-// The fake's step-time bound: its step time at ratio 0 (checkpointing adds 0.1 s).
-class BoundedFake final : public Evaluator {
+// LinearFake's simulations, counted; the bounds are the subclass's.
+class CountingFake : public Evaluator {
  public:
   LinearFake inner;
   mutable int simulations = 0;
@@ -130,6 +130,11 @@ class BoundedFake final : public Evaluator {
     ++simulations;
     return inner.simulate(p);
   }
+};
+
+// The fake's step-time bound: its step time at ratio 0 (checkpointing adds 0.1 s).
+class BoundedFake final : public CountingFake {
+ public:
   MemoryBytes memory_lower_bound(const Plan&) const override { return {}; }
   double step_time_lower_bound(const Plan& p) const override {
     return p.checkpointing.mode == Checkpointing::Mode::none ? 1.0 : 1.1;
@@ -167,14 +172,8 @@ TEST(Search, VariantsAboveTheRankingCutoffAreNotSimulated) {
 
 // LinearFake's exact bounds: memory and step time as simulated (device memory falls, time rises with the
 // ratio, as the search assumes of every evaluator's bounds).
-class RatioBoundedFake final : public Evaluator {
+class RatioBoundedFake final : public CountingFake {
  public:
-  LinearFake inner;
-  mutable int simulations = 0;
-  Prediction simulate(const Plan& p) const override {
-    ++simulations;
-    return inner.simulate(p);
-  }
   MemoryBytes memory_lower_bound(const Plan& p) const override {
     const Prediction q = inner.simulate(p);
     return {q.device.total_bytes(), q.host.total_bytes()};
