@@ -112,7 +112,10 @@ torch::Tensor GradSync::chunk(int u) {
 }
 
 torch::Tensor& GradSync::shard() {
-  if (transient_shard_ && !grad_shard_all_.defined()) grad_shard_all_ = c_.dzeros(c_.shard_total, c_.dt.grad);
+  if (transient_shard_ && !grad_shard_all_.defined()) {
+    grad_shard_all_ = c_.dempty(c_.shard_total, c_.dt.grad);
+    shard_written_.assign(static_cast<std::size_t>(c_.unit_count()), 0);
+  }
   return grad_shard_all_;
 }
 
@@ -211,7 +214,15 @@ void GradSync::drain(std::size_t keep) {
     }
     for (std::size_t k = 0; k < b.units.size(); ++k) {
       const UnitRT& U = c_.unit(b.units[k]);
-      shard().narrow(0, U.shard_base, U.shard()).add_(reduced.narrow(0, b.offsets[k], U.shard()));
+      torch::Tensor mine = shard().narrow(0, U.shard_base, U.shard());
+      const torch::Tensor landed = reduced.narrow(0, b.offsets[k], U.shard());
+      char* written = transient_shard_ ? &shard_written_[static_cast<std::size_t>(b.units[k])] : nullptr;
+      if (written != nullptr && *written == 0) {
+        mine.copy_(landed);
+        *written = 1;
+      } else {
+        mine.add_(landed);
+      }
     }
     if (c_.plan.offload.grads) c_.rec.span(Lane::d2h, "d2h grads " + L.name, t0, c_.rec.now_s(), "d2h", b.units.back());
   }
