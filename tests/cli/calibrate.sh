@@ -10,7 +10,7 @@ zp=$1; py=$2
 cli_workdir
 export OMP_NUM_THREADS=1
 common=(--world-size 2 --global-batch 4)
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" cluster.json; else "$zp" -q probe --quick -o cluster.json || fail "probe"; fi
+suite_cluster "$zp" cluster.json
 "$zp" -q profile --model gpt --preset gpt2-tiny --batch 2 --batches 2 --repeats 2 --threads 1 --concurrent-ranks 2 \
   -o model.json || fail "profile"
 for stage in 0 2 3; do

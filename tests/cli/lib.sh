@@ -5,6 +5,10 @@
 #   expect_one_line CODE TEXT COMMAND...
 #                                 runs COMMAND: it must exit CODE and print exactly one line (stdout and
 #                                 stderr together) containing TEXT, never a backtrace
+#   suite_cluster ZP FILE         the suite's quick probe (ZEROPLAN_TEST_CLUSTER, CTest's test.probe)
+#                                 copied to FILE, or where there is none a quick probe by ZP written there
+#   suite_cluster_args            cluster=(--cluster <the suite's probe>), or () where there is none (the
+#                                 command then probes, as autopilot does)
 cli_workdir() {
   out=$(mktemp -d)
   # shellcheck disable=SC2064  # expanded now: the folder of this script
@@ -24,4 +28,17 @@ expect_one_line() {
   [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || fail "$*: more than one line"
   case "$msg" in *"frame #"*) fail "$*: a backtrace" ;; esac
   case "$msg" in *"$want"*) ;; *) fail "$*: message: $msg (expected it to contain: $want)" ;; esac
+}
+
+suite_cluster() {
+  if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then
+    cp "$ZEROPLAN_TEST_CLUSTER" "$2"
+  else
+    "$1" -q probe --quick -o "$2" || fail "probe"
+  fi
+}
+
+suite_cluster_args() {
+  cluster=()
+  if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cluster=(--cluster "$ZEROPLAN_TEST_CLUSTER"); fi
 }

@@ -44,8 +44,7 @@ set -e
 case "$msg" in *"the measured run is synchronous"*) ;; *) fail "message: $msg" ;; esac
 # autopilot --allow-approximate-averaging: the default plan and the same with LocalSGD (one rank per node)
 # run side by side, and the report shows both losses after the same steps.
-cluster=()
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cluster=(--cluster "$ZEROPLAN_TEST_CLUSTER"); fi
+suite_cluster_args
 "$zp" -q autopilot --model mlp --preset mlp-tiny --allow-approximate-averaging --verify 1 --steps 8 --warmup 1 \
   "${cluster[@]}" -o ap || fail "autopilot --allow-approximate-averaging"
 grep -q "^## What the speed costs" ap/report.md || fail "the autopilot report has no price section"

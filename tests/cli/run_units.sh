@@ -12,7 +12,7 @@ cli_workdir
 export OMP_NUM_THREADS=2
 common=(--world-size 2 --global-batch 4)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" "cluster.json"; else "$zp" -q probe --quick -o cluster.json || fail "probe"; fi
+suite_cluster "$zp" cluster.json
 "$zp" -q profile --model gpt --preset gpt2-tiny --batch 2 --batches 2 --repeats 2 --threads 1 -o model.json || fail "profile"
 "$zp" -q simulate --model model.json --cluster cluster.json "${common[@]}" -o prediction.json || fail "simulate"
 "$zp" -q run --nproc 2 --threads 1 --model gpt --preset gpt2-tiny "${common[@]}" --steps 4 --warmup 1 -o run.json ||

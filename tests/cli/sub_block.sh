@@ -6,6 +6,7 @@
 # over the ranks and 6 steps: a stage-3 rank now and then misses the peak by when its gathers land).
 #   sub_block.sh ZEROPLAN PYTHON
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 zp=$1; py=$2
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 cd "$out"
@@ -13,7 +14,7 @@ export OMP_NUM_THREADS=1
 sub=(--model gpt --preset gpt2-tiny --opt units=sub-block)
 plan=(--world-size 2 --global-batch 4 --set zero_stage=3 --set offload.optimizer=true)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" "cluster.json"; else "$zp" -q probe --quick -o cluster.json; fi
+suite_cluster "$zp" cluster.json
 "$zp" -q profile "${sub[@]}" --batch 2 --batches 1 2 --threads 1 --repeats 1 -o model.json
 "$zp" -q simulate --model model.json --cluster cluster.json "${plan[@]}" -o prediction.json
 "$zp" -q run --nproc 2 --threads 1 "${sub[@]}" "${plan[@]}" --steps 6 --warmup 1 -o run-sub.json

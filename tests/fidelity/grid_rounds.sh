@@ -4,13 +4,13 @@
 # report and fidelity.json carry every round's measured step.
 #   grid_rounds.sh ZEROPLAN
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 zp=$1
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export XDG_CACHE_HOME=$out/cache   # a probe of its own, not the user's cached one
 # The suite's quick probe (CTest fixture test.probe) when there is one: only memory and the report's
 # structure are judged here, not the cluster's speeds.
-cluster=()
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cluster=(--cluster "$ZEROPLAN_TEST_CLUSTER"); fi
+suite_cluster_args
 "$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 3 --warmup 1 \
     "${cluster[@]}" --grid --grid-plans g01,g04 --rounds 2 -o "$out/ap"
 python3 - "$out/ap" <<'PY'

@@ -12,13 +12,13 @@
 # prefetch) with the ratio of the saved bytes it sent held on the host.
 #   grid_rows.sh ZEROPLAN
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 zp=$1
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 export XDG_CACHE_HOME=$out/cache
 # The suite's quick probe (CTest fixture test.probe) when there is one: only memory and the report's
 # structure are judged here, not the cluster's speeds.
-cluster=()
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cluster=(--cluster "$ZEROPLAN_TEST_CLUSTER"); fi
+suite_cluster_args
 "$zp" -q autopilot --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096 --verify 1 --steps 4 --warmup 1 \
     "${cluster[@]}" --grid --grid-plans g15,g16,g17,g18,g19,g20,g21,g22,g23,g24 -o "$out/ap"
 python3 - "$out/ap" <<'PY'

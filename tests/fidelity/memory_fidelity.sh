@@ -13,12 +13,13 @@
 #   (ctest: fidelity.memory_gpt, _mixed, _resnet 0.03 0.03 SECTION; fidelity.memory_offload_model 0.03 0.03 om;
 #   fidelity.memory_activation_offload 0.03 0.03 actoff)
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 zp=$1; tolerance=${2:-0.05}; mixed_tolerance=${3:-0.03}; sections=",${4:-gpt,om,mixed,resnet,actoff},"
 want() { [[ $sections == *",$1,"* ]]; }
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 model=(--model gpt --opt layers=2,hidden=128,heads=4,seq=64,vocab=4096)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" "$out/cluster.json"; else "$zp" -q probe --quick -o "$out/cluster.json"; fi
+suite_cluster "$zp" "$out/cluster.json"
 # The GPT's fp32 profile (every section but resnet's predicts from it).
 if want gpt || want om || want mixed || want actoff; then
   "$zp" -q profile "${model[@]}" --batch 4 --batches 1 2 4 --threads 1 --repeats 2 -o "$out/profile.json"

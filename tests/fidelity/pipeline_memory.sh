@@ -8,11 +8,12 @@
 # one plan takes the profile's time balance (run --profile splits the units as simulate does).
 #   pipeline_memory.sh ZEROPLAN [TOLERANCE=0.03]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 zp=$1; tolerance=${2:-0.03}
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 model=(--model gpt --preset gpt2-tiny)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" "$out/cluster.json"; else "$zp" -q probe --quick -o "$out/cluster.json"; fi
+suite_cluster "$zp" "$out/cluster.json"
 # 4 ranks on this one machine: the same cluster with 4 rank slots per node (memory does not depend on it).
 python3 - "$out/cluster.json" "$out/cluster4.json" <<'PY'
 import json, sys

@@ -4,13 +4,14 @@
 # predicted device peak must be within TOLERANCE of the measured one on every rank, and the loss fall.
 #   torchscript_cnn.sh ZEROPLAN PYTHON [TOLERANCE=0.05]
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 zp=$1; py=$2; tolerance=${3:-0.05}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 "$py" "$here/../profiles/zoo/make_scripted_cnn.py" "$out/cnn.pt" 10
 model=(--torchscript "$out/cnn.pt" --input-shape 3,16,16 --task classify --classes 10)
 # The suite's one quick probe of this machine (CTest fixture test.probe), else one of its own.
-if [ -s "${ZEROPLAN_TEST_CLUSTER:-}" ]; then cp "$ZEROPLAN_TEST_CLUSTER" "$out/cluster.json"; else "$zp" -q probe --quick -o "$out/cluster.json"; fi
+suite_cluster "$zp" "$out/cluster.json"
 "$zp" -q profile "${model[@]}" --batch 4 --batches 1,2,4 --threads 1 --repeats 2 -o "$out/profile.json"
 # A budget below the default plan's need, so the tuner has to pick a memory-saving plan.
 "$zp" -q tune --model "$out/profile.json" --cluster "$out/cluster.json" --world-size 2 --global-batch 8 \
