@@ -73,8 +73,16 @@ void add_phases(const Prediction& p, const RunRecord& r, const CompareOptions& o
   either("compute", value_or_zero(busy, "compute"), compute);
   if (host_opt || busy.count("host_optimizer"))
     either("optimizer", value_or_zero(busy, "host_optimizer"), host_opt ? value_or_zero(measured, "optimizer") : 0.0);
-  either("h2d", value_or_zero(busy, "h2d"), value_or_zero(measured, "h2d"));
-  either("d2h", value_or_zero(busy, "d2h"), value_or_zero(measured, "d2h"));
+  // Activation offload's copies run on the executor's side lane (one CUDA stream or one copy thread for
+  // both directions, the phase `side_lane`) while the simulator puts them on its h2d and d2h lanes: where
+  // a run has a side lane, the copies are compared together.
+  if (const double side = value_or_zero(measured, "side_lane"); side > 0) {
+    either("copies", value_or_zero(busy, "h2d") + value_or_zero(busy, "d2h"),
+           value_or_zero(measured, "h2d") + value_or_zero(measured, "d2h") + side);
+  } else {
+    either("h2d", value_or_zero(busy, "h2d"), value_or_zero(measured, "h2d"));
+    either("d2h", value_or_zero(busy, "d2h"), value_or_zero(measured, "d2h"));
+  }
   double comm_pred = 0, comm_meas = 0;
   for (const auto& [name, s] : busy)
     if (name == "comm" || name.rfind("comm.", 0) == 0) comm_pred += s;
@@ -247,7 +255,7 @@ std::string hint(const std::string& name, double err) {
     return direction(err, "more", "less") + " communication is left exposed than simulated (overlap with compute)";
   if (name == "phase.optimizer_s")
     return "the host optimizer runs " + direction(err, "slower", "faster") + " than the ClusterProfile's throughput";
-  if (name == "phase.h2d_s" || name == "phase.d2h_s")
+  if (name == "phase.h2d_s" || name == "phase.d2h_s" || name == "phase.copies_s")
     return "copies run " + direction(err, "slower", "faster") + " than the ClusterProfile's bandwidth";
   if (name.rfind("host_reserved_bytes", 0) == 0)
     return err < 0 ? "the host allocator holds more than the simulated pinned blocks (blocks the simulator does not place)"
