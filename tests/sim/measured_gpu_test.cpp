@@ -132,8 +132,9 @@ TEST(MeasuredH100, Resnet50ActivationOffloadPeaks) {
 // The same study on a lent H200 (h200-sxm-141gb-2026-11-28: the GPU kit at 4877938, its profile with the
 // GEMM libraries' 33 MiB, the images drawn on the GPU): device peaks measured 21.25 / 19.40 / 12.06 / 4.97
 // GiB at ratios 0 / 0.1 / 0.5 / 1, each predicted within 0.5% (hfai: 22.4 / 20.3 / 11.8 / 4.4 GB), ratio 1
-// below 6 GiB measured as predicted. Steps within 10% at ratios 0, 0.5 and 1 (+0.9%, -5.9%, -1.9%) and 20%
-// at 0.1 (-17%: the compute waits on each tensor's copy, which the simulator does not charge).
+// below 6 GiB measured as predicted. Steps within 5% (+0.9 / -0.5 / +1.3 / +2.2%): on a GPU the simulator
+// adds a unit's copies out to its forward, as the executor's host-side waits make them (the kit's own
+// predictions, before that, were -17.1% at ratio 0.1 and -5.9% at 0.5).
 TEST(MeasuredH200, Resnet50ActivationOffloadPeaks) {
   const auto runs = errors("resnet50-offload", "resnet50-b256.json", kH200);
   ASSERT_EQ(runs.size(), 4u);
@@ -141,7 +142,7 @@ TEST(MeasuredH200, Resnet50ActivationOffloadPeaks) {
     SCOPED_TRACE(run);
     ASSERT_TRUE(metrics.contains("device_peak_bytes.rank0"));
     EXPECT_LE(std::abs(metrics.at("device_peak_bytes.rank0")), 0.005);
-    EXPECT_LE(std::abs(metrics.at("step_time_s")), run == "run-r50-act0.1.json" ? 0.20 : 0.10);
+    EXPECT_LE(std::abs(metrics.at("step_time_s")), 0.05);
   }
   const auto record = read_document<RunRecord>(measured_dir("resnet50-offload", kH200) / "run-r50-act1.json");
   EXPECT_LT(record.peaks.at(0).device_peak_bytes, std::int64_t{6} << 30) << "measured at ratio 1";
