@@ -80,11 +80,18 @@ void check_cuda_backward() {
   (void)checked;
 }
 
-std::int64_t allocated_now() {
+}  // namespace
+
+// The caching allocator's allocated bytes of one device (the aggregate pool): the profiler's meter and the
+// workspaces' measurement read the same statistic.
+static c10::CachingAllocator::Stat allocated_stat(c10::DeviceIndex device) {
   constexpr auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  const auto index = c10::cuda::current_device();
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[aggregate].current;
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[aggregate];
 }
+
+namespace {
+
+std::int64_t allocated_now() { return allocated_stat(c10::cuda::current_device()).current; }
 
 std::int64_t measure_library_workspaces() {
   c10::cuda::device_synchronize();
@@ -128,8 +135,6 @@ namespace zeroplan::detail {
 
 namespace {
 
-constexpr auto kAggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-
 class CudaMemoryMeter final : public MemoryMeter {
  public:
   explicit CudaMemoryMeter(int device) : device_(static_cast<c10::DeviceIndex>(device)) {}
@@ -143,9 +148,7 @@ class CudaMemoryMeter final : public MemoryMeter {
   std::int64_t library_bytes() const override { return cuda_library_workspace_bytes(); }
 
  private:
-  c10::CachingAllocator::Stat stat() const {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_).allocated_bytes[kAggregate];
-  }
+  c10::CachingAllocator::Stat stat() const { return zeroplan::allocated_stat(device_); }
   c10::DeviceIndex device_;
 };
 
