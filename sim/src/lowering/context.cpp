@@ -62,6 +62,7 @@ std::vector<Unit> expand_units(const ModelProfile& model, const Plan& plan, cons
       u.recompute_s = std::clamp(t.fwd_s - loss_s, 0.0, t.fwd_s);
     }
     auto bytes = [&](const Figure& f) { return saturated_bytes(std::max(0.0, f.at(batch, ref)) * act_scale); };
+    u.buffer = saturated_bytes(static_cast<double>(up.bytes_buffer) * b.param / dtype_bytes(model.dtype));
     u.saved = bytes(up.bytes_saved);
     u.output = bytes(up.bytes_output);
     u.peak_fwd = bytes(up.bytes_peak_fwd);
@@ -233,6 +234,7 @@ void Ctx::intern_names() {
   n_cat_copy = g.intern("copy");
   n_cat_optimizer = g.intern("optimizer");
   n_library = g.intern("library workspaces");
+  n_model_buffers = g.intern("model buffers");
 }
 
 std::string Ctx::unit_name(int u) const {

@@ -38,6 +38,9 @@ struct Unit {
   std::int64_t peak_fwd = 0;       // transient workspace
   std::int64_t peak_recompute = 0; // a recompute's peak: the last unit's without its loss, else peak_fwd
   std::int64_t peak_bwd = 0;
+  // The unit's buffers (UnitProfile::bytes_buffer: BatchNorm's running statistics) in the parameters'
+  // dtype, as the executor casts them: on its rank's device for the whole run, at every stage.
+  std::int64_t buffer = 0;
   // Plan::grads_in_place and the profile has bytes_peak_bwd_in_place (not analytic or older ones): the
   // executor's backward adds the parameters' gradients into the flat gradient as autograd makes them
   // (pieces::differentiate), and peak_bwd is that figure.
@@ -93,6 +96,7 @@ struct Residency {
   // dev_grads: at stages 2-3 (not offloaded) the gradient shard exists only from the step's first
   // reduce-scatter landing to the optimizer step (GradSync allocates it); memory_bound counts it whole.
   std::int64_t dev_params = 0, dev_grads = 0, dev_optimizer = 0, dev_buffers = 0;
+  std::int64_t dev_model_buffers = 0;  // the units' own buffers (Unit::buffer), never sharded
   bool dev_grads_transient = false;
   std::int64_t dev_slowmo = 0;  // SlowMo slow momentum + previous parameters (optimizer category)
   std::int64_t host_params = 0, host_grads = 0, host_optimizer = 0;
@@ -148,7 +152,7 @@ struct Ctx {
       n_saved, n_saved_offloaded, n_input_kept, n_workspace, n_gathered, n_full_grads, n_grad_acc, n_bucket, n_temp,
       n_rs_output, n_rs_wait, n_rs_add, n_params, n_grads, n_master, n_states, n_slowmo, n_reduce_buffers, n_loss_scale, n_param_sync,
       n_zero_grad, n_cast, n_gather_bucket,
-      n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer, n_library;
+      n_cat_compute, n_cat_comm, n_cat_copy, n_cat_optimizer, n_library, n_model_buffers;
 
   // Per-unit results of the current microbatch, filled by the step schedule.
   std::vector<TaskId> fwd, bwd;

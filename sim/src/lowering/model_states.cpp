@@ -33,6 +33,7 @@ Residency model_state_residency(const Plan& plan, const ClusterProfile& cluster,
     split_states(p);
     return r;
   }
+  for (const Unit& u : units) r.dev_model_buffers += u.buffer;
   const int stage = plan.zero_stage;
   const std::int64_t opt_elems = stage == 0 ? p : (stage == 3 ? shard3 : shard12);
   const std::int64_t grad_elems = stage <= 1 ? p : (stage == 2 ? shard12 : shard3);
@@ -88,6 +89,7 @@ void place_model_states(Ctx& c) {
   put(c.dev, r.dev_optimizer, MemCategory::optimizer, c.n_states);
   put(c.dev, r.dev_slowmo, MemCategory::optimizer, c.n_slowmo);
   put(c.dev, r.dev_buffers, MemCategory::buffers, c.n_reduce_buffers);
+  put(c.dev, r.dev_model_buffers, MemCategory::buffers, c.n_model_buffers);
   put(c.host, r.host_params, MemCategory::params, c.n_params);
   put(c.host, r.host_grads, MemCategory::grads, c.n_grads);
   put(c.host, r.host_master(), MemCategory::optimizer, c.n_states);
