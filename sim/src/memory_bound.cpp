@@ -31,13 +31,14 @@ MemoryBound bound_of(const Plan& plan, const ClusterProfile& cluster, const std:
     largest = std::max(largest, std::min(u.peak_fwd, lowering::forward_workspace(all, i)));
     if (stage3) largest = std::max({largest, u.padded * b.param, u.padded * b.grad});
   }
-  out.device_bytes = out.device_model_state_bytes + r.dev_buffers + r.dev_model_buffers + largest;
+  out.device_bytes = out.device_model_state_bytes + r.dev_buffers + largest;
   // A gradient shard that exists only from the first reduce-scatter to the optimizer step (stages 2-3) may
   // be absent when the largest forward runs: the bound (never above the true peak) counts it apart.
   if (r.dev_grads_transient) {
     out.device_bytes = std::max(out.device_model_state_bytes - r.dev_grads + r.dev_buffers + largest,
-                                out.device_model_state_bytes + r.dev_buffers) + r.dev_model_buffers;
+                                out.device_model_state_bytes + r.dev_buffers);
   }
+  out.device_bytes += r.dev_model_buffers;  // the units' own buffers, there throughout
   // The resident host blocks (model states and the gradient staging buffer), each rounded up to a
   // power of two where the host memory is pinned (GPU clusters).
   const bool pinned = cluster.device.kind == "cuda";

@@ -216,10 +216,10 @@ void GradSync::drain(std::size_t keep) {
       const UnitRT& U = c_.unit(b.units[k]);
       torch::Tensor mine = shard().narrow(0, U.shard_base, U.shard());
       const torch::Tensor landed = reduced.narrow(0, b.offsets[k], U.shard());
-      char* written = transient_shard_ ? &shard_written_[static_cast<std::size_t>(b.units[k])] : nullptr;
-      if (written != nullptr && *written == 0) {
+      const auto u = static_cast<std::size_t>(b.units[k]);
+      if (transient_shard_ && shard_written_[u] == 0) {
         mine.copy_(landed);
-        *written = 1;
+        shard_written_[u] = 1;
       } else {
         mine.add_(landed);
       }

@@ -140,9 +140,8 @@ class PatternImages : public Task {
   Batch batch(int64_t step, int64_t first_sample, int64_t count) const override {
     TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "resnet task: bad batch request");
     torch::Tensor input = torch::empty({count, 3, image_, image_}, torch::kFloat32);
-    torch::Tensor target = torch::empty({count}, torch::kInt64);
+    torch::Tensor target = classes_of(step, first_sample, count);
     auto t = target.accessor<int64_t, 1>();
-    for (int64_t j = 0; j < count; ++j) t[j] = Rng(sample_key(seed_, step, first_sample + j)).below(classes_);
     at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         at::Generator gen = at::detail::createCPUGenerator(sample_key(seed_, step, first_sample + j));
@@ -161,10 +160,7 @@ class PatternImages : public Task {
 #if ZEROPLAN_HAVE_CUDA
     if (!device.is_cuda()) return batch(step, first_sample, count);
     TORCH_CHECK(step >= 0 && first_sample >= 0 && count >= 1, "resnet task: bad batch request");
-    torch::Tensor classes = torch::empty({count}, torch::kInt64);
-    auto t = classes.accessor<int64_t, 1>();
-    for (int64_t j = 0; j < count; ++j) t[j] = Rng(sample_key(seed_, step, first_sample + j)).below(classes_);
-    const torch::Tensor target = classes.to(device);
+    const torch::Tensor target = classes_of(step, first_sample, count).to(device);
     torch::Tensor input = torch::empty({count, 3, image_, image_}, torch::TensorOptions().device(device).dtype(torch::kFloat32));
     at::Generator gen = at::cuda::detail::createCUDAGenerator(device.index());
     for (int64_t j = 0; j < count; ++j) {
@@ -190,6 +186,14 @@ class PatternImages : public Task {
   bool batches_in_background() const override { return true; }
 
  private:
+  // Each sample's class, from Rng(sample_key(seed, step, j)), on the CPU (both devices draw the same).
+  torch::Tensor classes_of(int64_t step, int64_t first_sample, int64_t count) const {
+    torch::Tensor classes = torch::empty({count}, torch::kInt64);
+    auto t = classes.accessor<int64_t, 1>();
+    for (int64_t j = 0; j < count; ++j) t[j] = Rng(sample_key(seed_, step, first_sample + j)).below(classes_);
+    return classes;
+  }
+
   uint64_t seed_;
   int64_t image_;
   int64_t classes_;
