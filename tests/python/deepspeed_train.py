@@ -19,6 +19,7 @@ import sys
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import importlib  # noqa: E402
+import importlib.util  # noqa: E402
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
@@ -29,8 +30,32 @@ import torch  # noqa: E402
 # (The module by its name: the attribute deepspeed.comm.torch is the torch package.)
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from accelerate_train import call, load_factory, take  # noqa: E402
+
+def load_factory(spec):
+    path, _, name = spec.rpartition(":")
+    module_spec = importlib.util.spec_from_file_location("user_model", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    module_spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def call(model, batch):
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple):
+        return model(*batch)
+    return model(batch)
+
+
+def take(batch, first, count, device):
+    if isinstance(batch, torch.Tensor):
+        return batch[first:first + count].to(device)
+    if isinstance(batch, dict):
+        return {k: take(v, first, count, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(take(v, first, count, device) for v in batch)
+    return batch
 
 
 def main():

@@ -135,7 +135,7 @@ TEST(Export, GoldenFiles) {
   const ModelProfile m = small_gpt();
   for (const auto& [name, plan] : cases()) {
     ASSERT_NO_THROW(validate(plan, m)) << name;
-    for (const Export& e : export_all(plan, m, std::max(1, plan.world_size / 8), 8)) {
+    for (const Export& e : export_all(plan, m, std::max(1, plan.world_size / 8), 8, "cuda")) {
       SCOPED_TRACE(name + "/" + e.file);
       if (e.expressible()) {
         EXPECT_FALSE(e.text.empty());
@@ -189,8 +189,8 @@ TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
 TEST(Export, AccelerateFsdpKeys) {
   const ModelProfile m = small_gpt();
   for (const auto& [name, plan] : cases()) {
-    const Export v1 = export_accelerate_fsdp(plan, m, 2);
-    const Export v2 = export_accelerate_fsdp2(plan, m, 2);
+    const Export v1 = export_accelerate_fsdp(plan, m, 2, "cuda");
+    const Export v2 = export_accelerate_fsdp2(plan, m, 2, "cuda");
     if (v1.expressible()) {
       const int strategy = plan.zero_stage == 0 ? 3 : plan.zero_stage == 3 && plan.reshard_after_forward ? 1 : 2;
       EXPECT_NE(v1.text.find(fmt::format("  fsdp_sharding_strategy: {}\n", strategy)), std::string::npos) << name;
@@ -243,7 +243,7 @@ TEST(Export, SlowMoIsFairscaleOnly) {
   local.slowmo_lr = 1;
   const Export l = export_fairscale(local, m, 8);
   EXPECT_TRUE(has(l.text, "slowmo_momentum=0,") && has(l.text, "slowmo_lr=1,")) << l.text;
-  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2), export_accelerate_fsdp2(p, m, 2)}) {
+  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2, "cuda"), export_accelerate_fsdp2(p, m, 2, "cuda")}) {
     EXPECT_FALSE(e.expressible()) << e.tool;
     int lines = 0;
     for (const auto& u : e.unsupported) lines += has(u, "LocalSGD / SlowMo: ") ? 1 : 0;
@@ -269,7 +269,7 @@ TEST(Export, AdaScaleWrapsSgdInFairscaleOnly) {
   alone.microbatches = 1;
   alone.global_batch = 2;
   EXPECT_FALSE(export_fairscale(alone, m, 8).expressible());
-  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2)}) {
+  for (const Export& e : {export_deepspeed(p, m), export_accelerate_fsdp(p, m, 2, "cuda")}) {
     EXPECT_FALSE(e.expressible()) << e.tool;
     int lines = 0;
     for (const auto& u : e.unsupported) lines += has(u, "AdaScale: ") ? 1 : 0;
@@ -293,7 +293,7 @@ TEST(Export, CheckpointOffload) {
   Plan some = p;
   some.checkpointing = Checkpointing{Checkpointing::Mode::units, {1}};
   EXPECT_TRUE(has(export_fairscale(some, m, 8).text, "units[i] = checkpoint_wrapper(units[i], offload_to_cpu=True)"));
-  EXPECT_FALSE(export_accelerate_fsdp(p, m, 1).expressible());
+  EXPECT_FALSE(export_accelerate_fsdp(p, m, 1, "cuda").expressible());
 }
 
 TEST(Export, FairscaleUsesTheWrapperOfEachStage) {
@@ -378,6 +378,36 @@ TEST(Export, TuneForAToolRanksOnlyWhatItsExportCanWrite) {
   EXPECT_TRUE(export_fsdp2_script(fsdp2.ranking.front().plan, m).expressible());
   c.set_for_tool("megatron");
   EXPECT_THROW(validate(c), SchemaError);
+}
+
+// Accelerate's FSDP needs accelerators: on a CPU cluster both of its exports say why and write nothing, and
+// `tune --for accelerate` refuses in one line (python.exports once "trained" the config on 2 CPU ranks: each
+// rank was an undistributed run of the whole model).
+TEST(Export, AccelerateIsRefusedOnCpus) {
+  const ModelProfile m = small_gpt(4, 256);
+  Plan p = base(2, 2, 1);
+  p.zero_stage = 3;
+  for (const Export& e : {export_accelerate_fsdp(p, m, 1, "cpu"), export_accelerate_fsdp2(p, m, 1, "cpu")}) {
+    EXPECT_FALSE(e.expressible()) << e.tool;
+    EXPECT_TRUE(e.text.empty());
+    EXPECT_EQ(e.unsupported, std::vector<std::string>{kAccelerateNeedsAccelerators});
+  }
+  EXPECT_TRUE(export_accelerate_fsdp(p, m, 1, "cuda").expressible());
+  EXPECT_TRUE(export_accelerate_fsdp2(p, m, 1, "cuda").expressible());
+  ClusterProfile cpus = testing::a100(1, 64ll << 20);
+  cpus.name = "local";
+  cpus.device.kind = "cpu";
+  TuneConstraints c;
+  c.set_global_batch(4).set_world_size(2).set_for_tool("accelerate");
+  try {
+    tune(m, cpus, c, TuneOptions{});
+    ADD_FAILURE() << "tune --for accelerate ran on CPUs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::not_possible_here);
+    EXPECT_NE(std::string(e.what()).find("the cluster local is of CPUs"), std::string::npos) << e.what();
+  }
+  c.set_for_tool("fsdp2");
+  EXPECT_FALSE(tune(m, cpus, c, TuneOptions{}).ranking.empty());
 }
 
 // The FSDP2 script: fully_shard per repeated unit class, the plan's constants, and what it cannot do.

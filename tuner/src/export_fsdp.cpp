@@ -9,8 +9,9 @@ namespace zeroplan::tuner {
 namespace {
 
 // What both FSDP versions cannot express.
-void common_unsupported(const Plan& p, const ModelProfile& model, Export& e) {
+void common_unsupported(const Plan& p, const ModelProfile& model, const std::string& device_kind, Export& e) {
   auto& no = e.unsupported;
+  if (device_kind == "cpu") no.emplace_back(kAccelerateNeedsAccelerators);
   if (p.zero_stage == 1) no.emplace_back("ZeRO stage 1 (optimizer state sharding only) has no FSDP sharding strategy");
   if (p.offload_model.enabled) no.emplace_back("fairscale OffloadModel (layer-by-layer slices) has no FSDP equivalent");
   if (p.localsgd())
@@ -79,7 +80,7 @@ std::string machine_block(const Plan& p, int nodes) {
       "tpu_env: []\n"
       "tpu_use_cluster: false\n"
       "tpu_use_sudo: false\n"
-      "use_cpu: false\n",
+      "use_cpu: false\n",  // true would launch without FSDP (accelerate launch: --use_fsdp and not --cpu)
       mixed_precision(p), nodes, p.world_size);
 }
 
@@ -91,11 +92,11 @@ std::string b(bool v) { return v ? "true" : "false"; }
 
 }  // namespace
 
-Export export_accelerate_fsdp(const Plan& p, const ModelProfile& model, int nodes) {
+Export export_accelerate_fsdp(const Plan& p, const ModelProfile& model, int nodes, const std::string& device_kind) {
   Export e;
   e.tool = "Accelerate FSDP1";
   e.file = "accelerate_fsdp.yaml";
-  common_unsupported(p, model, e);
+  common_unsupported(p, model, device_kind, e);
   if (!e.expressible()) return e;
   common_notes(p, e);
   // 1 FULL_SHARD (stage 3, reshard), 2 SHARD_GRAD_OP (stage 3 without reshard, stage 2), 3 NO_SHARD (DDP).
@@ -129,12 +130,12 @@ Export export_accelerate_fsdp(const Plan& p, const ModelProfile& model, int node
   return e;
 }
 
-Export export_accelerate_fsdp2(const Plan& p, const ModelProfile& model, int nodes) {
+Export export_accelerate_fsdp2(const Plan& p, const ModelProfile& model, int nodes, const std::string& device_kind) {
   Export e;
   e.tool = "Accelerate FSDP2";
   e.file = "accelerate_fsdp2.yaml";
   if (p.zero_stage == 0) e.unsupported.emplace_back("plain data parallel (stage 0): FSDP2 always shards; use DDP");
-  common_unsupported(p, model, e);
+  common_unsupported(p, model, device_kind, e);
   if (!e.expressible()) return e;
   common_notes(p, e);
   if (p.flat_params)

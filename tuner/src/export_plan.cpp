@@ -30,14 +30,16 @@ bool expressible_by(const std::string& tool, const Plan& plan, const ModelProfil
   if (tool == "deepspeed") return export_deepspeed(plan, model).expressible();
   if (tool == "fsdp2") return export_fsdp2_script(plan, model).expressible();
   if (tool == "accelerate")
-    return export_accelerate_fsdp(plan, model, nodes).expressible() || export_accelerate_fsdp2(plan, model, nodes).expressible();
+    return export_accelerate_fsdp(plan, model, nodes, cluster.device.kind).expressible() ||
+           export_accelerate_fsdp2(plan, model, nodes, cluster.device.kind).expressible();
   if (tool == "fairscale") return export_fairscale(plan, model, per_node).expressible();
   return false;
 }
 
-std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node) {
-  return {export_plan(plan), export_deepspeed(plan, model), export_accelerate_fsdp(plan, model, nodes),
-          export_accelerate_fsdp2(plan, model, nodes), export_fsdp2_script(plan, model),
+std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node,
+                               const std::string& device_kind) {
+  return {export_plan(plan), export_deepspeed(plan, model), export_accelerate_fsdp(plan, model, nodes, device_kind),
+          export_accelerate_fsdp2(plan, model, nodes, device_kind), export_fsdp2_script(plan, model),
           export_fairscale(plan, model, devices_per_node)};
 }
 

@@ -206,7 +206,7 @@ void rejected_section(const TuneResult& r, std::vector<Block>& d) {
 void exports_section(const TuneResult& r, const RankedPlan& winner, std::vector<Block>& d) {
   d.push_back(heading(2, "Exports"));
   std::vector<std::vector<std::string>> rows;
-  for (const Export& x : export_all(winner.plan, r.model, r.nodes_used, r.cluster.devices_per_node)) {
+  for (const Export& x : export_all(winner.plan, r.model, r.nodes_used, r.cluster.devices_per_node, r.cluster.device.kind)) {
     const std::string status = x.expressible() ? "written" : "cannot express: " + text::join(x.unsupported, "; ");
     rows.push_back({"`" + (x.expressible() ? x.file : x.file + ".unsupported.txt") + "`", x.tool, status, text::join(x.notes, "; ")});
   }

@@ -85,7 +85,7 @@ std::vector<std::filesystem::path> write_reports(const TuneResult& r, const std:
   put("report.html", report_html(r));
   put("tune.json", tune_json(r));
   if (const RankedPlan* best = r.best()) {
-    const std::vector<Export> exports = export_all(best->plan, r.model, r.nodes_used, r.cluster.devices_per_node);
+    const std::vector<Export> exports = export_all(best->plan, r.model, r.nodes_used, r.cluster.devices_per_node, r.cluster.device.kind);
     for (const Export& e : exports) {
       if (e.expressible()) put(e.file, e.text);
       else {

@@ -151,7 +151,7 @@ ojson why_json(const TuneResult& r) {
 ojson exports_json(const TuneResult& r) {
   ojson exports = ojson::array();
   if (const RankedPlan* best = r.best()) {
-    for (const Export& x : export_all(best->plan, r.model, r.nodes_used, r.cluster.devices_per_node)) {
+    for (const Export& x : export_all(best->plan, r.model, r.nodes_used, r.cluster.devices_per_node, r.cluster.device.kind)) {
       ojson e;
       e["tool"] = x.tool;
       e["file"] = x.file;

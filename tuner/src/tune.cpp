@@ -192,6 +192,9 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
   r.model = model;
   r.cluster = constrained_cluster(cluster_in, constraints);
   r.constraints = constraints;
+  if (constraints.for_tool == "accelerate" && r.cluster.device.kind == "cpu")
+    throw Error(ErrorKind::not_possible_here,
+                fmt::format("--for accelerate: the cluster {} is of CPUs, and {}", r.cluster.name, kAccelerateNeedsAccelerators));
   Space space = enumerate_space(model, r.cluster, constraints);
   r.limits = memory_limits(r.cluster, constraints, space.world_size);
   r.world_size = space.world_size;

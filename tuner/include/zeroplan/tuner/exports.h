@@ -30,10 +30,17 @@ Export export_plan(const Plan& plan);
 Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 
 // Accelerate config for FSDP1 (fsdp_sharding_strategy 1 FULL_SHARD / 2 SHARD_GRAD_OP / 3 NO_SHARD,
-// fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...).
-Export export_accelerate_fsdp(const Plan& plan, const ModelProfile& model, int nodes);
-// Accelerate config for FSDP2 (fsdp_version: 2, fsdp_reshard_after_forward, ...).
-Export export_accelerate_fsdp2(const Plan& plan, const ModelProfile& model, int nodes);
+// fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...), for a cluster whose
+// devices are of `device_kind` (ClusterProfile::device.kind): none on "cpu" (kAccelerateNeedsAccelerators).
+Export export_accelerate_fsdp(const Plan& plan, const ModelProfile& model, int nodes, const std::string& device_kind);
+// Accelerate config for FSDP2 (fsdp_version: 2, fsdp_reshard_after_forward, ...); none on "cpu" either.
+Export export_accelerate_fsdp2(const Plan& plan, const ModelProfile& model, int nodes, const std::string& device_kind);
+// Why Accelerate's FSDP cannot run on CPUs (accelerate 1.15): `accelerate launch` starts FSDP only when not
+// --cpu, and a process that then finds no accelerator initializes no process group (DistributedType.NO):
+// every rank would train its own unsharded copy. With use_cpu it launches MULTI_CPU, which is never FSDP.
+inline constexpr const char* kAccelerateNeedsAccelerators =
+    "Accelerate runs FSDP on accelerators only: on a cluster of CPUs each process of `accelerate launch` would "
+    "train its own unsharded copy (DistributedType.NO), and use_cpu launches plain data parallel without FSDP";
 
 // A plain-PyTorch training script, train_fsdp2.py, run under torchrun with the user's model factory
 // (FILE.py:FACTORY -> model, make_batch, loss_fn): fully_shard on each module of the profile's repeated
@@ -55,8 +62,9 @@ Export export_fairscale(const Plan& plan, const ModelProfile& model, int devices
 // the plan: its export writes a config (Export::expressible; accelerate: FSDP1 or FSDP2).
 bool expressible_by(const std::string& tool, const Plan& plan, const ModelProfile& model, const ClusterProfile& cluster);
 
-// All of the above, in that order.
-std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node);
+// All of the above, in that order, for a cluster of `nodes` nodes of `devices_per_node` devices of `device_kind`.
+std::vector<Export> export_all(const Plan& plan, const ModelProfile& model, int nodes, int devices_per_node,
+                               const std::string& device_kind);
 
 // The class to wrap: the type of the unit with the most parameters x count ("TransformerBlock").
 std::string wrap_class(const ModelProfile& model);
