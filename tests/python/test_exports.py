@@ -68,6 +68,9 @@ class ExportsTest(unittest.TestCase):
         """Runs an export's training (3 steps on 2 ranks); the losses fall (the plan is named when they do not)."""
         r = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        steps = re.findall(r"^step (\d+) loss", r.stdout, re.M)
+        # Only rank 0 prints: a step printed twice is two undistributed processes (as Accelerate's FSDP on CPUs).
+        self.assertEqual(len(steps), len(set(steps)), f"a step printed by more than one rank:\n{r.stdout}")
         losses = [float(x) for x in re.findall(r"^step \d+ loss ([0-9.]+)$", r.stdout, re.M)][:3]
         self.assertEqual(len(losses), 3, r.stdout)
         tuned = open(plan).read() if plan else ""
