@@ -235,8 +235,17 @@ torch::Tensor GradSync::sqr_norm_share() {
   return torch::dot(grad_all_, grad_all_).to(torch::kFloat64) / static_cast<double>(c_.world);
 }
 
-void GradSync::finish_microbatch() {
-  if (reduce_scatter_) drain(0);
+void GradSync::finish_microbatch(std::size_t keep) {
+  if (reduce_scatter_) drain(keep);
+}
+
+std::vector<int> GradSync::units_in_flight() const {
+  std::vector<int> units;
+  for (const PendingReduce& p : pending_) {
+    const RsBucket& b = rs_buckets_[static_cast<std::size_t>(p.bucket)];
+    units.insert(units.end(), b.units.begin(), b.units.end());
+  }
+  return units;
 }
 
 void GradSync::finish_step() {

@@ -302,9 +302,9 @@ class Executor::Impl {
       torch::Tensor target = std::exchange(batch.target, torch::Tensor()).to(dev_.torch_device());
       torch::Tensor gz = loss_grad(c, forward(std::move(input), k), target, k, scale, loss_sum);
       backward(std::move(gz), k, k == m - 1);  // the logits' gradient dies with the last unit's backward
-      grads_->finish_microbatch();
+      grads_->finish_microbatch(k == m - 1 && optimizer_->steps_beside_last_reduce_scatter() ? 1 : 0);
     }
-    grads_->finish_step();
+    if (!optimizer_->steps_beside_last_reduce_scatter()) grads_->finish_step();
     StepStats stats;
     if (adascale_) stats.lr_gain = adascale_->finish(*grads_);
     stats.loss_scale = loss_scale;

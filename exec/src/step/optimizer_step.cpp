@@ -61,6 +61,36 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
     gather_buckets_ = allgather_buckets(gathered, c.plan.buckets.allgather_bucket_bytes);
   }
   stepped_ = stage_ == 0 ? c.padded_total : c.shard_total;
+  beside_last_rs_ = c.plan.steps_beside_last_reduce_scatter();
+  TORCH_INTERNAL_ASSERT(!beside_last_rs_ || (!separate_master_ && !c.host_optimizer() && !c.dt.master));
+}
+
+// Stage 3: the units whose reduce-scatters have landed are stepped while the last one (the first unit's,
+// issued at the end of the backward) is in flight; then it is waited and its units stepped. The fused
+// kernels are elementwise, so the parameters and state are those of one step over the whole shard.
+void OptimizerStep::step_beside_last_reduce_scatter(double lr_scale) {
+  const std::vector<int> in_flight = grads_.units_in_flight();
+  auto step_unit = [&](int u) {
+    const UnitRT& U = c_.unit(u);
+    if (U.shard() == 0) return;
+    optimizer_->step_range(0, U.shard_base, params_.flat().narrow(0, U.shard_base, U.shard()),
+                           grads_.shard().narrow(0, U.shard_base, U.shard()), lr_scale);
+  };
+  c_.at("all", "optimizer");
+  double t0 = c_.rec.now_s();
+  optimizer_->begin_step();
+  for (int u = c_.unit_count() - 1; u >= 0; --u) {
+    if (std::find(in_flight.begin(), in_flight.end(), u) == in_flight.end()) step_unit(u);
+  }
+  c_.dev.wait_compute();
+  c_.rec.span(Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  grads_.finish_step();
+  c_.at("all", "optimizer");
+  t0 = c_.rec.now_s();
+  for (const int u : in_flight) step_unit(u);
+  c_.dev.wait_compute();
+  c_.rec.span(Lane::compute, "optimizer", t0, c_.rec.now_s(), "optimizer");
+  grads_.release();
 }
 
 void OptimizerStep::gradients_home() {
@@ -109,6 +139,10 @@ double OptimizerStep::clip_factor(const std::vector<torch::Tensor>& grads, doubl
 bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
+  if (beside_last_rs_) {
+    step_beside_last_reduce_scatter(lr_scale);
+    return true;
+  }
   gradients_home();
   if (c_.dt.master) return step_master_by_unit(lr_scale);
   const bool offloaded_params = stage_ == 3 && c_.plan.offload.params;

@@ -292,7 +292,10 @@ struct GradSync {
   // Allocates gradients, launches bucket collectives; returns the unit's last compute task (the
   // gradient's accumulation after the backward at stages 2-3, else `bwd`).
   TaskId after_bwd(int u, int mb, TaskId bwd);
-  void finish_microbatch(int mb);            // flush a partial bucket, drain every reduce-scatter
+  // Flush a partial bucket, drain every reduce-scatter (the last microbatch's last one stays in flight
+  // under Plan::steps_beside_last_reduce_scatter, until finish_step).
+  void finish_microbatch(int mb);
+  TaskId finish_step() { return drain(0, c_.m - 1); }  // the last drain's add (kNone: nothing in flight)
   // Stages 2-3: the microbatch's last reduce-scatter, which the next microbatch's forward waits for
   // (FSDP's end-of-backward callback, DeepSpeed's end-of-backward reduction); else kNone.
   TaskId microbatch_barrier() const { return c_.plan.zero_stage >= 2 && !reduces_.empty() ? reduces_.back() : kNone; }
@@ -329,7 +332,7 @@ struct GradSync {
 // The step's first compute task: the gradient buffers zeroed (kNone when there are none): dp_sync.cpp
 TaskId zero_grads(Ctx& c);
 // Optimizer step and the parameter sync after it (device or host, flat or per tensor): optimizer_step.cpp
-void optimizer_step(Ctx& c, const GradSync& grads);
+void optimizer_step(Ctx& c, GradSync& grads);
 // Stages 1-2: all-gather the updated shards (allgather_bucket_bytes buckets, fp16 when broadcast_fp16).
 void param_sync(Ctx& c, const std::vector<TaskId>& after);
 // The host optimizer's step over `elems` parameters after every task in `after`, as the executor runs it:

@@ -226,7 +226,7 @@ void GradSync::flush(int mb) {
 
 void GradSync::finish_microbatch(int mb) {
   flush(mb);
-  drain(0, mb);
+  drain(mb + 1 == c_.m && c_.plan.steps_beside_last_reduce_scatter() ? 1 : 0, mb);
 }
 
 }  // namespace zeroplan::sim::lowering

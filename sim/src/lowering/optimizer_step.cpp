@@ -3,6 +3,7 @@
 // backward, followed by the H2D of the updated parameters. Flat parameters make it one launch instead
 // of one per tensor. Stages 1-2 then all-gather the updated parameters.
 #include <algorithm>
+#include <cmath>
 
 #include "context.h"
 #include "zeroplan/profiles/pipeline.h"
@@ -74,7 +75,7 @@ std::int64_t largest_step_unit(const Ctx& c) {
 }
 }  // namespace
 
-void optimizer_step(Ctx& c, const GradSync& grads) {
+void optimizer_step(Ctx& c, GradSync& grads) {
   const TaskId gate = loss_scale_check(c, grads);
   const std::string& name = c.plan.optimizer.name;
   const bool flat = c.plan.flat_params;
@@ -84,7 +85,27 @@ void optimizer_step(Ctx& c, const GradSync& grads) {
     int tensors = 0;
     for (const Unit& u : c.units) tensors += u.tensors;
     if (c.plan.zero_stage > 0) tensors = (tensors + c.n - 1) / c.n;
-    const double touched = static_cast<double>(local) * (2.0 * (c.b.param + c.b.master + c.b.states) + c.b.grad);
+    const double per_elem = 2.0 * (c.b.param + c.b.master + c.b.states) + c.b.grad;
+    if (c.plan.steps_beside_last_reduce_scatter()) {
+      // Stage 3: each landed unit stepped (one fused call each) while the last reduce-scatter is in
+      // flight, then that one waited and its units stepped (the executor's step_beside_last_reduce_scatter).
+      auto step_of = [&](const GradDone& d, TaskId after) {
+        const auto share = static_cast<double>(d.elems) / static_cast<double>(std::max<std::int64_t>(1, local));
+        const int t = std::max(1, static_cast<int>(std::ceil(tensors * share)));
+        const double s = device_optimizer_time(c.cluster, name, static_cast<double>(d.elems), d.elems * per_elem, t, flat);
+        const TaskId step = c.compute_task(s, c.n_optimizer, -1, -1);
+        c.g.add_dep(step, d.task);
+        c.g.add_dep(step, after);
+        c.g.add_dep(step, gate);
+        return step;
+      };
+      for (std::size_t i = 0; i + 1 < grads.done.size(); ++i) step_of(grads.done[i], kNone);
+      const TaskId landed = grads.finish_step();
+      const TaskId last = grads.done.empty() ? kNone : step_of(grads.done.back(), landed);
+      if (grads.shard_alloc() != kNone) c.g.set_free_at(grads.shard_alloc(), last);
+      return;
+    }
+    const double touched = static_cast<double>(local) * per_elem;
     const double s = device_optimizer_time(c.cluster, name, static_cast<double>(local), touched, tensors, flat);
     // A fused kernel (zeroplan's executor, torch.optim's fused=True, DeepSpeed's FusedAdam) updates in
     // place: no temporaries beyond the state.

@@ -11,7 +11,11 @@ class GradSync {
   void zero();                                  // before the step's first microbatch
   torch::Tensor region(int owner);              // where unit owner's gradient accumulates this microbatch
   void after_bwd(int u, int micro, bool last_micro);  // launches the unit's (or its bucket's) collective
-  void finish_microbatch();                     // stages 2-3: this microbatch's reductions in the shard
+  // Stages 2-3: this microbatch's reductions in the shard, all but the newest `keep` (the last microbatch's
+  // last reduce-scatter stays in flight while the optimizer steps the rest: finish_step waits it).
+  void finish_microbatch(std::size_t keep = 0);
+  // The units whose reduce-scatters are still in flight (their gradients not final until finish_step).
+  std::vector<int> units_in_flight() const;
   void finish_step();                           // every collective waited: gradients final
   // Final gradients: this rank's chunk of unit u (stage 0: all of it, also full()); shard(): stages 2-3,
   // the gradient shard (host with offload.grads).

@@ -15,6 +15,9 @@ class OptimizerStep {
   // the units compute; false when the step was skipped (non-finite gradients): parameters and optimizer
   // state untouched.
   bool step(double lr_scale = 1.0);
+  // Plan::steps_beside_last_reduce_scatter: the executor leaves the last reduce-scatter in flight
+  // (GradSync::finish_microbatch(1)) and calls step() without GradSync::finish_step, which step() waits.
+  bool steps_beside_last_reduce_scatter() const { return beside_last_rs_; }
   std::int64_t stepped_numel() const { return stepped_; }
   // Checkpoints (checkpoint.cpp): the master shard (undefined without one) and the optimizer.
   torch::Tensor& master() { return master_; }
@@ -22,6 +25,7 @@ class OptimizerStep {
 
  private:
   bool step_master_by_unit(double lr_scale);  // 16-bit gradients into the fp32 master, one unit at a time
+  void step_beside_last_reduce_scatter(double lr_scale);  // stage 3: landed units first, then the rest
   void gradients_home();                      // offload.optimizer: the gradient shard copied to host_grad_
   torch::Tensor grad_of(int u);               // this rank's final gradient of unit u where the step reads it
   // optimizer.max_grad_norm: what to multiply this rank's gradients by (1: no clipping), from the global
@@ -34,6 +38,7 @@ class OptimizerStep {
   GradSync& grads_;
   Precision& precision_;
   int stage_ = 0;
+  bool beside_last_rs_ = false;   // Plan::steps_beside_last_reduce_scatter
   bool separate_master_ = false;  // a master shard apart from the parameters: fp32 beside 16-bit
                                   // params, or offload.optimizer with parameters on the device
   std::int64_t stepped_ = 0;

@@ -158,6 +158,15 @@ struct Plan {
   // stages 0-1, where that gradient lives all step (at 2-3 a unit's unsharded gradient is made after its
   // backward), unless AdaScale reads each microbatch's gradient or OffloadModel keeps them on the host.
   bool grads_in_place() const { return zero_stage <= 1 && !adascale && !offload_model.enabled; }
+  // Stage 3 on the devices: the optimizer steps each unit whose gradient has landed while the step's last
+  // reduce-scatter (the first unit's, often the embedding's) is in flight, then that one's, when nothing in
+  // the step needs every gradient first: no clipping, loss scale or AdaScale, no fp32 master beside 16-bit
+  // parameters, nothing offloaded, no pipeline. The executor and the simulator both follow it.
+  bool steps_beside_last_reduce_scatter() const {
+    return zero_stage == 3 && world_size > 1 && pipeline_stages == 1 && !(optimizer.max_grad_norm > 0) &&
+           precision.loss_scale.mode == LossScale::Mode::none && !adascale && !offload.optimizer && !offload.params &&
+           !offload.grads && !offload_model.enabled && !(precision.param_dtype != "fp32" && precision.master_fp32);
+  }
   // fairscale SlowMo is on when its update is not the identity (slowmo_momentum != 0 or slowmo_lr != 1):
   // then it keeps the slow momentum and the previous parameters, and updates every slowmo_frequency steps.
   bool slowmo() const { return localsgd() && slowmo_frequency > 0 && (slowmo_momentum != 0 || slowmo_lr != 1); }
