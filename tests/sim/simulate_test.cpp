@@ -114,6 +114,38 @@ TEST(Prefetch, DepthTwoHoldsOneMoreGatheredUnit) {
   EXPECT_EQ(simulate(m, c, p).device.peak_bytes, none.device.peak_bytes);
 }
 
+// Stage 3 in fp32 without clipping (Plan::steps_beside_last_reduce_scatter): one optimizer task per
+// reduce-scatter, every landed unit's starting before the last reduce-scatter (the first unit's) ends, the
+// last one's after it; with clipping, one task after every reduce-scatter, and the step no shorter.
+TEST(Lowering, Stage3StepsLandedUnitsBesideTheLastReduceScatter) {
+  const ModelProfile m = gpt(4, 1024, 16, 512, 50000);
+  const ClusterProfile c = resolve_cluster("v100-sxm2-32gb:1");
+  Plan p = Plan::default_ddp(8, 8);
+  p.zero_stage = 3;
+  p.reshard_after_forward = true;
+  ASSERT_TRUE(p.steps_beside_last_reduce_scatter());
+  auto tasks_named = [](const Simulation& s, const std::string& prefix) {
+    std::vector<TaskId> out;
+    for (TaskId t = 0; t < s.graph.num_tasks(); ++t)
+      if (s.graph.label_text(s.graph.tasks()[t].label).rfind(prefix, 0) == 0) out.push_back(t);
+    return out;
+  };
+  const Simulation beside = simulate_step(m, c, p);
+  const std::vector<TaskId> steps = tasks_named(beside, "optimizer");
+  const std::vector<TaskId> rs = tasks_named(beside, "reduce_scatter");
+  ASSERT_EQ(steps.size(), rs.size());
+  ASSERT_GE(steps.size(), 3u);
+  const double last_rs_end = beside.result.end_s[rs.back()];
+  for (std::size_t i = 0; i + 1 < steps.size(); ++i) EXPECT_LT(beside.result.start_s[steps[i]], last_rs_end) << i;
+  EXPECT_GE(beside.result.start_s[steps.back()], last_rs_end);
+  p.optimizer.max_grad_norm = 1.0;
+  ASSERT_FALSE(p.steps_beside_last_reduce_scatter());
+  const Simulation after = simulate_step(m, c, p);
+  ASSERT_EQ(tasks_named(after, "optimizer").size(), 1u);
+  EXPECT_GE(after.result.start_s[tasks_named(after, "optimizer").front()], after.result.end_s[tasks_named(after, "reduce_scatter").back()]);
+  EXPECT_LT(beside.prediction.step_time_s, after.prediction.step_time_s);
+}
+
 // Calibration factors scale what they name: every compute task, every collective.
 TEST(Lowering, CalibrationScalesComputeAndCollectives) {
   const ModelProfile m = gpt(2, 512, 8, 256, 1000);

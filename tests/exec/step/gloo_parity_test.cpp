@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <functional>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -378,6 +379,44 @@ TEST(ExecutorGlooMemory, Stage3OffloadBelowStage0AndLimit) {
     EXPECT_EQ(msg.rfind("out of device memory in unit ", 0), 0u) << msg;
     EXPECT_NE(msg.find(", phase "), std::string::npos) << msg;
     EXPECT_NE(msg.find(" bytes, limit " + std::to_string(limit)), std::string::npos) << msg;
+  }
+}
+
+// Stage 3 in fp32 without clipping (Plan::steps_beside_last_reduce_scatter): each step's optimizer is two
+// spans, the units whose reduce-scatters landed and then, once the last one (the embedding's) is waited,
+// that unit; with clipping one span after every reduce-scatter. (Whether the first span overlaps the last
+// reduce-scatter is timing on a model this small: the simulator's test asserts it.) (The results equal the reference's: the
+// parity cases above at stage 3.)
+TEST(ExecutorGlooMeasurement, Stage3StepsLandedUnitsBesideTheLastReduceScatter) {
+  const ModelSpec m = gpt_tiny();
+  Case beside{m, PlanSpec{3, 1, true}, 3, 0, 0, true};
+  Case clipped = beside;
+  clipped.edit = [](Plan& p) { p.optimizer.max_grad_norm = 1.0; };
+  ASSERT_TRUE(case_plan(beside).steps_beside_last_reduce_scatter());
+  ASSERT_FALSE(case_plan(clipped).steps_beside_last_reduce_scatter());
+  auto results = launch({beside, clipped});
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 2; ++i) {
+      const CaseResult& cr = results[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
+      ASSERT_FALSE(cr.json.is_null() || cr.json.contains("error")) << cr.json.dump();
+      std::map<int, std::vector<double>> step_starts;  // per step: its optimizer spans' starts
+      std::map<int, double> last_rs_end;
+      for (const auto& e : cr.trace.at("traceEvents")) {
+        if (e.at("ph") != "X" || !e.contains("args") || !e.at("args").contains("step")) continue;
+        const std::string name = e.at("name").get<std::string>();
+        const int step = e.at("args").at("step").get<int>();
+        const double ts = e.at("ts").get<double>();
+        if (name == "optimizer") step_starts[step].push_back(ts);
+        if (name.rfind("reduce_scatter", 0) == 0)
+          last_rs_end[step] = std::max(last_rs_end[step], ts + e.at("dur").get<double>());
+      }
+      ASSERT_EQ(step_starts.size(), 3u) << "rank " << r << " case " << i;
+      for (auto& [step, starts] : step_starts) {
+        std::sort(starts.begin(), starts.end());
+        EXPECT_EQ(starts.size(), i == 0 ? 2u : 1u) << "rank " << r << " case " << i << " step " << step;
+        EXPECT_GE(starts.back(), last_rs_end[step]) << "rank " << r << " case " << i << " step " << step;
+      }
+    }
   }
 }
 
