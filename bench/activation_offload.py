@@ -162,7 +162,8 @@ def zeroplan_rows(args, work):
                      "measured_host_peak_bytes": m["peaks"][0]["host_peak_bytes"],
                      "predicted_step_time_s": p["step_time_s"],
                      "measured_step_time_s": m["step_time_median_s"],
-                     "side_lane_s": m["phase_times_s"].get("side_lane", 0.0),
+                     # the side lane's copies, by direction (one `side_lane` phase in runs before 2026-11-29)
+                     "copies_s": sum(m["phase_times_s"].get(k, 0.0) for k in ("d2h", "h2d", "side_lane")),
                      "offloaded_bytes": sum(u["offloaded_bytes"] for u in off),
                      "saved_bytes": sum(u["bytes"] for u in off)})
     return rows
@@ -202,7 +203,7 @@ def main():
     base = zrows[0]["measured_step_time_s"]
     for r in zrows[1:]:
         slow = r["measured_step_time_s"] - base
-        lane = r["side_lane_s"]
+        lane = r["copies_s"]
         hidden = 1 - max(slow, 0) / lane if lane > 0 else 0
         print(f"| {r['ratio']:g} | {mb(r['offloaded_bytes'])} of {mb(r['saved_bytes'])} | {slow * 1e3:+.1f} ms | "
               f"{lane * 1e3:.1f} ms | {100 * hidden:.0f}% |")

@@ -73,9 +73,9 @@ void add_phases(const Prediction& p, const RunRecord& r, const CompareOptions& o
   either("compute", value_or_zero(busy, "compute"), compute);
   if (host_opt || busy.count("host_optimizer"))
     either("optimizer", value_or_zero(busy, "host_optimizer"), host_opt ? value_or_zero(measured, "optimizer") : 0.0);
-  // Activation offload's copies run on the executor's side lane (one CUDA stream or one copy thread for
-  // both directions, the phase `side_lane`) while the simulator puts them on its h2d and d2h lanes: where
-  // a run has a side lane, the copies are compared together.
+  // Activation offload's copies run on the executor's side lane, recorded in the phases d2h and h2d by
+  // direction. Runs measured before 2026-11-29 recorded them as one phase `side_lane` for both directions
+  // (the documents under profiles/data/measured): there the copies are compared together.
   if (const double side = value_or_zero(measured, "side_lane"); side > 0) {
     either("copies", value_or_zero(busy, "h2d") + value_or_zero(busy, "d2h"),
            value_or_zero(measured, "h2d") + value_or_zero(measured, "d2h") + side);

@@ -275,9 +275,10 @@ TEST(Compare, HostOptimizerIsItsOwnPhase) {
   EXPECT_DOUBLE_EQ(metric(d, "phase.optimizer_s").measured, 0.025);
 }
 
-// Activation offload's copies run on the executor's side lane, both ways: compared against the simulated
-// h2d and d2h lanes together, with the run's other copies (on the H200 the separate rows said 0 ms measured
-// against 37 ms predicted, and blamed the bandwidth, where the side lane's 73 ms matched the 74 ms).
+// Runs before 2026-11-29 recorded activation offload's copies as one phase `side_lane` for both ways:
+// compared against the simulated h2d and d2h lanes together, with the run's other copies (on the H200 the
+// separate rows said 0 ms measured against 37 ms predicted, and blamed the bandwidth, where the side lane's
+// 73 ms matched the 74 ms). Runs since record them by direction (ExecutorGlooMeasurement.SideLaneCopiesAreRecordedEachWay).
 TEST(Compare, TheSideLaneIsComparedWithEveryCopy) {
   Prediction p = prediction();
   p.resource_busy_s = {{"compute", 0.08}, {"h2d", 0.037}, {"d2h", 0.037}};

@@ -150,7 +150,7 @@ void ActivationOffload::send_pending() {
   if (!pending_) return;
   std::shared_ptr<Entry> e = std::move(pending_);
   e->host = c_.dev.host_pool().empty(e->bytes, torch::kUInt8);
-  e->d2h = last_ticket_ = c_.dev.side_lane().submit(e->host, e->device);
+  e->d2h = last_ticket_ = c_.dev.side_lane().submit(e->host, e->device, CopyDirection::d2h);
   in_flight_bytes_ += e->bytes;
   in_flight_.push_back(std::move(e));
   // The window: the older copies in flight are waited for and their device storage let go.
@@ -229,7 +229,7 @@ std::vector<OffloadedActivations> ActivationOffload::summary() const {
 void ActivationOffload::copy_back(Entry& e) {
   if (e.h2d != 0) return;
   e.device = torch::empty({e.bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(c_.dev.torch_device()));
-  e.h2d = last_ticket_ = c_.dev.side_lane().submit(e.device, e.host);
+  e.h2d = last_ticket_ = c_.dev.side_lane().submit(e.device, e.host, CopyDirection::h2d);
 }
 
 // The next tensors of the unit restoring, in the order needed, copied back while the bytes ahead of

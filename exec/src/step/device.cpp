@@ -140,10 +140,10 @@ class CpuSideLane final : public SideLane {
     cv_.notify_all();
     worker_.join();
   }
-  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
+  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src, CopyDirection dir) override {
     check_side_copy(dst, src);
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back({dst, src, ++submitted_});
+    jobs_.push_back({dst, src, ++submitted_, dir});
     cv_.notify_all();
     return submitted_;
   }
@@ -158,7 +158,7 @@ class CpuSideLane final : public SideLane {
       }
     }
   }
-  double busy_s() const override {
+  SideLaneSeconds busy_s() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return busy_s_;
   }
@@ -167,6 +167,7 @@ class CpuSideLane final : public SideLane {
   struct Job {
     torch::Tensor dst, src;
     std::uint64_t ticket = 0;
+    CopyDirection dir = CopyDirection::d2h;
   };
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -178,12 +179,13 @@ class CpuSideLane final : public SideLane {
       void* dst = job.dst.data_ptr();
       const void* src = job.src.data_ptr();
       const std::size_t n = job.dst.nbytes();
+      const CopyDirection dir = job.dir;
       lock.unlock();
       const auto t0 = std::chrono::steady_clock::now();
       std::memcpy(dst, src, n);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       lock.lock();
-      busy_s_ += dt;
+      busy_s_[dir] += dt;
       done_ = started_;
       done_cv_.notify_all();
     }
@@ -192,7 +194,7 @@ class CpuSideLane final : public SideLane {
   std::condition_variable cv_, done_cv_;
   std::deque<Job> jobs_;  // tickets done_+1 .. submitted_ and finished ones not yet dropped
   std::uint64_t submitted_ = 0, started_ = 0, done_ = 0;
-  double busy_s_ = 0;
+  SideLaneSeconds busy_s_;
   bool stop_ = false;
   std::thread worker_;  // last: starts once the members above exist
 };
@@ -243,13 +245,13 @@ class CudaSideLane final : public SideLane {
  public:
   explicit CudaSideLane(c10::DeviceIndex index) : index_(index), stream_(c10::cuda::getStreamFromPool(false, index)) {}
   ~CudaSideLane() override { stream_.synchronize(); }
-  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) override {
+  std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src, CopyDirection dir) override {
     check_side_copy(dst, src);
     drop_finished();
     at::cuda::CUDAEvent ready;
     ready.record(c10::cuda::getCurrentCUDAStream(index_));
     ready.block(stream_);
-    Job job{dst, src, ++submitted_, std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault),
+    Job job{dst, src, ++submitted_, dir, std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault),
             std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault)};
     {
       c10::cuda::CUDAStreamGuard guard(stream_);
@@ -267,7 +269,7 @@ class CudaSideLane final : public SideLane {
     }
     drop_finished();
   }
-  double busy_s() const override {
+  SideLaneSeconds busy_s() const override {
     const_cast<CudaSideLane*>(this)->drop_finished();
     return busy_s_;
   }
@@ -276,11 +278,12 @@ class CudaSideLane final : public SideLane {
   struct Job {
     torch::Tensor dst, src;
     std::uint64_t ticket = 0;
+    CopyDirection dir = CopyDirection::d2h;
     std::unique_ptr<at::cuda::CUDAEvent> start, done;
   };
   void drop_finished() {
     while (!jobs_.empty() && jobs_.front().done->query()) {
-      busy_s_ += jobs_.front().start->elapsed_time(*jobs_.front().done) * 1e-3;
+      busy_s_[jobs_.front().dir] += jobs_.front().start->elapsed_time(*jobs_.front().done) * 1e-3;
       jobs_.pop_front();
     }
   }
@@ -288,7 +291,7 @@ class CudaSideLane final : public SideLane {
   c10::cuda::CUDAStream stream_;
   std::deque<Job> jobs_;
   std::uint64_t submitted_ = 0;
-  double busy_s_ = 0;
+  SideLaneSeconds busy_s_;
 };
 
 // CUDA: the caching allocator's statistics; the limit is a memory fraction; the host pool is pinned

@@ -131,10 +131,13 @@ RunResult run_rank(const RunOptions& options, Communicator& comm) {
     const bool warmup = s < options.warmup_steps;
     if (s == options.warmup_steps) cpu_from = read_cpu_times();
     recorder.begin_step(s, warmup);
-    const double lane0 = device->side_lane().busy_s();
+    const SideLaneSeconds lane0 = device->side_lane().busy_s();
     StepStats st = executor.step(first_step + s);
-    // The side lane's copies (activation offload), overlapping the phases: seconds it copied this step.
-    if (const double lane = device->side_lane().busy_s() - lane0; lane > 0) st.phase_s["side_lane"] = lane;
+    // The side lane's copies (activation offload), overlapping the phases: seconds it copied each way this
+    // step, in the phases of the simulator's lanes (d2h, h2d) beside the step's other copies.
+    const SideLaneSeconds lane1 = device->side_lane().busy_s();
+    if (const double d = lane1.d2h - lane0.d2h; d > 0) st.phase_s["d2h"] += d;
+    if (const double h = lane1.h2d - lane0.h2d; h > 0) st.phase_s["h2d"] += h;
     result.step_times_s.push_back(st.time_s);
     result.phase_times_s.push_back(std::move(st.phase_s));
     local_losses.push_back(st.loss);

@@ -420,6 +420,26 @@ TEST(ExecutorGlooMeasurement, Stage3StepsLandedUnitsBesideTheLastReduceScatter) 
   }
 }
 
+// Activation offload's copies run on the side lane; each step records the seconds it copied each way in
+// the phases `d2h` and `h2d`, the simulator's lanes of those names (compare reads them row by row).
+TEST(ExecutorGlooMeasurement, SideLaneCopiesAreRecordedEachWay) {
+  Case c{gpt_tiny(), PlanSpec{0, 1}, 3};
+  c.edit = [](Plan& p) { p.offload.activations_ratio = 1.0; };
+  auto results = launch({c});
+  for (int r = 0; r < 2; ++r) {
+    const CaseResult& cr = results[static_cast<std::size_t>(r)][0];
+    ASSERT_FALSE(cr.json.is_null() || cr.json.contains("error")) << cr.json.dump();
+    RunResult rr;
+    exec::from_json(cr.json, rr);
+    ASSERT_EQ(rr.phase_times_s.size(), 3u);
+    for (const auto& phases : rr.phase_times_s) {
+      EXPECT_GT(phases.count("d2h") ? phases.at("d2h") : 0.0, 0.0) << "rank " << r;
+      EXPECT_GT(phases.count("h2d") ? phases.at("h2d") : 0.0, 0.0) << "rank " << r;
+      EXPECT_EQ(phases.count("side_lane"), 0u) << "rank " << r;
+    }
+  }
+}
+
 // The ranks' results merge into a valid RunRecord; each rank's trace has the simulator's lanes and
 // memory counters.
 TEST(ExecutorGlooMeasurement, RunRecordAndTraces) {

@@ -61,16 +61,26 @@ class HostPool {
 // after what the compute stream had queued. submit() keeps both tensors referenced until wait() for its
 // ticket (or a later one) returns on the caller's thread, so no memory is freed on the lane and the
 // compute lane may use dst and drop src after it.
+enum class CopyDirection { d2h, h2d };
+
+// Seconds a side lane spent copying each way: the run adds them to its `d2h` and `h2d` phases, the
+// simulator's lanes of those names.
+struct SideLaneSeconds {
+  double d2h = 0, h2d = 0;
+  double& operator[](CopyDirection d) { return d == CopyDirection::d2h ? d2h : h2d; }
+};
+
 class SideLane {
  public:
   virtual ~SideLane() = default;
-  // dst <- src, both contiguous and of the same byte size. Returns the copy's ticket (1, 2, ...).
-  virtual std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src) = 0;
+  // dst <- src, both contiguous and of the same byte size, `dir` off or onto the device. Returns the
+  // copy's ticket (1, 2, ...).
+  virtual std::uint64_t submit(const torch::Tensor& dst, const torch::Tensor& src, CopyDirection dir) = 0;
   // The calling thread waits until the copy `ticket` and every earlier one are done; the lane then holds
   // none of their tensors.
   virtual void wait(std::uint64_t ticket) = 0;
-  // Seconds the lane spent copying since it was made (the side-lane benchmark's "copies alone").
-  virtual double busy_s() const = 0;
+  // Seconds the lane spent copying each way since it was made (CUDA: the copies finished so far).
+  virtual SideLaneSeconds busy_s() const = 0;
 };
 
 // A refused device allocation (the limit was hit).
