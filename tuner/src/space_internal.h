@@ -65,6 +65,9 @@ class Expander {
   std::map<std::string, std::int64_t>& invalid_;
 };
 
+// The knobs no step sets: each candidate fits them (make_candidates), by their registry names.
+const std::vector<std::string>& fitted_knobs();
+
 // The Plan's rules (plan_rules(): validate's own, with its messages) in the search: each is applied at the
 // last expansion step that sets a knob it reads, so a partial plan is dropped as soon as it breaks one and
 // counted under the message validate throws. Rules that read a knob no step sets are applied at the first
@@ -81,7 +84,7 @@ class Rules {
     auto due = [&](const std::vector<std::string>& knobs) -> std::optional<std::size_t> {
       std::size_t step = 0;
       for (const std::string& k : knobs) {
-        if (k == "checkpointing" || k == "offload.activations_ratio") return std::nullopt;
+        if (std::find(fitted_knobs().begin(), fitted_knobs().end(), k) != fitted_knobs().end()) return std::nullopt;
         if (const auto it = last.find(k); it != last.end()) step = std::max(step, it->second);
       }
       return step;

@@ -42,6 +42,11 @@ const std::vector<std::vector<std::string>>& step_knobs() {
 }
 
 
+const std::vector<std::string>& fitted_knobs() {
+  static const std::vector<std::string> fitted = {"checkpointing", "offload.activations_ratio"};
+  return fitted;
+}
+
 void check_step_knobs(std::size_t step, const Plan& before, const Plan& after) {
   const std::vector<std::string>& listed = step_knobs().at(step);
   Plan restored = after;  // the listed knobs put back: nothing else may differ
@@ -275,7 +280,7 @@ void Enumeration::expand_rest() {
 
 }
 
-// The expanded plans as candidates, with what each fits (checkpointing, the activation ratio) and the
+// The expanded plans as candidates, with what each fits (fitted_knobs(): checkpointing, the activation ratio) and the
 // schema's own rules as the last word.
 void Enumeration::make_candidates(const ModelProfile& model) {
   // Continuous knobs, and the schema's own rules as the last word.
