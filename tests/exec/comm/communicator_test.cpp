@@ -4,6 +4,7 @@
 #include <zeroplan/exec/counting_communicator.h>
 #include "comm_test_util.h"
 #include <zeroplan/exec/local_communicator.h>
+#include <zeroplan/exec/shm_communicator.h>
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -322,6 +323,99 @@ TEST(GlooCommunicator, ATimedOutRingReduceScatterThrowsOneLine) {
   EXPECT_NE(errors[0].find("rank 0: gloo reduce_scatter #2 (32 bytes) failed:"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[0].find('\n'), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
+}
+
+// Shared-memory collectives (shm_communicator.h) against Gloo's on the same ranks (a second process group
+// of theirs underneath), with a staging area of 4 KB so that every collective runs in several rounds:
+// all-gather and broadcast exact; on 2 ranks the sums bit for bit (a + b either way), on 3 within rounding
+// of another order of summation and exact on integers; several collectives in flight complete in order;
+// bf16; avg divides.
+TEST(ShmCommunicator, CollectivesEqualGloosOnTwoAndThreeRanks) {
+  for (const int n : {2, 3}) {
+    auto errors = on_gloo_ranks(n, [n](Communicator& gloo) {
+      const int r = gloo.rank();
+      ShmOptions o;
+      o.chunk_bytes = 4096;
+      auto shm = make_shm_communicator(gloo.duplicate(), o);
+      EXPECT_EQ(shm->world_size(), n);
+      EXPECT_EQ(shm->rank(), r);
+      torch::manual_seed(11 + r);
+      const std::int64_t len = 10007;  // rounds of 1024 floats, then a short one
+      const torch::Tensor x = torch::randn({n * len});
+      const torch::Tensor ints = torch::randint(-1000, 1000, {n * len}).to(torch::kFloat);
+      // all-reduce
+      torch::Tensor a = x.clone(), b = x.clone(), ia = ints.clone(), ib = ints.clone();
+      gloo.all_reduce(a, ReduceOp::kSum)->wait();
+      auto w1 = shm->all_reduce(b, ReduceOp::kSum);
+      auto w2 = shm->all_reduce(ib, ReduceOp::kSum);  // two in flight
+      gloo.all_reduce(ia, ReduceOp::kSum)->wait();
+      w1->wait();
+      w2->wait();
+      EXPECT_TRUE(ib.equal(ia)) << n;
+      if (n == 2) {
+        EXPECT_TRUE(b.equal(a));
+      }
+      EXPECT_TRUE(torch::allclose(b, a, 1e-5, 1e-5)) << n;
+      // reduce-scatter
+      torch::Tensor rs_g = torch::empty({len}), rs_s = torch::empty({len}), rs_i = torch::empty({len}), rs_gi = torch::empty({len});
+      gloo.reduce_scatter(rs_g, x, ReduceOp::kSum)->wait();
+      shm->reduce_scatter(rs_s, x, ReduceOp::kSum)->wait();
+      gloo.reduce_scatter(rs_gi, ints, ReduceOp::kSum)->wait();
+      shm->reduce_scatter(rs_i, ints, ReduceOp::kSum)->wait();
+      EXPECT_TRUE(rs_i.equal(rs_gi)) << n;
+      if (n == 2) {
+        EXPECT_TRUE(rs_s.equal(rs_g));
+      }
+      EXPECT_TRUE(torch::allclose(rs_s, rs_g, 1e-5, 1e-5)) << n;
+      torch::Tensor avg = torch::empty({len});
+      shm->reduce_scatter(avg, ints, ReduceOp::kAvg)->wait();
+      EXPECT_TRUE(avg.equal(rs_i / n)) << n;
+      // all-gather, broadcast, bf16
+      torch::Tensor ag_g = torch::empty({n * len}), ag_s = torch::empty({n * len});
+      const torch::Tensor mine = x.narrow(0, 0, len).contiguous();
+      gloo.all_gather(ag_g, mine)->wait();
+      shm->all_gather(ag_s, mine)->wait();
+      EXPECT_TRUE(ag_s.equal(ag_g)) << n;
+      torch::Tensor bc = x.clone();
+      shm->broadcast(bc, n - 1)->wait();
+      torch::Tensor bc_g = x.clone();
+      gloo.broadcast(bc_g, n - 1)->wait();
+      EXPECT_TRUE(bc.equal(bc_g)) << n;
+      torch::Tensor h = ints.to(torch::kBFloat16), hg = h.clone();
+      shm->all_reduce(h, ReduceOp::kSum)->wait();
+      gloo.all_reduce(hg, ReduceOp::kSum)->wait();
+      if (n == 2) {
+        EXPECT_TRUE(h.equal(hg));
+      }
+      shm->barrier();
+      EXPECT_NE(shm->duplicate(), nullptr);
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "") << n << " ranks";
+  }
+}
+
+// A peer that never comes to a collective: the waiting rank fails in one line naming it, within the timeout.
+TEST(ShmCommunicator, APeerThatNeverArrivesFailsInOneLine) {
+  std::string failure;
+  auto errors = on_two_gloo_ranks([&failure](Communicator& gloo) {
+    ShmOptions o;
+    o.timeout = std::chrono::milliseconds(1500);
+    auto shm = make_shm_communicator(gloo.duplicate(), o);
+    if (gloo.rank() == 1) return;  // leaves without the all-reduce
+    torch::Tensor t = torch::ones({100});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      shm->all_reduce(t, ReduceOp::kSum)->wait();
+    } catch (const CommError& e) {
+      failure = e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_THROW(shm->all_reduce(t, ReduceOp::kSum)->wait(), CommError);  // the rounds no longer line up
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_NE(failure.find("rank 0: shared-memory all_reduce #1 failed: rank 1 did not arrive within 1500 ms"), std::string::npos)
+      << failure;
+  EXPECT_EQ(failure.find('\n'), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,348 @@
+// Shared-memory collectives between the ranks of one host (shm_communicator.h).
+//
+// The segment: per rank a slot header (two counters on cache lines of their own) and a staging area of
+// chunk_bytes. A collective runs in rounds k = 1, 2, ...: a rank waits until every rank has consumed
+// round k-1 (so its staging area may be overwritten), writes its part, publishes k, waits until every rank
+// has published k, reads what it needs from the others' areas, and marks k consumed. Every rank runs the
+// same collectives in the same order, so the rounds line up.
+#include <zeroplan/exec/shm_communicator.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+namespace zeroplan::exec {
+namespace {
+
+constexpr std::size_t kLine = 64;
+constexpr std::size_t kNameBytes = 32;
+
+struct alignas(kLine) Counter {
+  std::atomic<std::uint64_t> value;
+};
+struct SlotHeader {
+  Counter published;
+  Counter consumed;
+};
+static_assert(sizeof(SlotHeader) == 2 * kLine);
+
+class ShmWork final : public Work {
+ public:
+  explicit ShmWork(std::shared_future<void> done) : done_(std::move(done)) {}
+  void wait() override { done_.get(); }
+
+ private:
+  std::shared_future<void> done_;
+};
+
+std::string random_name() {
+  std::random_device rd;
+  return fmt::format("/zeroplan-{:08x}{:08x}", rd(), rd());
+}
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(std::unique_ptr<Communicator> base, const ShmOptions& options)
+      : base_(std::move(base)), options_(options), rank_(base_->rank()), world_(base_->world_size()) {
+    if (options_.chunk_bytes < static_cast<std::int64_t>(kLine) * world_)
+      throw CommError(fmt::format("shared memory: chunk_bytes {} is under {} ({} ranks)", options_.chunk_bytes,
+                                  kLine * static_cast<std::size_t>(world_), world_));
+    chunk_ = static_cast<std::size_t>(options_.chunk_bytes) / kLine * kLine;
+    stride_ = sizeof(SlotHeader) + chunk_;
+    bytes_ = stride_ * static_cast<std::size_t>(world_);
+    map_segment();
+    worker_ = std::thread([this] { run(); });
+  }
+  ~ShmCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+    if (base_addr_ != nullptr) munmap(base_addr_, bytes_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return base_->backend(); }
+
+  std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    if (!ours(tensor)) return delegate([&] { return base_->all_reduce(tensor, op); });
+    return submit([this, t = tensor, op] { all_reduce_now(t, op); });
+  }
+  std::unique_ptr<Work> all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    TORCH_CHECK(output.numel() == input.numel() * world_, "all_gather: output has ", output.numel(), " elements, not ",
+                world_, " x ", input.numel());
+    if (!ours(output) || !ours(input) || output.scalar_type() != input.scalar_type())
+      return delegate([&] { return base_->all_gather(output, input); });
+    return submit([this, out = output, in = input] { all_gather_now(out, in); });
+  }
+  std::unique_ptr<Work> reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override {
+    TORCH_CHECK(input.numel() == output.numel() * world_, "reduce_scatter: input has ", input.numel(),
+                " elements, not ", world_, " x ", output.numel());
+    if (!ours(output) || !ours(input) || output.scalar_type() != input.scalar_type())
+      return delegate([&] { return base_->reduce_scatter(output, input, op); });
+    return submit([this, out = output, in = input, op] { reduce_scatter_now(out, in, op); });
+  }
+  std::unique_ptr<Work> broadcast(torch::Tensor& tensor, int root) override {
+    if (!ours(tensor)) return delegate([&] { return base_->broadcast(tensor, root); });
+    return submit([this, t = tensor, root] { broadcast_now(t, root); });
+  }
+  void barrier() override {
+    drain();
+    base_->barrier();
+  }
+  std::unique_ptr<Communicator> split(int group_size) override {
+    drain();
+    return base_->split(group_size);
+  }
+  std::unique_ptr<Communicator> duplicate() override {
+    drain();
+    return make_shm_communicator(base_->duplicate(), options_);
+  }
+  std::unique_ptr<Work> send(const torch::Tensor& tensor, int dst, int tag) override {
+    return delegate([&] { return base_->send(tensor, dst, tag); });
+  }
+  std::unique_ptr<Work> recv(torch::Tensor& tensor, int src, int tag) override {
+    return delegate([&] { return base_->recv(tensor, src, tag); });
+  }
+  std::int64_t ring_bytes_sent() const override { return base_->ring_bytes_sent(); }
+  std::vector<std::string> fallbacks() const override { return base_->fallbacks(); }
+
+ private:
+  // ---- the segment ----
+  void map_segment() {
+    // Rank 0 makes it under a random name, told to the others through the base communicator; once every
+    // rank has it mapped the name is removed, so nothing is left behind whatever happens next.
+    torch::Tensor name = torch::zeros({static_cast<std::int64_t>(kNameBytes)}, torch::kUInt8);
+    int fd = -1;
+    std::string path;
+    if (rank_ == 0) {
+      for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+        path = random_name();
+        fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      }
+      if (fd < 0) throw CommError(fmt::format("shared memory: cannot create a segment: {}", std::strerror(errno)));
+      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        const int err = errno;
+        close(fd);
+        shm_unlink(path.c_str());
+        throw CommError(fmt::format("shared memory: cannot size a segment of {} bytes: {}", bytes_, std::strerror(err)));
+      }
+      std::memcpy(name.data_ptr(), path.data(), path.size());
+    }
+    base_->broadcast(name, 0)->wait();
+    if (rank_ != 0) {
+      path.assign(static_cast<const char*>(name.data_ptr()), strnlen(static_cast<const char*>(name.data_ptr()), kNameBytes));
+      fd = shm_open(path.c_str(), O_RDWR, 0600);
+      if (fd < 0) throw CommError(fmt::format("shared memory: rank {} cannot open {}: {}", rank_, path, std::strerror(errno)));
+    }
+    void* addr = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = errno;
+    close(fd);
+    base_->barrier();
+    if (rank_ == 0) shm_unlink(path.c_str());
+    if (addr == MAP_FAILED)
+      throw CommError(fmt::format("shared memory: rank {} cannot map {} bytes: {}", rank_, bytes_, std::strerror(err)));
+    base_addr_ = static_cast<char*>(addr);
+  }
+  SlotHeader& header(int q) const { return *reinterpret_cast<SlotHeader*>(base_addr_ + stride_ * static_cast<std::size_t>(q)); }
+  char* area(int q) const { return base_addr_ + stride_ * static_cast<std::size_t>(q) + sizeof(SlotHeader); }
+
+  // ---- rounds ----
+  // Waits until every rank's counter (published or consumed) reaches k.
+  void wait_all(Counter SlotHeader::*counter, std::uint64_t k, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    auto next_check = start + std::chrono::milliseconds(500);
+    for (int q = 0; q < world_; ++q) {
+      for (std::uint64_t spins = 0; (header(q).*counter).value.load(std::memory_order_acquire) < k; ++spins) {
+        if (spins < 256) continue;
+        if (spins < 2048) {
+          std::this_thread::yield();
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_check) continue;
+        next_check = now + std::chrono::milliseconds(500);
+        std::string why = options_.diagnose ? options_.diagnose() : "";
+        if (why.empty() && now - start > options_.timeout)
+          why = fmt::format("rank {} did not arrive within {} ms", q, options_.timeout.count());
+        if (!why.empty()) throw CommError(fmt::format("rank {}: shared-memory {} #{} failed: {}", rank_, what, k, why));
+      }
+    }
+  }
+  // One round: `write` stages this rank's part, `read` takes what it needs once every rank's is there.
+  template <class Write, class Read>
+  void round(const char* what, Write&& write, Read&& read) {
+    const std::uint64_t k = ++round_;
+    wait_all(&SlotHeader::consumed, k - 1, what);
+    write(area(rank_));
+    header(rank_).published.value.store(k, std::memory_order_release);
+    wait_all(&SlotHeader::published, k, what);
+    read();
+    header(rank_).consumed.value.store(k, std::memory_order_release);
+  }
+  torch::Tensor view(char* p, std::int64_t n, const torch::Tensor& like) const {
+    return torch::from_blob(p, {n}, like.options());
+  }
+
+  // ---- the collectives, on the worker ----
+  void all_reduce_now(torch::Tensor t, ReduceOp op) {
+    const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    for (std::int64_t off = 0; off < n; off += piece) {
+      const std::int64_t len = std::min(piece, n - off);
+      round(
+          "all_reduce", [&](char* mine) { std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es)); },
+          [&] {
+            torch::Tensor out = view(data + off * es, len, t);
+            out.copy_(view(area(0), len, t));  // every rank's values added in rank order: the same bits everywhere
+            for (int q = 1; q < world_; ++q) out.add_(view(area(q), len, t));
+          });
+    }
+    if (op == ReduceOp::kAvg) t.div_(world_);
+  }
+  void all_gather_now(torch::Tensor out, torch::Tensor in) {
+    const std::int64_t es = in.element_size(), n = in.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    for (std::int64_t off = 0; off < n; off += piece) {
+      const std::int64_t len = std::min(piece, n - off);
+      round(
+          "all_gather", [&](char* mine) { std::memcpy(mine, src + off * es, static_cast<std::size_t>(len * es)); },
+          [&] {
+            for (int q = 0; q < world_; ++q)
+              std::memcpy(dst + (q * n + off) * es, area(q), static_cast<std::size_t>(len * es));
+          });
+    }
+  }
+  void reduce_scatter_now(torch::Tensor out, torch::Tensor in, ReduceOp op) {
+    // Each round stages this rank's piece for every rank (world pieces of `len`); its own piece is read
+    // from the input itself.
+    const std::int64_t es = in.element_size(), n = out.numel();
+    const std::int64_t piece = static_cast<std::int64_t>(chunk_) / (es * world_);
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    for (std::int64_t off = 0; off < n; off += piece) {
+      const std::int64_t len = std::min(piece, n - off);
+      round(
+          "reduce_scatter",
+          [&](char* mine) {
+            for (int q = 0; q < world_; ++q)
+              if (q != rank_)
+                std::memcpy(mine + q * len * es, src + (q * n + off) * es, static_cast<std::size_t>(len * es));
+          },
+          [&] {
+            torch::Tensor o = view(dst + off * es, len, out);
+            auto part = [&](int q) {
+              return q == rank_ ? view(const_cast<char*>(src) + (rank_ * n + off) * es, len, out)
+                                : view(area(q) + rank_ * len * es, len, out);
+            };
+            o.copy_(part(0));
+            for (int q = 1; q < world_; ++q) o.add_(part(q));
+          });
+    }
+    if (op == ReduceOp::kAvg) out.div_(world_);
+  }
+  void broadcast_now(torch::Tensor t, int root) {
+    const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
+    char* data = static_cast<char*>(t.data_ptr());
+    for (std::int64_t off = 0; off < n; off += piece) {
+      const std::int64_t len = std::min(piece, n - off);
+      round(
+          "broadcast",
+          [&](char* mine) {
+            if (rank_ == root) std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es));
+          },
+          [&] {
+            if (rank_ != root) std::memcpy(data + off * es, area(root), static_cast<std::size_t>(len * es));
+          });
+    }
+  }
+
+  // ---- the worker ----
+  static bool ours(const torch::Tensor& t) { return t.device().is_cpu() && t.is_contiguous() && !t.is_sparse(); }
+  std::unique_ptr<Work> submit(std::function<void()> job) {
+    std::packaged_task<void()> task([this, job = std::move(job)] {
+      if (!broken_.empty()) throw CommError(broken_);
+      try {
+        job();
+      } catch (const CommError& e) {
+        broken_ = e.what();  // the rounds no longer line up: every later collective fails the same way
+        throw;
+      }
+    });
+    std::shared_future<void> done = task.get_future().share();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+      last_ = done;
+    }
+    cv_.notify_all();
+    return std::make_unique<ShmWork>(std::move(done));
+  }
+  // What goes to the base communicator runs after the shared-memory work issued before it.
+  void drain() {
+    std::shared_future<void> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = last_;
+    }
+    if (last.valid()) last.wait();  // its error, if any, is the caller's to see on its own Work
+  }
+  template <class F>
+  std::unique_ptr<Work> delegate(F&& f) {
+    drain();
+    return f();
+  }
+  void run() {
+    torch::NoGradGuard no_grad;  // the collectives write into parameters and gradients in place
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::packaged_task<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::unique_ptr<Communicator> base_;
+  ShmOptions options_;
+  int rank_ = 0, world_ = 1;
+  std::size_t chunk_ = 0, stride_ = 0, bytes_ = 0;
+  char* base_addr_ = nullptr;
+  std::uint64_t round_ = 0;  // worker thread only
+  std::string broken_;       // worker thread only
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  std::shared_future<void> last_;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts once the members above exist
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shm_communicator(std::unique_ptr<Communicator> base, const ShmOptions& options) {
+  return std::make_unique<ShmCommunicator>(std::move(base), options);
+}
+
+}  // namespace zeroplan::exec
