@@ -133,8 +133,15 @@ double collective_time_flat(CollOp op, double bytes, int n, double bw, double al
   return 0.0;
 }
 
-std::string_view default_backend(const ClusterProfile& c) { return c.device.kind == "cpu" ? "gloo" : "nccl"; }
+std::string_view default_backend(const ClusterProfile& c) {
+  if (c.device.kind != "cpu") return "nccl";
+  for (const CollectiveFit& f : c.collectives)
+    if (f.backend == "shm") return "shm";
+  return "gloo";
+}
 
+// Gloo's reduce-scatter is a ring over send/recv holding a received chunk (two beyond 2 ranks); NCCL's and
+// the shared-memory one's hold nothing beyond their output.
 std::int64_t reduce_scatter_temp_bytes(const ClusterProfile& c, std::int64_t bytes, int ranks) {
   if (default_backend(c) != "gloo" || ranks <= 1) return 0;
   return bytes / ranks * (ranks > 2 ? 2 : 1);

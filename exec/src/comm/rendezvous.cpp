@@ -336,18 +336,6 @@ class Session final : public RankSession {
 
 }  // namespace
 
-static std::string cpu_transport(const RankContext& ctx) {
-  const char* env = std::getenv("ZEROPLAN_CPU_TRANSPORT");
-  const std::string asked = env != nullptr && *env ? env : "auto";
-  if (asked != "auto" && asked != "gloo" && asked != "shm")
-    throw RendezvousError(fmt::format("ZEROPLAN_CPU_TRANSPORT={}: auto, gloo or shm", asked));
-  const bool one_host = ctx.local_world_size == ctx.world_size;
-  if (asked == "shm" && !one_host)
-    throw RendezvousError(fmt::format("ZEROPLAN_CPU_TRANSPORT=shm: the {} ranks are not on one host ({} here)", ctx.world_size,
-                                      ctx.local_world_size));
-  return asked == "gloo" || !one_host ? "gloo" : "shm";
-}
-
 std::unique_ptr<RankSession> join(const RankContext& ctx, const RendezvousOptions& options) {
   auto timeout = ctx.timeout.value_or(options.timeout);
   const std::string secret = job_secret(ctx);  // before anything is bound or reached
@@ -379,7 +367,7 @@ std::unique_ptr<RankSession> join(const RankContext& ctx, const RendezvousOption
   };
   if (options.device == "cpu") {
     session->comm_ = make_gloo_communicator(store, ctx.rank, ctx.world_size, copts);
-    if (cpu_transport(ctx) == "shm") {
+    if (cpu_backend(ctx.local_world_size == ctx.world_size) == "shm") {
       ShmOptions so;
       so.timeout = timeout;
       so.diagnose = copts.diagnose;

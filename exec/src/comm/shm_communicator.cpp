@@ -8,12 +8,14 @@
 #include <zeroplan/exec/shm_communicator.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -78,7 +80,7 @@ class ShmCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::string backend() const override { return base_->backend(); }
+  std::string backend() const override { return "shm"; }
 
   std::unique_ptr<Work> all_reduce(torch::Tensor& tensor, ReduceOp op) override {
     if (!ours(tensor)) return delegate([&] { return base_->all_reduce(tensor, op); });
@@ -108,7 +110,7 @@ class ShmCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int group_size) override {
     drain();
-    return base_->split(group_size);
+    return make_shm_communicator(base_->split(group_size), options_);  // its ranks share this host too
   }
   std::unique_ptr<Communicator> duplicate() override {
     drain();
@@ -146,6 +148,11 @@ class ShmCommunicator final : public Communicator {
       std::memcpy(name.data_ptr(), path.data(), path.size());
     }
     base_->broadcast(name, 0)->wait();
+    // Each rank's process id: a peer whose process is gone is found at once, as Gloo finds a closed socket.
+    torch::Tensor pid = torch::full({1}, static_cast<std::int64_t>(getpid()), torch::kInt64);
+    torch::Tensor pids = torch::empty({world_}, torch::kInt64);
+    base_->all_gather(pids, pid)->wait();
+    for (int q = 0; q < world_; ++q) pids_.push_back(static_cast<pid_t>(pids[q].item<std::int64_t>()));
     if (rank_ != 0) {
       path.assign(static_cast<const char*>(name.data_ptr()), strnlen(static_cast<const char*>(name.data_ptr()), kNameBytes));
       fd = shm_open(path.c_str(), O_RDWR, 0600);
@@ -164,10 +171,11 @@ class ShmCommunicator final : public Communicator {
   char* area(int q) const { return base_addr_ + stride_ * static_cast<std::size_t>(q) + sizeof(SlotHeader); }
 
   // ---- rounds ----
-  // Waits until every rank's counter (published or consumed) reaches k.
-  void wait_all(Counter SlotHeader::*counter, std::uint64_t k, const char* what) {
+  // Waits until every rank's counter (published or consumed) reaches k. A peer whose process is gone fails
+  // the collective at once, one that stops arriving after the timeout; `diagnose` then names why.
+  void wait_all(Counter SlotHeader::*counter, std::uint64_t k) {
     const auto start = std::chrono::steady_clock::now();
-    auto next_check = start + std::chrono::milliseconds(500);
+    auto next_check = start + std::chrono::milliseconds(100);
     for (int q = 0; q < world_; ++q) {
       for (std::uint64_t spins = 0; (header(q).*counter).value.load(std::memory_order_acquire) < k; ++spins) {
         if (spins < 256) continue;
@@ -178,22 +186,27 @@ class ShmCommunicator final : public Communicator {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
         const auto now = std::chrono::steady_clock::now();
         if (now < next_check) continue;
-        next_check = now + std::chrono::milliseconds(500);
-        std::string why = options_.diagnose ? options_.diagnose() : "";
-        if (why.empty() && now - start > options_.timeout)
+        next_check = now + std::chrono::milliseconds(100);
+        std::string why;
+        if (kill(pids_[static_cast<std::size_t>(q)], 0) != 0 && errno == ESRCH)
+          why = fmt::format("rank {} exited", q);
+        else if (now - start > options_.timeout)
           why = fmt::format("rank {} did not arrive within {} ms", q, options_.timeout.count());
-        if (!why.empty()) throw CommError(fmt::format("rank {}: shared-memory {} #{} failed: {}", rank_, what, k, why));
+        if (why.empty()) continue;
+        if (options_.diagnose)
+          if (std::string named = options_.diagnose(); !named.empty()) why = std::move(named);
+        throw CommError(fmt::format("rank {}: shm {} #{} ({} bytes) failed: {}", rank_, op_, op_seq_, op_bytes_, why));
       }
     }
   }
   // One round: `write` stages this rank's part, `read` takes what it needs once every rank's is there.
   template <class Write, class Read>
-  void round(const char* what, Write&& write, Read&& read) {
+  void round(Write&& write, Read&& read) {
     const std::uint64_t k = ++round_;
-    wait_all(&SlotHeader::consumed, k - 1, what);
+    wait_all(&SlotHeader::consumed, k - 1);
     write(area(rank_));
     header(rank_).published.value.store(k, std::memory_order_release);
-    wait_all(&SlotHeader::published, k, what);
+    wait_all(&SlotHeader::published, k);
     read();
     header(rank_).consumed.value.store(k, std::memory_order_release);
   }
@@ -202,13 +215,18 @@ class ShmCommunicator final : public Communicator {
   }
 
   // ---- the collectives, on the worker ----
+  void begin(const char* op, std::int64_t bytes) {
+    op_ = op;
+    op_bytes_ = bytes;
+    ++op_seq_;
+  }
   void all_reduce_now(torch::Tensor t, ReduceOp op) {
+    begin("all_reduce", t.nbytes());
     const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
     char* data = static_cast<char*>(t.data_ptr());
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t len = std::min(piece, n - off);
-      round(
-          "all_reduce", [&](char* mine) { std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es)); },
+      round( [&](char* mine) { std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es)); },
           [&] {
             torch::Tensor out = view(data + off * es, len, t);
             out.copy_(view(area(0), len, t));  // every rank's values added in rank order: the same bits everywhere
@@ -218,13 +236,13 @@ class ShmCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg) t.div_(world_);
   }
   void all_gather_now(torch::Tensor out, torch::Tensor in) {
+    begin("all_gather", out.nbytes());
     const std::int64_t es = in.element_size(), n = in.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
     const char* src = static_cast<const char*>(in.data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t len = std::min(piece, n - off);
-      round(
-          "all_gather", [&](char* mine) { std::memcpy(mine, src + off * es, static_cast<std::size_t>(len * es)); },
+      round( [&](char* mine) { std::memcpy(mine, src + off * es, static_cast<std::size_t>(len * es)); },
           [&] {
             for (int q = 0; q < world_; ++q)
               std::memcpy(dst + (q * n + off) * es, area(q), static_cast<std::size_t>(len * es));
@@ -232,6 +250,7 @@ class ShmCommunicator final : public Communicator {
     }
   }
   void reduce_scatter_now(torch::Tensor out, torch::Tensor in, ReduceOp op) {
+    begin("reduce_scatter", in.nbytes());
     // Each round stages this rank's piece for every rank (world pieces of `len`); its own piece is read
     // from the input itself.
     const std::int64_t es = in.element_size(), n = out.numel();
@@ -241,7 +260,6 @@ class ShmCommunicator final : public Communicator {
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t len = std::min(piece, n - off);
       round(
-          "reduce_scatter",
           [&](char* mine) {
             for (int q = 0; q < world_; ++q)
               if (q != rank_)
@@ -260,12 +278,12 @@ class ShmCommunicator final : public Communicator {
     if (op == ReduceOp::kAvg) out.div_(world_);
   }
   void broadcast_now(torch::Tensor t, int root) {
+    begin("broadcast", t.nbytes());
     const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
     char* data = static_cast<char*>(t.data_ptr());
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t len = std::min(piece, n - off);
       round(
-          "broadcast",
           [&](char* mine) {
             if (rank_ == root) std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es));
           },
@@ -276,25 +294,42 @@ class ShmCommunicator final : public Communicator {
   }
 
   // ---- the worker ----
+  struct Job {
+    std::function<void()> run;  // holds the collective's tensors
+    std::promise<void> done;
+  };
   static bool ours(const torch::Tensor& t) { return t.device().is_cpu() && t.is_contiguous() && !t.is_sparse(); }
   std::unique_ptr<Work> submit(std::function<void()> job) {
-    std::packaged_task<void()> task([this, job = std::move(job)] {
-      if (!broken_.empty()) throw CommError(broken_);
-      try {
-        job();
-      } catch (const CommError& e) {
-        broken_ = e.what();  // the rounds no longer line up: every later collective fails the same way
-        throw;
-      }
-    });
-    std::shared_future<void> done = task.get_future().share();
+    Job j;
+    j.run = std::move(job);
+    std::shared_future<void> done = j.done.get_future().share();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
+      queue_.push_back(std::move(j));
       last_ = done;
     }
     cv_.notify_all();
     return std::make_unique<ShmWork>(std::move(done));
+  }
+  // Runs a job and lets go of its tensors before its waiter wakes: the caller frees a buffer once the
+  // collective's wait returns (Gloo's works drop theirs then), and the peak must not see it twice.
+  void run_job(Job& j) {
+    std::exception_ptr failed;
+    try {
+      if (!broken_.empty()) throw CommError(broken_);
+      j.run();
+    } catch (const CommError& e) {
+      broken_ = e.what();  // the rounds no longer line up: every later collective fails the same way
+      failed = std::current_exception();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    j.run = nullptr;
+    if (failed) {
+      j.done.set_exception(failed);
+    } else {
+      j.done.set_value();
+    }
   }
   // What goes to the base communicator runs after the shared-memory work issued before it.
   void drain() {
@@ -316,10 +351,10 @@ class ShmCommunicator final : public Communicator {
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      std::packaged_task<void()> task = std::move(queue_.front());
+      Job job = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
-      task();
+      run_job(job);
       lock.lock();
     }
   }
@@ -329,17 +364,30 @@ class ShmCommunicator final : public Communicator {
   int rank_ = 0, world_ = 1;
   std::size_t chunk_ = 0, stride_ = 0, bytes_ = 0;
   char* base_addr_ = nullptr;
+  std::vector<pid_t> pids_;  // per rank
   std::uint64_t round_ = 0;  // worker thread only
+  const char* op_ = "";      // worker thread only: the collective running, its number and bytes
+  std::uint64_t op_seq_ = 0;
+  std::int64_t op_bytes_ = 0;
   std::string broken_;       // worker thread only
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
+  std::deque<Job> queue_;
   std::shared_future<void> last_;
   bool stop_ = false;
   std::thread worker_;  // last: starts once the members above exist
 };
 
 }  // namespace
+
+std::string cpu_backend(bool one_host) {
+  const char* env = std::getenv("ZEROPLAN_CPU_TRANSPORT");
+  const std::string asked = env != nullptr && *env ? env : "auto";
+  if (asked != "auto" && asked != "gloo" && asked != "shm")
+    throw CommError(fmt::format("ZEROPLAN_CPU_TRANSPORT={}: auto, gloo or shm", asked));
+  if (asked == "shm" && !one_host) throw CommError("ZEROPLAN_CPU_TRANSPORT=shm: the ranks are not all on this host");
+  return asked == "gloo" || !one_host ? "gloo" : "shm";
+}
 
 std::unique_ptr<Communicator> make_shm_communicator(std::unique_ptr<Communicator> base, const ShmOptions& options) {
   return std::make_unique<ShmCommunicator>(std::move(base), options);

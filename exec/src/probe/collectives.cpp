@@ -77,6 +77,7 @@ std::vector<FitKey> fit_keys() {
 struct CollectiveRun {
   std::map<std::string, std::vector<std::pair<double, double>>> points;  // op -> (bytes, trimmed mean s)
   std::vector<std::string> fallbacks;
+  std::string backend = "gloo";  // the ranks' communicator: "gloo", or "shm" on one host (cpu_backend)
   int threads = 1;
   double compute_alone_s = 0;     // rank 0's median of a small MLP step, the other ranks idle
   double compute_together_s = 0;  // the same with every rank computing
@@ -108,6 +109,7 @@ CollectiveRun run_collectives(const ProbeOptions& o, int n, const WorkerSettings
   const auto j = nlohmann::json::parse(in);
   CollectiveRun run;
   run.threads = j.at("threads").get<int>();
+  run.backend = j.at("backend").get<std::string>();
   run.compute_alone_s = j.at("compute_alone_s").get<double>();
   run.compute_together_s = j.at("compute_together_s").get<double>();
   run.contention_bytes = j.at("contention_bytes").get<double>();
@@ -148,13 +150,13 @@ void measure_collectives(ClusterProfile& c, const Context& x) {
   for (int n : sizes) {
     WorkerSettings w{s.coll_bytes, s.coll_reps, s.coll_warmup, std::max(1, m.cores / n)};
     const CollectiveRun run = run_collectives(o, n, w);
-    std::string line = fmt::format("collectives on {} ranks (gloo, 127.0.0.1):", n);
+    std::string line = fmt::format("collectives on {} ranks ({}, 127.0.0.1):", n, run.backend);
     for (const auto& [key, op, dtype] : fit_keys()) {
       const auto it = run.points.find(key);  // present: run_collectives checked
       const AlphaBetaFit fit = fit_alpha_beta(it->second);
       CollectiveFit f;
       f.op = op;
-      f.backend = "gloo";
+      f.backend = run.backend;
       f.algorithm = "ring";
       f.scope = "intra_node";
       f.dtype = dtype;

@@ -13,6 +13,7 @@
 #include "probe_parts.h"
 #include "zeroplan/exec/device.h"
 #include "zeroplan/exec/exec_errors.h"
+#include "zeroplan/exec/shm_communicator.h"
 #include "zeroplan/profiles/json_io.h"
 
 namespace zeroplan::exec {
@@ -112,11 +113,13 @@ std::optional<ClusterProfile> fresh_probe(const std::filesystem::path& file, std
     if (c.probe_other_load_cores > busy_probe_load_cores(c)) return std::nullopt;
     // Probed before the probe measured how compute and collectives share the cores: probed again.
     if (c.shares_cores && !c.core_contention.measured()) return std::nullopt;
-    // Probed before the 16-bit fits of the reducing ops: probed again.
+    // Probed before the 16-bit fits of the reducing ops, or with another transport than runs use now (Gloo
+    // before the shared-memory collectives, or ZEROPLAN_CPU_TRANSPORT since): probed again.
+    const std::string backend = cpu_backend(true);
     for (int n : world_sizes) {
       std::size_t ops = 0, ops16 = 0;
       for (const CollectiveFit& f : c.collectives) {
-        if (f.backend != "gloo" || !std::count(f.world_sizes.begin(), f.world_sizes.end(), n)) continue;
+        if (f.backend != backend || !std::count(f.world_sizes.begin(), f.world_sizes.end(), n)) continue;
         ++(f.dtype.empty() ? ops : ops16);
       }
       if (ops < probe::kOps.size() || ops16 < probe::kReduceOps.size() * probe::kReduceDtypes.size())

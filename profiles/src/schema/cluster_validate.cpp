@@ -125,7 +125,7 @@ void validate_collectives(const ClusterProfile& c) {
     const CollectiveFit& f = c.collectives[i];
     const std::string at = "collectives[" + std::to_string(i) + "]";
     cluster_enum(at + ".op", f.op, {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"});
-    cluster_enum(at + ".backend", f.backend, {"nccl", "gloo"});
+    cluster_enum(at + ".backend", f.backend, {"nccl", "gloo", "shm"});
     cluster_enum(at + ".algorithm", f.algorithm, {"ring", "tree"});
     cluster_enum(at + ".scope", f.scope, {"intra_node", "inter_node"});
     if (!f.dtype.empty()) cluster_enum(at + ".dtype", f.dtype, {"fp32", "bf16", "fp16"});

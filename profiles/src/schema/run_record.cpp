@@ -223,8 +223,8 @@ void validate(const RunRecord& r) {
   validate(r.plan);
   if (r.model.empty()) record_error("model is empty");
   const RunEnvironment& e = r.environment;
-  if (e.backend != "gloo" && e.backend != "nccl")
-    record_error("environment.backend must be \"gloo\" or \"nccl\" (got " + quote_json(e.backend) + ")");
+  if (e.backend != "gloo" && e.backend != "nccl" && e.backend != "shm")
+    record_error("environment.backend must be \"gloo\", \"shm\" or \"nccl\" (got " + quote_json(e.backend) + ")");
   if (e.cores < 0) record_error("environment.cores must be >= 0 (got " + num(e.cores) + ")");
   if (!(e.other_load_cores >= 0 || e.other_load_cores == -1))
     record_error("environment.other_load_cores must be >= 0, or -1 when unknown (got " + num(e.other_load_cores) + ")");

@@ -413,7 +413,7 @@ TEST(ShmCommunicator, APeerThatNeverArrivesFailsInOneLine) {
     EXPECT_THROW(shm->all_reduce(t, ReduceOp::kSum)->wait(), CommError);  // the rounds no longer line up
   });
   for (const auto& e : errors) EXPECT_EQ(e, "");
-  EXPECT_NE(failure.find("rank 0: shared-memory all_reduce #1 failed: rank 1 did not arrive within 1500 ms"), std::string::npos)
+  EXPECT_NE(failure.find("rank 0: shm all_reduce #1 (400 bytes) failed: rank 1 did not arrive within 1500 ms"), std::string::npos)
       << failure;
   EXPECT_EQ(failure.find('\n'), std::string::npos);
 }

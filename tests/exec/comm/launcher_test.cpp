@@ -1,6 +1,7 @@
 // Multi-process tests: real ranks of exec_rank_helper on 127.0.0.1, started by launch_local or by
 // torchrun from the pinned wheel, compared against the single-process expectation.
 #include <zeroplan/exec/launcher.h>
+#include <zeroplan/exec/shm_communicator.h>
 #include "comm_test_util.h"
 
 #include <zeroplan/config.h>
@@ -97,7 +98,7 @@ TEST(LaunchLocal, CollectivesOnTwoRanksMatchTheSingleProcess) {
     EXPECT_EQ(got["rank"], rank);
     EXPECT_EQ(got["launcher"], "zeroplan");
     EXPECT_EQ(got["agent_store"], true);
-    EXPECT_EQ(got["backend"], "gloo");
+    EXPECT_EQ(got["backend"], cpu_backend(true));  // "shm": both ranks on this machine
     expect_collectives(got, rank);
     auto fb = got["fallbacks"].dump();
     EXPECT_EQ(fb.find("reduce_scatter via all_reduce"), std::string::npos) << fb;  // Gloo's is a ring
@@ -138,7 +139,7 @@ TEST(LaunchLocal, AKilledRankEndsTheRunWithOneLineNamingIt) {
   // The survivor stopped by itself, with its own clear error naming the dead rank.
   EXPECT_FALSE(r.ranks[0].stopped_by_launcher);
   EXPECT_EQ(r.ranks[0].exit_code, 3) << log_of(r, 0);
-  EXPECT_NE(r.ranks[0].error.find("rank 0: gloo all_reduce"), std::string::npos) << r.ranks[0].error;
+  EXPECT_NE(r.ranks[0].error.find("rank 0: " + cpu_backend(true) + " all_reduce"), std::string::npos) << r.ranks[0].error;
   EXPECT_NE(r.ranks[0].error.find("rank 1 (last at step 3) died or hung"), std::string::npos)
       << r.ranks[0].error;
   fs::remove_all(r.output_dir);

@@ -1,6 +1,7 @@
 // zeroplan probe: the alpha-beta fit against closed forms, the peak estimate from /proc/cpuinfo text,
 // and one --quick probe of this machine with 2 Gloo ranks (this binary is its own collectives worker).
 #include "zeroplan/exec/probe.h"
+#include "zeroplan/exec/shm_communicator.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -169,7 +170,7 @@ TEST(Probe, QuickRunOnThisMachine) {
   for (std::size_t i = 0; i < c.collectives.size(); ++i) {
     const CollectiveFit& f = c.collectives[i];
     ops.insert(f.op);
-    EXPECT_EQ(f.backend, "gloo");
+    EXPECT_EQ(f.backend, cpu_backend(true));  // "shm": the probe's ranks share this machine
     EXPECT_EQ(f.algorithm, "ring");
     EXPECT_EQ(f.scope, "intra_node");
     EXPECT_EQ(f.world_sizes, std::vector<int>{2});

@@ -4,11 +4,12 @@
 // DeepSpeed's CPU accelerator does the same for its all-reduce (its shm op).
 //
 // all_reduce, all_gather, reduce_scatter and broadcast of contiguous CPU tensors run here, on a worker
-// thread of the communicator's own, in issue order; everything else (barrier, send/recv, split, other
-// tensors) goes to the Gloo communicator underneath, after the shared-memory work issued before it. Sums
+// thread of the communicator's own, in issue order; everything else (barrier, send/recv, other tensors)
+// goes to the Gloo communicator underneath, after the shared-memory work issued before it; split and
+// duplicate make shared-memory communicators over Gloo's. Sums
 // add every rank's values in rank order, so every rank gets the same bits. A peer that stops arriving
 // makes the waiting rank throw CommError: at once when `diagnose` names a dead peer, else after the
-// timeout.
+// timeout. Its backend() is "shm"; its reduce-scatter holds no temporary (Gloo's ring holds a chunk).
 #pragma once
 
 #include <zeroplan/exec/communicator.h>
@@ -27,6 +28,12 @@ struct ShmOptions {
   // Names the peer a failure is due to ("rank 1 exited with signal 9"), "" when it cannot tell.
   std::function<std::string()> diagnose;
 };
+
+// The transport of CPU ranks: "shm" when every rank runs on this host, else "gloo"; the environment
+// variable ZEROPLAN_CPU_TRANSPORT (auto, gloo, shm) may ask for Gloo alone. Throws CommError on another
+// value, or on shm for ranks of several hosts. What `zeroplan probe` measures and runs use, named so in
+// the cluster's collective fits and the run record's backend.
+std::string cpu_backend(bool one_host);
 
 // Collective over `base`'s ranks, which must all run on this host (the segment is made by rank 0 and
 // named to the others through `base`). Throws CommError when the segment cannot be made or opened.

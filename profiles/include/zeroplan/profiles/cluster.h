@@ -112,7 +112,7 @@ struct Links {
 // buffer size per rank (nccl-tests "size"), valid for world sizes listed and bytes in [min, max].
 struct CollectiveFit {
   std::string op;         // "all_reduce" | "all_gather" | "reduce_scatter" | "broadcast" | "reduce"
-  std::string backend;    // "nccl" | "gloo"
+  std::string backend;    // "nccl" | "gloo" | "shm" (CPU ranks of one host through shared memory)
   std::string algorithm;  // "ring" | "tree"
   std::string scope;      // "intra_node" | "inter_node"
   std::vector<int> world_sizes;

@@ -14,7 +14,7 @@ namespace zeroplan {
 
 struct RunEnvironment {
   std::string hostname;
-  std::string backend;          // "gloo" | "nccl"
+  std::string backend;          // "gloo" | "shm" (CPU ranks of one host, shared memory) | "nccl"
   std::string device;           // "cpu", "cuda", device name
   int threads_per_rank = 1;
   std::string torch_version;

@@ -127,7 +127,7 @@ double collective_time_flat(CollOp op, double bytes, int ranks, double bw_bytes_
 
 struct CollectiveOptions {
   CollAlgo algo = CollAlgo::ring;
-  std::string backend;  // "nccl" | "gloo"; "" = by device kind (cuda: nccl, cpu: gloo)
+  std::string backend;  // "nccl" | "gloo" | "shm"; "" = default_backend
   std::string dtype = "fp32";  // the elements reduced: a fit measured with this dtype wins
 };
 
@@ -151,7 +151,8 @@ double collective_time(const ClusterProfile& cluster, CollOp op, double bytes, i
 double collective_time_lower_bound(const ClusterProfile& cluster, CollOp op, double bytes, int ranks,
                                    std::string_view dtype);
 
-// The backend the cluster uses: "nccl" on cuda devices, "gloo" on cpu.
+// The backend the cluster uses: "nccl" on cuda devices; on cpu "shm" where the probe measured its
+// collectives through shared memory (its fits say so), else "gloo".
 std::string_view default_backend(const ClusterProfile& cluster);
 
 // Extra buffers one reduce-scatter of `bytes` input over `ranks` holds from its issue to its wait: Gloo
