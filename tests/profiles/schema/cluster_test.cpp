@@ -287,7 +287,7 @@ const testing::Rule<ClusterProfile> kClusterRules[] = {
        c.collectives = {fit()};
        c.collectives[0].backend = "mpi";
      },
-     "cluster: collectives[0].backend must be one of \"nccl\", \"gloo\" (got \"mpi\")"},
+     "cluster: collectives[0].backend must be one of \"nccl\", \"gloo\", \"shm\" (got \"mpi\")"},
     {"CollectiveAlgorithm",
      [](ClusterProfile& c) {
        c.collectives = {fit()};

@@ -88,7 +88,7 @@ const testing::Rule<RunRecord> kRunRecordRules[] = {
      "plan: global_batch 68 != micro_batch 3 x microbatches 2 x world_size 2 (= 12)"},
     {"Model", [](RunRecord& r) { r.model.clear(); }, "run_record: model is empty"},
     {"Backend", [](RunRecord& r) { r.environment.backend = "mpi"; },
-     "run_record: environment.backend must be \"gloo\" or \"nccl\" (got \"mpi\")"},
+     "run_record: environment.backend must be \"gloo\", \"shm\" or \"nccl\" (got \"mpi\")"},
     {"Threads", [](RunRecord& r) { r.environment.threads_per_rank = 0; },
      "run_record: environment.threads_per_rank must be >= 1 (got 0)"},
     {"Ranks", [](RunRecord& r) { r.environment.ranks = 3; }, "run_record: environment.ranks 3 != plan.world_size 2"},
