@@ -148,6 +148,7 @@ def run_one(a, name, kind, what, ranks):
     if rc == 0 and doc is not None and "error" not in doc:
         res["median_s"] = doc["step_time_median_s"]
         res["phases"] = doc.get("phase_times_s", {})
+        res["backend"] = doc.get("environment", {}).get("backend", "")
         res["losses"] = doc.get("losses", [])
         if kind == "pytorch":
             res["parameters"] = doc.get("parameters")
@@ -237,11 +238,18 @@ def tables(results):
     return main, "\n".join(prow)
 
 
+def transports(results):
+    """How the ranks exchanged: zeroplan's run records name their backend (shm: shared memory between the
+    ranks of one machine; gloo), PyTorch's runs use Gloo."""
+    ours = sorted({r["backend"] for r in results if r.get("kind") != "pytorch" and r.get("backend")})
+    return f"zeroplan: {', '.join(ours) or 'gloo'}; PyTorch: gloo"
+
+
 def report(a, params, results):
     main_table, phase_table = tables(results)
     header = (f"gpt (zeroplan's model) L={a.layers} h={a.hidden} heads={a.heads} seq={a.seq} vocab={a.vocab}, "
               f"{params:,} parameters, Adam lr 1e-3, micro batch {a.micro_batch} per rank, {a.nproc} ranks "
-              f"(Gloo, 127.0.0.1), {a.threads} thread(s) per rank, median of {a.steps - a.warmup} steps after "
+              f"on 127.0.0.1 ({transports(results)}), {a.threads} thread(s) per rank, median of {a.steps - a.warmup} steps after "
               f"{a.warmup} warm-up; stage 3 / FSDP2 reshard_after_forward={'on' if a.reshard_after_forward else 'off'}")
     return (f"{header}\n\n{main_table}\n\n(zeroplan / this: the matching zeroplan config's median over this "
             f"row's; / own compute: a zeroplan step over its forward, backward, optimizer and zero_grad spans; other load: CPU time of processes outside the benchmark while the config ran, as a share of all "
