@@ -55,17 +55,79 @@ std::string random_name() {
   return fmt::format("/zeroplan-{:08x}{:08x}", rd(), rd());
 }
 
+// Per rank a header and a staging area of `chunk` bytes.
+struct Layout {
+  std::size_t chunk = 0, stride = 0, bytes = 0;
+  Layout(std::int64_t chunk_bytes, int world)
+      : chunk(static_cast<std::size_t>(chunk_bytes) / kLine * kLine),
+        stride(sizeof(SlotHeader) + chunk),
+        bytes(stride * static_cast<std::size_t>(world)) {}
+};
+
+// Collective over `base`: rank 0 makes the segment under a random name and reserves its pages (so a full
+// /dev/shm is an error here, not a SIGBUS later), the others open it, every rank maps it, and the name is
+// removed once all have, so nothing is left behind whatever happens next. nullptr on every rank when any
+// rank could not (`why` says what, on the rank that could not). Also gathers each rank's process id.
+char* open_segment(Communicator& base, std::size_t bytes, std::vector<pid_t>& pids, std::string& why) {
+  const int rank = base.rank(), world = base.world_size();
+  torch::Tensor name = torch::zeros({static_cast<std::int64_t>(kNameBytes)}, torch::kUInt8);
+  int fd = -1;
+  std::string path;
+  if (rank == 0) {
+    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+      path = random_name();
+      fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    }
+    if (fd < 0) {
+      why = fmt::format("cannot create a segment: {}", std::strerror(errno));
+    } else if (const int err = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+               err != 0) {
+      why = fmt::format("cannot reserve {} bytes in /dev/shm: {}", bytes, std::strerror(err));
+      close(fd);
+      fd = -1;
+      shm_unlink(path.c_str());
+    } else {
+      std::memcpy(name.data_ptr(), path.data(), path.size());
+    }
+  }
+  base.broadcast(name, 0)->wait();
+  torch::Tensor pid = torch::full({1}, static_cast<std::int64_t>(getpid()), torch::kInt64);
+  torch::Tensor all = torch::empty({world}, torch::kInt64);
+  base.all_gather(all, pid)->wait();
+  for (int q = 0; q < world; ++q) pids.push_back(static_cast<pid_t>(all[q].item<std::int64_t>()));
+  path.assign(static_cast<const char*>(name.data_ptr()), strnlen(static_cast<const char*>(name.data_ptr()), kNameBytes));
+  void* addr = MAP_FAILED;
+  if (!path.empty()) {
+    if (rank != 0) fd = shm_open(path.c_str(), O_RDWR, 0600);
+    if (fd < 0) {
+      why = fmt::format("rank {} cannot open {}: {}", rank, path, std::strerror(errno));
+    } else {
+      addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (addr == MAP_FAILED) why = fmt::format("rank {} cannot map {} bytes: {}", rank, bytes, std::strerror(errno));
+      close(fd);
+    }
+  }
+  torch::Tensor mapped = torch::full({1}, addr == MAP_FAILED ? 0 : 1, torch::kInt64);
+  base.all_reduce(mapped, ReduceOp::kSum)->wait();
+  if (rank == 0 && !path.empty()) shm_unlink(path.c_str());
+  if (mapped.item<std::int64_t>() == world) return static_cast<char*>(addr);
+  if (addr != MAP_FAILED) munmap(addr, bytes);
+  return nullptr;
+}
+
 class ShmCommunicator final : public Communicator {
  public:
-  ShmCommunicator(std::unique_ptr<Communicator> base, const ShmOptions& options)
-      : base_(std::move(base)), options_(options), rank_(base_->rank()), world_(base_->world_size()) {
-    if (options_.chunk_bytes < static_cast<std::int64_t>(kLine) * world_)
-      throw CommError(fmt::format("shared memory: chunk_bytes {} is under {} ({} ranks)", options_.chunk_bytes,
-                                  kLine * static_cast<std::size_t>(world_), world_));
-    chunk_ = static_cast<std::size_t>(options_.chunk_bytes) / kLine * kLine;
-    stride_ = sizeof(SlotHeader) + chunk_;
-    bytes_ = stride_ * static_cast<std::size_t>(world_);
-    map_segment();
+  ShmCommunicator(std::unique_ptr<Communicator> base, const ShmOptions& options, const Layout& layout, char* addr,
+                  std::vector<pid_t> pids)
+      : base_(std::move(base)),
+        options_(options),
+        rank_(base_->rank()),
+        world_(base_->world_size()),
+        chunk_(layout.chunk),
+        stride_(layout.stride),
+        bytes_(layout.bytes),
+        base_addr_(addr),
+        pids_(std::move(pids)) {
     worker_ = std::thread([this] { run(); });
   }
   ~ShmCommunicator() override {
@@ -127,46 +189,6 @@ class ShmCommunicator final : public Communicator {
 
  private:
   // ---- the segment ----
-  void map_segment() {
-    // Rank 0 makes it under a random name, told to the others through the base communicator; once every
-    // rank has it mapped the name is removed, so nothing is left behind whatever happens next.
-    torch::Tensor name = torch::zeros({static_cast<std::int64_t>(kNameBytes)}, torch::kUInt8);
-    int fd = -1;
-    std::string path;
-    if (rank_ == 0) {
-      for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-        path = random_name();
-        fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      }
-      if (fd < 0) throw CommError(fmt::format("shared memory: cannot create a segment: {}", std::strerror(errno)));
-      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-        const int err = errno;
-        close(fd);
-        shm_unlink(path.c_str());
-        throw CommError(fmt::format("shared memory: cannot size a segment of {} bytes: {}", bytes_, std::strerror(err)));
-      }
-      std::memcpy(name.data_ptr(), path.data(), path.size());
-    }
-    base_->broadcast(name, 0)->wait();
-    // Each rank's process id: a peer whose process is gone is found at once, as Gloo finds a closed socket.
-    torch::Tensor pid = torch::full({1}, static_cast<std::int64_t>(getpid()), torch::kInt64);
-    torch::Tensor pids = torch::empty({world_}, torch::kInt64);
-    base_->all_gather(pids, pid)->wait();
-    for (int q = 0; q < world_; ++q) pids_.push_back(static_cast<pid_t>(pids[q].item<std::int64_t>()));
-    if (rank_ != 0) {
-      path.assign(static_cast<const char*>(name.data_ptr()), strnlen(static_cast<const char*>(name.data_ptr()), kNameBytes));
-      fd = shm_open(path.c_str(), O_RDWR, 0600);
-      if (fd < 0) throw CommError(fmt::format("shared memory: rank {} cannot open {}: {}", rank_, path, std::strerror(errno)));
-    }
-    void* addr = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int err = errno;
-    close(fd);
-    base_->barrier();
-    if (rank_ == 0) shm_unlink(path.c_str());
-    if (addr == MAP_FAILED)
-      throw CommError(fmt::format("shared memory: rank {} cannot map {} bytes: {}", rank_, bytes_, std::strerror(err)));
-    base_addr_ = static_cast<char*>(addr);
-  }
   SlotHeader& header(int q) const { return *reinterpret_cast<SlotHeader*>(base_addr_ + stride_ * static_cast<std::size_t>(q)); }
   char* area(int q) const { return base_addr_ + stride_ * static_cast<std::size_t>(q) + sizeof(SlotHeader); }
 
@@ -364,7 +386,7 @@ class ShmCommunicator final : public Communicator {
   int rank_ = 0, world_ = 1;
   std::size_t chunk_ = 0, stride_ = 0, bytes_ = 0;
   char* base_addr_ = nullptr;
-  std::vector<pid_t> pids_;  // per rank
+  std::vector<pid_t> pids_;  // per rank: a peer whose process is gone is found at once
   std::uint64_t round_ = 0;  // worker thread only
   const char* op_ = "";      // worker thread only: the collective running, its number and bytes
   std::uint64_t op_seq_ = 0;
@@ -390,7 +412,22 @@ std::string cpu_backend(bool one_host) {
 }
 
 std::unique_ptr<Communicator> make_shm_communicator(std::unique_ptr<Communicator> base, const ShmOptions& options) {
-  return std::make_unique<ShmCommunicator>(std::move(base), options);
+  const int world = base->world_size();
+  if (options.chunk_bytes < static_cast<std::int64_t>(kLine) * world)
+    throw CommError(fmt::format("shared memory: chunk_bytes {} is under {} ({} ranks)", options.chunk_bytes,
+                                kLine * static_cast<std::size_t>(world), world));
+  const Layout layout(options.chunk_bytes, world);
+  std::vector<pid_t> pids;
+  std::string why;
+  char* addr = open_segment(*base, layout.bytes, pids, why);
+  if (addr == nullptr) {
+    // Every rank keeps Gloo (its record's backend says so); rank 0 and each rank that failed say why.
+    if (!why.empty() || base->rank() == 0)
+      fmt::print(stderr, "zeroplan: rank {}: shared memory: {}; collectives over Gloo\n", base->rank(),
+                 why.empty() ? "another rank could not map the segment" : why);
+    return base;
+  }
+  return std::make_unique<ShmCommunicator>(std::move(base), options, layout, addr, std::move(pids));
 }
 
 }  // namespace zeroplan::exec

@@ -394,6 +394,20 @@ TEST(ShmCommunicator, CollectivesEqualGloosOnTwoAndThreeRanks) {
   }
 }
 
+// A segment /dev/shm cannot hold (an exabyte per rank): every rank keeps Gloo, which still works.
+TEST(ShmCommunicator, FallsBackToGlooWhenSharedMemoryIsShort) {
+  auto errors = on_two_gloo_ranks([](Communicator& gloo) {
+    ShmOptions o;
+    o.chunk_bytes = 1ll << 60;
+    auto comm = make_shm_communicator(gloo.duplicate(), o);
+    EXPECT_EQ(comm->backend(), "gloo");
+    torch::Tensor t = torch::ones({10});
+    comm->all_reduce(t, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(t.equal(torch::full({10}, 2.0f)));
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
 // A peer that never comes to a collective: the waiting rank fails in one line naming it, within the timeout.
 TEST(ShmCommunicator, APeerThatNeverArrivesFailsInOneLine) {
   std::string failure;

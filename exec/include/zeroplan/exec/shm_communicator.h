@@ -36,7 +36,8 @@ struct ShmOptions {
 std::string cpu_backend(bool one_host);
 
 // Collective over `base`'s ranks, which must all run on this host (the segment is made by rank 0 and
-// named to the others through `base`). Throws CommError when the segment cannot be made or opened.
+// named to the others through `base`). Where it cannot be made, reserved or mapped on some rank (a small
+// /dev/shm), every rank gets `base` back and rank 0 says why in one line on stderr.
 std::unique_ptr<Communicator> make_shm_communicator(std::unique_ptr<Communicator> base, const ShmOptions& options = {});
 
 }  // namespace zeroplan::exec
