@@ -242,77 +242,79 @@ class ShmCommunicator final : public Communicator {
     op_bytes_ = bytes;
     ++op_seq_;
   }
-  void all_reduce_now(torch::Tensor t, ReduceOp op) {
-    begin("all_reduce", t.nbytes());
-    const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
-    char* data = static_cast<char*>(t.data_ptr());
+  // n elements in rounds of `piece`: write(mine, off, len) stages this rank's part, read(off, len) takes the
+  // round's result once every rank's part is there.
+  template <class Write, class Read>
+  void in_rounds(std::int64_t n, std::int64_t piece, Write&& write, Read&& read) {
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t len = std::min(piece, n - off);
-      round( [&](char* mine) { std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es)); },
-          [&] {
-            torch::Tensor out = view(data + off * es, len, t);
-            out.copy_(view(area(0), len, t));  // every rank's values added in rank order: the same bits everywhere
-            for (int q = 1; q < world_; ++q) out.add_(view(area(q), len, t));
-          });
+      round([&](char* mine) { write(mine, off, len); }, [&] { read(off, len); });
     }
+  }
+  static std::size_t size(std::int64_t elems, std::int64_t es) { return static_cast<std::size_t>(elems * es); }
+
+  void all_reduce_now(torch::Tensor t, ReduceOp op) {
+    begin("all_reduce", t.nbytes());
+    const std::int64_t es = t.element_size();
+    char* data = static_cast<char*>(t.data_ptr());
+    in_rounds(
+        t.numel(), static_cast<std::int64_t>(chunk_) / es,
+        [&](char* mine, std::int64_t off, std::int64_t len) { std::memcpy(mine, data + off * es, size(len, es)); },
+        [&](std::int64_t off, std::int64_t len) {
+          torch::Tensor out = view(data + off * es, len, t);
+          out.copy_(view(area(0), len, t));  // every rank's values added in rank order: the same bits everywhere
+          for (int q = 1; q < world_; ++q) out.add_(view(area(q), len, t));
+        });
     if (op == ReduceOp::kAvg) t.div_(world_);
   }
   void all_gather_now(torch::Tensor out, torch::Tensor in) {
     begin("all_gather", out.nbytes());
-    const std::int64_t es = in.element_size(), n = in.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
+    const std::int64_t es = in.element_size(), n = in.numel();
     const char* src = static_cast<const char*>(in.data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
-    for (std::int64_t off = 0; off < n; off += piece) {
-      const std::int64_t len = std::min(piece, n - off);
-      round( [&](char* mine) { std::memcpy(mine, src + off * es, static_cast<std::size_t>(len * es)); },
-          [&] {
-            for (int q = 0; q < world_; ++q)
-              std::memcpy(dst + (q * n + off) * es, area(q), static_cast<std::size_t>(len * es));
-          });
-    }
+    in_rounds(
+        n, static_cast<std::int64_t>(chunk_) / es,
+        [&](char* mine, std::int64_t off, std::int64_t len) { std::memcpy(mine, src + off * es, size(len, es)); },
+        [&](std::int64_t off, std::int64_t len) {
+          for (int q = 0; q < world_; ++q) std::memcpy(dst + (q * n + off) * es, area(q), size(len, es));
+        });
   }
   void reduce_scatter_now(torch::Tensor out, torch::Tensor in, ReduceOp op) {
     begin("reduce_scatter", in.nbytes());
-    // Each round stages this rank's piece for every rank (world pieces of `len`); its own piece is read
-    // from the input itself.
+    // Each round stages this rank's piece for every other rank (world pieces of `len`); its own piece is
+    // read from the input itself.
     const std::int64_t es = in.element_size(), n = out.numel();
-    const std::int64_t piece = static_cast<std::int64_t>(chunk_) / (es * world_);
     const char* src = static_cast<const char*>(in.data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
-    for (std::int64_t off = 0; off < n; off += piece) {
-      const std::int64_t len = std::min(piece, n - off);
-      round(
-          [&](char* mine) {
-            for (int q = 0; q < world_; ++q)
-              if (q != rank_)
-                std::memcpy(mine + q * len * es, src + (q * n + off) * es, static_cast<std::size_t>(len * es));
-          },
-          [&] {
-            torch::Tensor o = view(dst + off * es, len, out);
-            auto part = [&](int q) {
-              return q == rank_ ? view(const_cast<char*>(src) + (rank_ * n + off) * es, len, out)
-                                : view(area(q) + rank_ * len * es, len, out);
-            };
-            o.copy_(part(0));
-            for (int q = 1; q < world_; ++q) o.add_(part(q));
-          });
-    }
+    in_rounds(
+        n, static_cast<std::int64_t>(chunk_) / (es * world_),
+        [&](char* mine, std::int64_t off, std::int64_t len) {
+          for (int q = 0; q < world_; ++q)
+            if (q != rank_) std::memcpy(mine + q * len * es, src + (q * n + off) * es, size(len, es));
+        },
+        [&](std::int64_t off, std::int64_t len) {
+          torch::Tensor o = view(dst + off * es, len, out);
+          auto part = [&](int q) {
+            return q == rank_ ? view(const_cast<char*>(src) + (rank_ * n + off) * es, len, out)
+                              : view(area(q) + rank_ * len * es, len, out);
+          };
+          o.copy_(part(0));
+          for (int q = 1; q < world_; ++q) o.add_(part(q));
+        });
     if (op == ReduceOp::kAvg) out.div_(world_);
   }
   void broadcast_now(torch::Tensor t, int root) {
     begin("broadcast", t.nbytes());
-    const std::int64_t es = t.element_size(), n = t.numel(), piece = static_cast<std::int64_t>(chunk_) / es;
+    const std::int64_t es = t.element_size();
     char* data = static_cast<char*>(t.data_ptr());
-    for (std::int64_t off = 0; off < n; off += piece) {
-      const std::int64_t len = std::min(piece, n - off);
-      round(
-          [&](char* mine) {
-            if (rank_ == root) std::memcpy(mine, data + off * es, static_cast<std::size_t>(len * es));
-          },
-          [&] {
-            if (rank_ != root) std::memcpy(data + off * es, area(root), static_cast<std::size_t>(len * es));
-          });
-    }
+    in_rounds(
+        t.numel(), static_cast<std::int64_t>(chunk_) / es,
+        [&](char* mine, std::int64_t off, std::int64_t len) {
+          if (rank_ == root) std::memcpy(mine, data + off * es, size(len, es));
+        },
+        [&](std::int64_t off, std::int64_t len) {
+          if (rank_ != root) std::memcpy(data + off * es, area(root), size(len, es));
+        });
   }
 
   // ---- the worker ----
