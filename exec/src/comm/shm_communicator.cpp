@@ -7,10 +7,10 @@
 // same collectives in the same order, so the rounds line up.
 #include <zeroplan/exec/shm_communicator.h>
 
-#include <fcntl.h>
+#include "shm_segment.h"
+
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +20,6 @@
 #include <deque>
 #include <future>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,17 +28,10 @@
 namespace zeroplan::exec {
 namespace {
 
-constexpr std::size_t kLine = 64;
-constexpr std::size_t kNameBytes = 32;
-
-struct alignas(kLine) Counter {
-  std::atomic<std::uint64_t> value;
-};
-struct SlotHeader {
-  Counter published;
-  Counter consumed;
-};
-static_assert(sizeof(SlotHeader) == 2 * kLine);
+using shm::Counter;
+using shm::kLine;
+using shm::Layout;
+using shm::SlotHeader;
 
 class ShmWork final : public Work {
  public:
@@ -49,71 +41,6 @@ class ShmWork final : public Work {
  private:
   std::shared_future<void> done_;
 };
-
-std::string random_name() {
-  std::random_device rd;
-  return fmt::format("/zeroplan-{:08x}{:08x}", rd(), rd());
-}
-
-// Per rank a header and a staging area of `chunk` bytes.
-struct Layout {
-  std::size_t chunk = 0, stride = 0, bytes = 0;
-  Layout(std::int64_t chunk_bytes, int world)
-      : chunk(static_cast<std::size_t>(chunk_bytes) / kLine * kLine),
-        stride(sizeof(SlotHeader) + chunk),
-        bytes(stride * static_cast<std::size_t>(world)) {}
-};
-
-// Collective over `base`: rank 0 makes the segment under a random name and reserves its pages (so a full
-// /dev/shm is an error here, not a SIGBUS later), the others open it, every rank maps it, and the name is
-// removed once all have, so nothing is left behind whatever happens next. nullptr on every rank when any
-// rank could not (`why` says what, on the rank that could not). Also gathers each rank's process id.
-char* open_segment(Communicator& base, std::size_t bytes, std::vector<pid_t>& pids, std::string& why) {
-  const int rank = base.rank(), world = base.world_size();
-  torch::Tensor name = torch::zeros({static_cast<std::int64_t>(kNameBytes)}, torch::kUInt8);
-  int fd = -1;
-  std::string path;
-  if (rank == 0) {
-    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-      path = random_name();
-      fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    }
-    if (fd < 0) {
-      why = fmt::format("cannot create a segment: {}", std::strerror(errno));
-    } else if (const int err = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-               err != 0) {
-      why = fmt::format("cannot reserve {} bytes in /dev/shm: {}", bytes, std::strerror(err));
-      close(fd);
-      fd = -1;
-      shm_unlink(path.c_str());
-    } else {
-      std::memcpy(name.data_ptr(), path.data(), path.size());
-    }
-  }
-  base.broadcast(name, 0)->wait();
-  torch::Tensor pid = torch::full({1}, static_cast<std::int64_t>(getpid()), torch::kInt64);
-  torch::Tensor all = torch::empty({world}, torch::kInt64);
-  base.all_gather(all, pid)->wait();
-  for (int q = 0; q < world; ++q) pids.push_back(static_cast<pid_t>(all[q].item<std::int64_t>()));
-  path.assign(static_cast<const char*>(name.data_ptr()), strnlen(static_cast<const char*>(name.data_ptr()), kNameBytes));
-  void* addr = MAP_FAILED;
-  if (!path.empty()) {
-    if (rank != 0) fd = shm_open(path.c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      why = fmt::format("rank {} cannot open {}: {}", rank, path, std::strerror(errno));
-    } else {
-      addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (addr == MAP_FAILED) why = fmt::format("rank {} cannot map {} bytes: {}", rank, bytes, std::strerror(errno));
-      close(fd);
-    }
-  }
-  torch::Tensor mapped = torch::full({1}, addr == MAP_FAILED ? 0 : 1, torch::kInt64);
-  base.all_reduce(mapped, ReduceOp::kSum)->wait();
-  if (rank == 0 && !path.empty()) shm_unlink(path.c_str());
-  if (mapped.item<std::int64_t>() == world) return static_cast<char*>(addr);
-  if (addr != MAP_FAILED) munmap(addr, bytes);
-  return nullptr;
-}
 
 class ShmCommunicator final : public Communicator {
  public:
@@ -421,7 +348,7 @@ std::unique_ptr<Communicator> make_shm_communicator(std::unique_ptr<Communicator
   const Layout layout(options.chunk_bytes, world);
   std::vector<pid_t> pids;
   std::string why;
-  char* addr = open_segment(*base, layout.bytes, pids, why);
+  char* addr = shm::open_segment(*base, layout.bytes, pids, why);
   if (addr == nullptr) {
     // Every rank keeps Gloo (its record's backend says so); rank 0 and each rank that failed say why.
     if (!why.empty() || base->rank() == 0)

@@ -61,8 +61,7 @@ OptimizerStep::OptimizerStep(Ctx& c, ParamResidency& params, GradSync& grads, Pr
     gather_buckets_ = allgather_buckets(gathered, c.plan.buckets.allgather_bucket_bytes);
   }
   stepped_ = stage_ == 0 ? c.padded_total : c.shard_total;
-  beside_last_rs_ = c.plan.steps_beside_last_reduce_scatter();
-  TORCH_INTERNAL_ASSERT(!beside_last_rs_ || (!separate_master_ && !c.host_optimizer() && !c.dt.master));
+  TORCH_INTERNAL_ASSERT(!steps_beside_last_reduce_scatter() || (!separate_master_ && !c.host_optimizer() && !c.dt.master));
 }
 
 // Stage 3: the units whose reduce-scatters have landed are stepped while the last one (the first unit's,
@@ -139,7 +138,7 @@ double OptimizerStep::clip_factor(const std::vector<torch::Tensor>& grads, doubl
 bool OptimizerStep::step(double lr_scale) {
   torch::NoGradGuard no_grad;
   c_.at("all", "optimizer");
-  if (beside_last_rs_) {
+  if (steps_beside_last_reduce_scatter()) {
     step_beside_last_reduce_scatter(lr_scale);
     return true;
   }

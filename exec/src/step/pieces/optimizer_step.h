@@ -17,7 +17,7 @@ class OptimizerStep {
   bool step(double lr_scale = 1.0);
   // Plan::steps_beside_last_reduce_scatter: the executor leaves the last reduce-scatter in flight
   // (GradSync::finish_microbatch(1)) and calls step() without GradSync::finish_step, which step() waits.
-  bool steps_beside_last_reduce_scatter() const { return beside_last_rs_; }
+  bool steps_beside_last_reduce_scatter() const { return c_.plan.steps_beside_last_reduce_scatter(); }
   std::int64_t stepped_numel() const { return stepped_; }
   // Checkpoints (checkpoint.cpp): the master shard (undefined without one) and the optimizer.
   torch::Tensor& master() { return master_; }
@@ -38,7 +38,6 @@ class OptimizerStep {
   GradSync& grads_;
   Precision& precision_;
   int stage_ = 0;
-  bool beside_last_rs_ = false;   // Plan::steps_beside_last_reduce_scatter
   bool separate_master_ = false;  // a master shard apart from the parameters: fp32 beside 16-bit
                                   // params, or offload.optimizer with parameters on the device
   std::int64_t stepped_ = 0;
