@@ -8,9 +8,10 @@ judges a prediction against a run zeroplan did not execute.
 
 A step ends at each optimizer.step() (a post-step hook); its time is from the previous step's end (the
 first: from entering the block). Peak memory per rank: on CUDA the caching allocator's peak of allocated
-bytes; on the CPU a counting allocator installed for the block (zeroplan._C.CpuMeter) plus what the model,
-its gradients and the optimizer's state held when the block was entered. Under torch.distributed every
-rank measures its own; rank 0 gathers them and writes the file.
+bytes; on the CPU a counting allocator installed for the block (zeroplan._C.CpuMeter) plus the CPU tensors
+the model and optimizer held when the block was entered (their parameters, gradients and state, and what a
+library keeps beside them: pass DeepSpeed's engine as the model), as CUDA's peak counts what was live.
+Under torch.distributed every rank measures its own; rank 0 gathers them and writes the file.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import socket
 import tempfile
 import time
+import types
 
 import torch
 import torch.distributed as dist
@@ -31,25 +33,47 @@ def _bytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _state_bytes(model, optimizer) -> int:
-    seen, n = set(), 0
-    tensors = []
-    if model is not None:
-        tensors += list(model.parameters()) + list(model.buffers())
-        tensors += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        for st in optimizer.state.values():
-            tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    for t in tensors:
-        if hasattr(t, "to_local"):  # an FSDP2 DTensor: this rank's shard
-            t = t.to_local()
-        if t.device.type != "cpu":
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+           types.BuiltinFunctionType, types.MethodType, torch.dtype, torch.device)
+
+
+def _held_cpu_bytes(*roots, limit: int = 200_000) -> int:
+    """The CPU tensor bytes held by the training objects handed to the record when its block is entered, as
+    CUDA's allocated bytes count everything live at reset_peak_memory_stats: every tensor reachable from them
+    through attributes, lists, tuples, sets and dicts (keys too) - the model's parameters, buffers and
+    gradients, the optimizer's state, and what a library keeps beside them (DeepSpeed's engine holds ZeRO-3's
+    parameter and gradient partitions and flat buffers in its optimizer, which the model's parameters do not
+    show). A storage shared by views is counted once; an FSDP2 DTensor by its local shard. Modules, classes and
+    functions are not entered; the walk stops after `limit` objects."""
+    seen_storage, seen = set(), set()
+    stack, n = list(roots), 0
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if obj is None or isinstance(obj, _LEAVES) or id(obj) in seen:
             continue
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key in seen:
-            continue
-        seen.add(key)
-        n += t.untyped_storage().nbytes()
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            t = obj.to_local() if hasattr(obj, "to_local") else obj  # an FSDP2 DTensor: this rank's shard
+            if t.grad is not None:
+                stack.append(t.grad)
+            stack.extend(vars(obj).values())  # a library's attributes on a parameter (DeepSpeed's ds_tensor)
+            try:
+                if t.device.type != "cpu" or t.layout != torch.strided:
+                    continue
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # tensors without storage (meta, functional wrappers)
+                continue
+            key = (storage.data_ptr(), storage.nbytes())
+            if storage.nbytes() and key not in seen_storage:
+                seen_storage.add(key)
+                n += storage.nbytes()
+        elif isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
     return n
 
 
@@ -72,6 +96,7 @@ class record:  # noqa: N801 - used as a context manager, like torch.no_grad
         # A wrapper that holds the torch optimizer in .optimizer (Accelerate's AcceleratedOptimizer, which skips
         # the inner step while accumulating; DeepSpeed's): the hook goes on the inner one, which steps once per
         # real step, and its state is what the optimizer holds.
+        self._given_optimizer = optimizer  # its wrapper's own buffers count in the base
         while optimizer is not None and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
             optimizer = optimizer.optimizer
         self.model, self.optimizer, self.plan = model, optimizer, plan
@@ -104,7 +129,7 @@ class record:  # noqa: N801 - used as a context manager, like torch.no_grad
             torch.cuda.reset_peak_memory_stats()
             self._base = 0
         else:
-            self._base = _state_bytes(self.model, self.optimizer)
+            self._base = _held_cpu_bytes(self.model, self._given_optimizer)
             self._meter = _C.CpuMeter()
         if self.optimizer is not None:
             self._hook = self.optimizer.register_step_post_hook(lambda *_: self.step())

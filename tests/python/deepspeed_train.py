@@ -85,7 +85,9 @@ def main():
     recording = contextlib.nullcontext(None)
     if a.record:
         import zeroplan
-        recording = zeroplan.record(a.record, model=model, plan=plan, name="llama")
+        # The engine as the model: its ZeRO-3 optimizer's partitions and flat buffers count (the model's
+        # parameters are empty placeholders under ZeRO-3).
+        recording = zeroplan.record(a.record, model=engine, plan=plan, name="llama")
     per_rank = micro * microbatches
     with recording as rec:
         for step in range(a.steps):

@@ -186,6 +186,28 @@ TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
   }
 }
 
+// DeepSpeed's ZeRO-3 in fp32 keeps two fp32 partitions on the device that zeroplan's executor does not
+// (python.exports measures them): the notes say how many bytes, for the headroom; offloaded optimizers, other
+// stages and 16-bit plans are not claimed.
+TEST(Export, DeepSpeedZero3NamesTheMemoryItHoldsBeyondThePrediction) {
+  const ModelProfile m = small_gpt();
+  Plan plan = base(4, 2, 1);
+  plan.zero_stage = 3;
+  const auto memory_note = [&](const Plan& p) {
+    for (const std::string& n : export_deepspeed(p, m).notes)
+      if (n.rfind("memory: ", 0) == 0) return n;
+    return std::string();
+  };
+  const std::int64_t partition = 4 * ((m.total_params() + 3) / 4);
+  EXPECT_NE(memory_note(plan).find(fmt::format("tune --device-headroom-bytes {})", 2 * partition)), std::string::npos)
+      << memory_note(plan);
+  plan.offload.optimizer = true;  // both partitions then live on the host
+  EXPECT_EQ(memory_note(plan), "");
+  plan.offload.optimizer = false;
+  plan.zero_stage = 2;
+  EXPECT_EQ(memory_note(plan), "");
+}
+
 TEST(Export, AccelerateFsdpKeys) {
   const ModelProfile m = small_gpt();
   for (const auto& [name, plan] : cases()) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "export_common.h"
+#include "text.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/tuner/exports.h"
 
@@ -173,6 +174,18 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
   if (!p.flat_params && p.zero_stage >= 1)
     notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
+  if (p.zero_stage == 3 && p.precision.param_dtype == "fp32" && !p.offload.optimizer) {  // offloaded: on the host
+    // Measured (python.exports, DeepSpeed 0.18's stage3.py on its CPU accelerator): beside the partition every
+    // rank's parameters live in, ZeRO-3 keeps a second fp32 partition for the optimizer (fp32_partitioned_groups_flat)
+    // and a flat fp32 gradient partition (grad_partitions_flat_buffer) for the whole run; zeroplan's executor steps
+    // the parameters' own partition and holds gradient shards from the backward to the step.
+    const std::int64_t partition_bytes = 4 * ((model.total_params() + dp - 1) / dp);
+    notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 peaks up to {} per rank above this plan's prediction: "
+                                  "all step it holds a second fp32 parameter partition for its optimizer and its flat "
+                                  "fp32 gradient partition ({} each); leave that much headroom "
+                                  "(tune --device-headroom-bytes {})",
+                                  text::bytes(2 * partition_bytes), text::bytes(partition_bytes), 2 * partition_bytes));
+  }
   if (p.pipeline_stages > 1) {
     notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
                                   "partition_method=\"{}\", loss_fn=loss_fn, activation_checkpoint_interval={}) over the "
