@@ -75,6 +75,37 @@ class RecordTest(unittest.TestCase):
                         if mode == "ddp":  # DDP's memory is plain data parallelism's
                             self.assertLess(abs(peak["rel_error"]), 0.05)
 
+    def test_what_a_library_keeps_beside_the_model_counts(self):
+        """On the CPU the peak starts from what the objects handed to the record hold when its block is entered:
+        every tensor reachable from them, as DeepSpeed's engine holds ZeRO-3's partitions in its optimizer and a
+        partition on each parameter (ds_tensor) while the parameters themselves are empty placeholders. A storage
+        shared by views counts once."""
+        import torch
+
+        class Partitioner:  # a library's optimizer wrapper: flat buffers in lists and dicts
+            def __init__(self):
+                self.flat = [torch.zeros(1000)]  # 4,000 B
+                self.grads = {"group0": torch.zeros(500)}  # 2,000 B
+                self.view = self.flat[0][:10]  # the flat buffer again: not counted twice
+
+        class Engine(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.module = torch.nn.Linear(4, 4, bias=False)  # 64 B
+                self.module.weight.data = torch.empty(0)  # a placeholder, as ZeRO-3 leaves it
+                self.module.weight.ds_tensor = torch.zeros(8)  # 32 B: this rank's partition
+                self.optimizer = Partitioner()
+
+        engine = Engine()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.json")
+            with zeroplan.record(path, model=engine, global_batch=1, name="engine") as rec:
+                rec.step()
+                rec.step()
+            with open(path) as f:
+                peaks = json.load(f)["peaks"]
+        self.assertEqual(peaks[0]["device_peak_bytes"], 4000 + 2000 + 32)
+
 
 if __name__ == "__main__":
     unittest.main()
