@@ -11,6 +11,7 @@
 
 #include "fixtures.h"
 #include "zeroplan/profiles/errors.h"
+#include "zeroplan/tuner/evaluator.h"
 #include "zeroplan/tuner/tune.h"
 #include "zeroplan/profiles/json_io.h"
 
@@ -187,10 +188,11 @@ TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
 }
 
 // DeepSpeed's ZeRO-3 in fp32 keeps two fp32 partitions on the device that zeroplan's executor does not
-// (python.exports measures them): the notes say how many bytes, for the headroom; offloaded optimizers, other
-// stages and 16-bit plans are not claimed.
-TEST(Export, DeepSpeedZero3NamesTheMemoryItHoldsBeyondThePrediction) {
-  const ModelProfile m = small_gpt();
+// (python.exports measures them): the export's notes give their bytes, and tune --for deepspeed fits and ranks
+// with them in the device peak (a resident item); offloaded optimizers, other stages, 16-bit plans and other
+// tools are not claimed.
+TEST(Export, DeepSpeedZero3HoldsTwoPartitionsMoreAndTuneForDeepSpeedCountsThem) {
+  const ModelProfile m = small_gpt(4, 256);
   Plan plan = base(4, 2, 1);
   plan.zero_stage = 3;
   const auto memory_note = [&](const Plan& p) {
@@ -199,13 +201,28 @@ TEST(Export, DeepSpeedZero3NamesTheMemoryItHoldsBeyondThePrediction) {
     return std::string();
   };
   const std::int64_t partition = 4 * ((m.total_params() + 3) / 4);
-  EXPECT_NE(memory_note(plan).find(fmt::format("tune --device-headroom-bytes {})", 2 * partition)), std::string::npos)
-      << memory_note(plan);
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 2 * partition);
+  EXPECT_NE(memory_note(plan).find(fmt::format("({} B) per rank", 2 * partition)), std::string::npos) << memory_note(plan);
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("fsdp2", plan, m), 0);
   plan.offload.optimizer = true;  // both partitions then live on the host
   EXPECT_EQ(memory_note(plan), "");
   plan.offload.optimizer = false;
   plan.zero_stage = 2;
   EXPECT_EQ(memory_note(plan), "");
+
+  const ClusterProfile cluster = testing::a100(1, 1ll << 30);
+  TuneConstraints c;
+  c.set_global_batch(8).set_world_size(4).fix("zero_stage", "3").fix("precision", "fp32").fix("offload_optimizer", "false");
+  c.set_for_tool("deepspeed");
+  const TuneResult r = tune(m, cluster, c, TuneOptions{}.set_top_k(1));
+  ASSERT_FALSE(r.ranking.empty());
+  const RankedPlan& best = r.ranking.front();
+  const std::int64_t extra = tool_device_bytes_beyond_prediction("deepspeed", best.plan, m);
+  ASSERT_GT(extra, 0);
+  const Prediction own = make_simulator(m, r.cluster)->simulate(best.plan);
+  EXPECT_EQ(best.prediction.device.peak_bytes, own.device.peak_bytes + extra);
+  EXPECT_TRUE(std::any_of(best.prediction.device.resident.begin(), best.prediction.device.resident.end(),
+                          [&](const ResidentItem& i) { return i.name == kDeepSpeedPartitionsName && i.bytes == extra; }));
 }
 
 TEST(Export, AccelerateFsdpKeys) {

@@ -1,5 +1,9 @@
 #include "zeroplan/tuner/evaluator.h"
 
+#include <algorithm>
+
+#include "zeroplan/tuner/exports.h"
+
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/memory_bound.h"
@@ -33,7 +37,39 @@ class Simulator final : public Evaluator {
   sim::SimOptions options_;
 };
 
+class ToolMemory final : public Evaluator {
+ public:
+  ToolMemory(const Evaluator& inner, std::string tool, const ModelProfile& model)
+      : inner_(inner), tool_(std::move(tool)), model_(model) {}
+  Prediction simulate(const Plan& plan) const override {
+    Prediction p = inner_.simulate(plan);
+    if (const std::int64_t extra = beyond(plan); extra > 0) {
+      p.device.peak_bytes += extra;
+      const ResidentItem item{"optimizer", kDeepSpeedPartitionsName, extra};
+      auto& r = p.device.resident;
+      r.insert(std::find_if(r.begin(), r.end(), [&](const ResidentItem& i) { return i.bytes < extra; }), item);
+    }
+    return p;
+  }
+  MemoryBytes memory_lower_bound(const Plan& plan) const override {
+    MemoryBytes b = inner_.memory_lower_bound(plan);
+    b.device += beyond(plan);
+    return b;
+  }
+  double step_time_lower_bound(const Plan& plan) const override { return inner_.step_time_lower_bound(plan); }
+
+ private:
+  std::int64_t beyond(const Plan& plan) const { return tool_device_bytes_beyond_prediction(tool_, plan, model_); }
+  const Evaluator& inner_;
+  std::string tool_;
+  const ModelProfile& model_;
+};
+
 }  // namespace
+
+std::unique_ptr<Evaluator> with_tool_memory(const Evaluator& inner, std::string tool, const ModelProfile& model) {
+  return std::make_unique<ToolMemory>(inner, std::move(tool), model);
+}
 
 std::unique_ptr<Evaluator> make_simulator(const ModelProfile& model, const ClusterProfile& cluster) {
   return std::make_unique<Simulator>(model, cluster);

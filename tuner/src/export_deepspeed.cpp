@@ -174,18 +174,13 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
   if (!p.flat_params && p.zero_stage >= 1)
     notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
-  if (p.zero_stage == 3 && p.precision.param_dtype == "fp32" && !p.offload.optimizer) {  // offloaded: on the host
-    // Measured (python.exports, DeepSpeed 0.18's stage3.py on its CPU accelerator): beside the partition every
-    // rank's parameters live in, ZeRO-3 keeps a second fp32 partition for the optimizer (fp32_partitioned_groups_flat)
-    // and a flat fp32 gradient partition (grad_partitions_flat_buffer) for the whole run; zeroplan's executor steps
-    // the parameters' own partition and holds gradient shards from the backward to the step.
-    const std::int64_t partition_bytes = 4 * ((model.total_params() + dp - 1) / dp);
-    notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 peaks up to {} per rank above this plan's prediction: "
-                                  "all step it holds a second fp32 parameter partition for its optimizer and its flat "
-                                  "fp32 gradient partition ({} each); leave that much headroom "
-                                  "(tune --device-headroom-bytes {})",
-                                  text::bytes(2 * partition_bytes), text::bytes(partition_bytes), 2 * partition_bytes));
-  }
+  if (const std::int64_t beyond = tool_device_bytes_beyond_prediction("deepspeed", p, model); beyond > 0)
+    notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 holds {} ({} B) per rank that zeroplan's own executor does not, "
+                                  "all step: a second fp32 parameter partition for its optimizer and its flat fp32 "
+                                  "gradient partition ({} each). tune --for deepspeed counts them in its prediction "
+                                  "(\"{}\" in tune.json's device peak); `zeroplan simulate` of plan.json predicts "
+                                  "zeroplan's executor without them",
+                                  text::bytes(beyond), beyond, text::bytes(beyond / 2), kDeepSpeedPartitionsName));
   if (p.pipeline_stages > 1) {
     notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
                                   "partition_method=\"{}\", loss_fn=loss_fn, activation_checkpoint_interval={}) over the "
@@ -204,6 +199,12 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
 }
 
 }  // namespace
+
+std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& p, const ModelProfile& model) {
+  if (tool != "deepspeed" || p.zero_stage != 3 || p.precision.param_dtype != "fp32" || p.offload.optimizer) return 0;
+  const std::int64_t dp = p.data_parallel_size();
+  return 2 * 4 * ((model.total_params() + dp - 1) / dp);
+}
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {
   Export e;

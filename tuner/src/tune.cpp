@@ -209,6 +209,12 @@ TuneResult tune(const ModelProfile& model, const ClusterProfile& cluster_in, con
     owned = make_simulator(model, r.cluster);
     ev = owned.get();
   }
+  // --for TOOL: the tool's memory where it holds more than zeroplan's executor (DeepSpeed's ZeRO-3 partitions).
+  std::unique_ptr<Evaluator> tool_memory;
+  if (!constraints.for_tool.empty()) {
+    tool_memory = with_tool_memory(*ev, constraints.for_tool, model);
+    ev = tool_memory.get();
+  }
   // --for TOOL: a candidate whose plan the tool cannot express is not simulated, and no fitted variant it
   // cannot express (a partial activation offload, a subset of checkpointed units) is ranked.
   const auto expressible = [&](const Plan& p) { return expressible_by(constraints.for_tool, p, model, r.cluster); };

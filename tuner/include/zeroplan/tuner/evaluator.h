@@ -36,4 +36,9 @@ class Evaluator {
 // copied, so the evaluator owns what it simulates.
 std::unique_ptr<Evaluator> make_simulator(const ModelProfile& model, const ClusterProfile& cluster);
 
+// `inner` (not owned; it must outlive the result) with what `tool` holds beyond zeroplan's executor added
+// to every prediction's device peak, as a resident item, and to the device bound
+// (tool_device_bytes_beyond_prediction, exports.h): tune --for TOOL fits and ranks the tool's memory.
+std::unique_ptr<Evaluator> with_tool_memory(const Evaluator& inner, std::string tool, const ModelProfile& model);
+
 }  // namespace zeroplan::tuner

@@ -29,6 +29,15 @@ Export export_plan(const Plan& plan);
 // offload_optimizer {device, pin_memory, ratio}, offload_param at stage 3), fp16 / bf16, optimizer.
 Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 
+// Device bytes per rank a tool holds all step beyond what zeroplan predicts for its own executor on `plan`,
+// measured (python.exports): DeepSpeed's ZeRO-3 in fp32 without optimizer offload keeps a second fp32
+// parameter partition for its optimizer (fp32_partitioned_groups_flat) and a flat fp32 gradient partition
+// (grad_partitions_flat_buffer), 4 bytes x ceil(params / data-parallel ranks) each. 0 for every other tool
+// and plan (not measured: DeepSpeed's stages 1-2 and 16-bit layouts are not claimed).
+std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
+// The name of those bytes in a prediction's resident list.
+inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's optimizer copy and gradient partition";
+
 // Accelerate config for FSDP1 (fsdp_sharding_strategy 1 FULL_SHARD / 2 SHARD_GRAD_OP / 3 NO_SHARD,
 // fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...), for a cluster whose
 // devices are of `device_kind` (ClusterProfile::device.kind): none on "cpu" (kAccelerateNeedsAccelerators).
