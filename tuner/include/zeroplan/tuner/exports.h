@@ -33,7 +33,8 @@ Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 // measured (python.exports): DeepSpeed's ZeRO-3 in fp32 without optimizer offload keeps a second fp32
 // parameter partition for its optimizer (fp32_partitioned_groups_flat) and a flat fp32 gradient partition
 // (grad_partitions_flat_buffer), 4 bytes x ceil(params / data-parallel ranks) each. 0 for every other tool
-// and plan (not measured: DeepSpeed's stages 1-2 and 16-bit layouts are not claimed).
+// and plan: DeepSpeed's stages 1-2 in fp32 peaked under zeroplan's prediction (docs/2); its 16-bit layouts
+// are not measured, so not claimed.
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
 // The name of those bytes in a prediction's resident list.
 inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's optimizer copy and gradient partition";
