@@ -144,37 +144,43 @@ class ExportsTest(unittest.TestCase):
     def test_deepspeed_config_trains_the_llama_model_and_compares(self):
         """`tune --for deepspeed` writes ds_config.json; a user's own DeepSpeed loop (deepspeed_train.py) passes it to
         deepspeed.initialize as it is (DeepSpeed's own config parser; its CPU accelerator) and trains ZeRO-3 with
-        gradient clipping for 3 steps on 2 ranks under torchrun, recorded and compared."""
-        with tempfile.TemporaryDirectory() as tmp:
-            # On a CPU "device" DeepSpeed's offloaded states are ordinary CPU memory, which zeroplan.record counts
-            # as the device's: no offload, so both sides count the same bytes.
-            profile, out = self.tune_for(tmp, "deepspeed", "checkpointing=none", "offload_optimizer=false",
-                                         "offload_params=false", "offload_grads=false", "offload_activations=0")
-            config = os.path.join(out, "ds_config.json")
-            with open(config) as f:
-                ds = json.load(f)
-            self.assertEqual(ds["zero_optimization"]["stage"], 3)
-            self.assertEqual(ds["gradient_clipping"], 1.0)
-            record = os.path.join(tmp, "run.json")
-            self.train([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), os.path.join(HERE, "deepspeed_train.py"),
-                        "--model", LLAMA, "--config", config, "--plan", os.path.join(out, "plan.json"), "--steps", "3",
-                        "--record", record])
-            # zeroplan predicts its own executor; DeepSpeed's ZeRO-3 keeps two more fp32 partitions all step (its
-            # optimizer's parameter copy and its flat gradient buffer): the export's notes give their bytes and
-            # tune --for deepspeed's prediction (tune.json) counts them. DeepSpeed measured 3,480,033 B or
-            # 3,664,865 B (one layer's gathered parameters held or not, as its prefetch falls) against 3,087,072 +
-            # 685,824 B (2026-11-29). So: never over tune's prediction by more than 10% (a plan that would not fit),
-            # never under by more than one layer plus 10%.
-            with open(os.path.join(out, "export_notes.md")) as f:
-                extra = int(re.search(r"DeepSpeed's ZeRO-3 holds [^(]*\((\d+) B\) per rank", f.read()).group(1))
-            with open(os.path.join(out, "tune.json")) as f:
-                tuned = json.load(f)["ranking"][0]["metrics"]["device_peak_bytes"]
-            layer = largest_layer_bytes(profile)
-            for peak in self.device_peaks(tmp, profile, out, record, f"DeepSpeed ZeRO-3 (+{extra:,} B of its own)"):
-                self.assertEqual(tuned, peak["predicted"] + extra)
-                self.assertLess(peak["measured"], tuned * 1.10)
-                self.assertGreater(peak["measured"], tuned - layer - 0.10 * tuned)
+        gradient clipping for 3 steps on 2 ranks under torchrun, in fp32 and in bf16, recorded and compared."""
+        for precision in ("fp32", "bf16"):
+            with self.subTest(precision), tempfile.TemporaryDirectory() as tmp:
+                self.deepspeed_trains(tmp, precision)
+
+    def deepspeed_trains(self, tmp, precision):
+        # On a CPU "device" DeepSpeed's offloaded states are ordinary CPU memory, which zeroplan.record counts as
+        # the device's: no offload, so both sides count the same bytes.
+        profile, out = self.tune_for(tmp, "deepspeed", "checkpointing=none", "offload_optimizer=false",
+                                     "offload_params=false", "offload_grads=false", "offload_activations=0",
+                                     f"precision={precision}")
+        config = os.path.join(out, "ds_config.json")
+        with open(config) as f:
+            ds = json.load(f)
+        self.assertEqual(ds["zero_optimization"]["stage"], 3)
+        self.assertEqual(ds["gradient_clipping"], 1.0)
+        self.assertEqual(ds["bf16"]["enabled"], precision == "bf16")
+        record = os.path.join(tmp, "run.json")
+        self.train([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", str(free_port()), os.path.join(HERE, "deepspeed_train.py"),
+                    "--model", LLAMA, "--config", config, "--plan", os.path.join(out, "plan.json"), "--steps", "3",
+                    "--record", record])
+        # zeroplan predicts its own executor; DeepSpeed's ZeRO-3 keeps its flat gradient partition all step (and in
+        # fp32 a second parameter partition for its optimizer): the export's notes give their bytes and tune --for
+        # deepspeed's prediction (tune.json) counts them. DeepSpeed measured 3,480,033 B or 3,664,865 B in fp32
+        # (one layer's gathered parameters held or not, as its prefetch falls) against 3,087,072 + 685,824 B, and
+        # 2,434,925 B or 2,527,341 B in bf16 (one bf16 layer) against 2,229,360 + 171,456 B (2026-11-29). So: never over tune's prediction by more
+        # than 10% (a plan that would not fit), never under by more than one layer plus 10%.
+        with open(os.path.join(out, "export_notes.md")) as f:
+            extra = int(re.search(r"DeepSpeed's ZeRO-3 holds [^(]*\((\d+) B\) per rank", f.read()).group(1))
+        with open(os.path.join(out, "tune.json")) as f:
+            tuned = json.load(f)["ranking"][0]["metrics"]["device_peak_bytes"]
+        layer = largest_layer_bytes(profile)
+        for peak in self.device_peaks(tmp, profile, out, record, f"DeepSpeed ZeRO-3 {precision} (+{extra:,} B of its own)"):
+            self.assertEqual(tuned, peak["predicted"] + extra)
+            self.assertLess(peak["measured"], tuned * 1.10)
+            self.assertGreater(peak["measured"], tuned - layer - 0.10 * tuned)
 
     def test_tune_for_refuses_an_unknown_tool(self):
         r = run("tune", "--model", "x.json", "--for", "megatron", "--global-batch", "4")

@@ -187,11 +187,10 @@ TEST(Export, DeepSpeedBatchIdentityAndStage3OnlyPartialOffload) {
   }
 }
 
-// DeepSpeed's ZeRO-3 in fp32 keeps two fp32 partitions on the device that zeroplan's executor does not
-// (python.exports measures them): the export's notes give their bytes, and tune --for deepspeed fits and ranks
-// with them in the device peak (a resident item); offloaded optimizers, other stages, 16-bit plans and other
-// tools are not claimed.
-TEST(Export, DeepSpeedZero3HoldsTwoPartitionsMoreAndTuneForDeepSpeedCountsThem) {
+// DeepSpeed's ZeRO-3 keeps partitions on the device that zeroplan's executor does not (python.exports measures
+// them in fp32 and bf16): the export's notes give their bytes, and tune --for deepspeed fits and ranks with them
+// in the device peak (a resident item); offloaded optimizers, other stages, fp16 and other tools are not claimed.
+TEST(Export, DeepSpeedZero3HoldsPartitionsBeyondThePredictionAndTuneForDeepSpeedCountsThem) {
   const ModelProfile m = small_gpt(4, 256);
   Plan plan = base(4, 2, 1);
   plan.zero_stage = 3;
@@ -200,10 +199,16 @@ TEST(Export, DeepSpeedZero3HoldsTwoPartitionsMoreAndTuneForDeepSpeedCountsThem) 
       if (n.rfind("memory: ", 0) == 0) return n;
     return std::string();
   };
-  const std::int64_t partition = 4 * ((m.total_params() + 3) / 4);
-  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 2 * partition);
-  EXPECT_NE(memory_note(plan).find(fmt::format("({} B) per rank", 2 * partition)), std::string::npos) << memory_note(plan);
+  const std::int64_t elems = (m.total_params() + 3) / 4;
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 8 * elems);  // fp32: gradients and a copy
+  EXPECT_NE(memory_note(plan).find(fmt::format("({} B) per rank", 8 * elems)), std::string::npos) << memory_note(plan);
   EXPECT_EQ(tool_device_bytes_beyond_prediction("fsdp2", plan, m), 0);
+  plan.precision.param_dtype = plan.precision.compute_dtype = plan.precision.reduce_dtype = "bf16";
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 2 * elems);  // bf16 gradients only
+  EXPECT_NE(memory_note(plan).find("its flat bf16 gradient partition ("), std::string::npos) << memory_note(plan);
+  plan.precision.param_dtype = plan.precision.compute_dtype = plan.precision.reduce_dtype = "fp16";
+  EXPECT_EQ(memory_note(plan), "");  // not measured
+  plan.precision.param_dtype = plan.precision.compute_dtype = plan.precision.reduce_dtype = "fp32";
   plan.offload.optimizer = true;  // both partitions then live on the host
   EXPECT_EQ(memory_note(plan), "");
   plan.offload.optimizer = false;

@@ -8,6 +8,7 @@
 
 #include "export_common.h"
 #include "text.h"
+#include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/tuner/exports.h"
 
@@ -174,13 +175,16 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
   if (!p.flat_params && p.zero_stage >= 1)
     notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
-  if (const std::int64_t beyond = tool_device_bytes_beyond_prediction("deepspeed", p, model); beyond > 0)
+  if (const std::int64_t beyond = tool_device_bytes_beyond_prediction("deepspeed", p, model); beyond > 0) {
+    const bool fp32 = p.precision.param_dtype == "fp32";
     notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 holds {} ({} B) per rank that zeroplan's own executor does not, "
-                                  "all step: a second fp32 parameter partition for its optimizer and its flat fp32 "
-                                  "gradient partition ({} each). tune --for deepspeed counts them in its prediction "
-                                  "(\"{}\" in tune.json's device peak); `zeroplan simulate` of plan.json predicts "
-                                  "zeroplan's executor without them",
-                                  text::bytes(beyond), beyond, text::bytes(beyond / 2), kDeepSpeedPartitionsName));
+                                  "all step: its flat {} gradient partition{} ({} each). tune --for deepspeed counts "
+                                  "them in its prediction (\"{}\" in tune.json's device peak); `zeroplan simulate` of "
+                                  "plan.json predicts zeroplan's executor without them",
+                                  text::bytes(beyond), beyond, p.precision.param_dtype,
+                                  fp32 ? " and a second fp32 parameter partition for its optimizer" : "",
+                                  text::bytes(fp32 ? beyond / 2 : beyond), kDeepSpeedPartitionsName));
+  }
   if (p.pipeline_stages > 1) {
     notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
                                   "partition_method=\"{}\", loss_fn=loss_fn, activation_checkpoint_interval={}) over the "
@@ -201,9 +205,11 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
 }  // namespace
 
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& p, const ModelProfile& model) {
-  if (tool != "deepspeed" || p.zero_stage != 3 || p.precision.param_dtype != "fp32" || p.offload.optimizer) return 0;
+  const std::string& dtype = p.precision.param_dtype;
+  if (tool != "deepspeed" || p.zero_stage != 3 || p.offload.optimizer || (dtype != "fp32" && dtype != "bf16")) return 0;
   const std::int64_t dp = p.data_parallel_size();
-  return 2 * 4 * ((model.total_params() + dp - 1) / dp);
+  const std::int64_t elems = (model.total_params() + dp - 1) / dp;
+  return elems * (dtype_bytes(dtype) + (dtype == "fp32" ? 4 : 0));  // the gradient partition (+ the fp32 copy)
 }
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {

@@ -30,14 +30,14 @@ Export export_plan(const Plan& plan);
 Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 
 // Device bytes per rank a tool holds all step beyond what zeroplan predicts for its own executor on `plan`,
-// measured (python.exports): DeepSpeed's ZeRO-3 in fp32 without optimizer offload keeps a second fp32
-// parameter partition for its optimizer (fp32_partitioned_groups_flat) and a flat fp32 gradient partition
-// (grad_partitions_flat_buffer), 4 bytes x ceil(params / data-parallel ranks) each. 0 for every other tool
-// and plan: DeepSpeed's stages 1-2 in fp32 peaked under zeroplan's prediction (docs/2); its 16-bit layouts
-// are not measured, so not claimed.
+// measured (python.exports, docs/2): DeepSpeed's ZeRO-3 without optimizer offload keeps a flat gradient
+// partition in the parameters' dtype all step (grad_partitions_flat_buffer), and in fp32 a second fp32
+// parameter partition for its optimizer (fp32_partitioned_groups_flat): ceil(params / data-parallel ranks)
+// elements each. 0 for every other tool and plan: DeepSpeed's stages 1-2 in fp32 peaked under zeroplan's
+// prediction; fp16 and offloaded optimizers are not measured, so not claimed.
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
 // The name of those bytes in a prediction's resident list.
-inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's optimizer copy and gradient partition";
+inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's own ZeRO-3 partitions";
 
 // Accelerate config for FSDP1 (fsdp_sharding_strategy 1 FULL_SHARD / 2 SHARD_GRAD_OP / 3 NO_SHARD,
 // fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...), for a cluster whose
