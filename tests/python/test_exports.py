@@ -170,8 +170,8 @@ class ExportsTest(unittest.TestCase):
         # fp32 a second parameter partition for its optimizer): the export's notes give their bytes and tune --for
         # deepspeed's prediction (tune.json) counts them. DeepSpeed measured 3,480,033 B or 3,664,865 B in fp32
         # (one layer's gathered parameters held or not, as its prefetch falls) against 3,087,072 + 685,824 B, and
-        # 2,434,925 B or 2,527,341 B in bf16 (one bf16 layer) against 2,229,360 + 171,456 B (2026-11-29). So: never over tune's prediction by more
-        # than 10% (a plan that would not fit), never under by more than one layer plus 10%.
+        # 2,434,925 B or 2,527,341 B in bf16 (one bf16 layer) against 2,229,360 + 171,456 B (2026-11-29). So: never
+        # over tune's prediction by more than 10% (a plan that would not fit), never under by one layer plus 10%.
         with open(os.path.join(out, "export_notes.md")) as f:
             extra = int(re.search(r"DeepSpeed's ZeRO-3 holds [^(]*\((\d+) B\) per rank", f.read()).group(1))
         with open(os.path.join(out, "tune.json")) as f:
