@@ -53,9 +53,9 @@ def _held_cpu_bytes(*roots, limit: int = 200_000) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
+            if obj.is_leaf and obj.grad is not None:  # (a non-leaf's .grad is None, and warns)
+                stack.append(obj.grad)
             t = obj.to_local() if hasattr(obj, "to_local") else obj  # an FSDP2 DTensor: this rank's shard
-            if t.grad is not None:
-                stack.append(t.grad)
             stack.extend(vars(obj).values())  # a library's attributes on a parameter (DeepSpeed's ds_tensor)
             try:
                 if t.device.type != "cpu" or t.layout != torch.strided:
