@@ -203,6 +203,19 @@ TEST(Export, DeepSpeedZero3HoldsPartitionsBeyondThePredictionAndTuneForDeepSpeed
   EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 8 * elems);  // fp32: gradients and a copy
   EXPECT_NE(memory_note(plan).find(fmt::format("({} B) per rank", 8 * elems)), std::string::npos) << memory_note(plan);
   EXPECT_EQ(tool_device_bytes_beyond_prediction("fsdp2", plan, m), 0);
+  plan.flat_params = true;  // contiguous_gradients: a gradient bucket of one unit (the largest) too
+  std::int64_t unit = 0;
+  for (const auto& u : m.units) unit = std::max(unit, u.params);
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 8 * elems + 4 * unit);
+  EXPECT_NE(memory_note(plan).find("its contiguous gradient bucket ("), std::string::npos) << memory_note(plan);
+  plan.flat_params = false;
+  plan.buckets.prefetch = true;  // DeepSpeed's prefetch held more than one unit: said, not counted
+  const auto notes = export_deepspeed(plan, m).notes;
+  EXPECT_EQ(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+              return n.find("DeepSpeed's prefetch (stage3_prefetch_bucket_size) held more") != std::string::npos;
+            }), 1);
+  EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 8 * elems);
+  plan.buckets.prefetch = false;
   plan.precision.param_dtype = plan.precision.compute_dtype = plan.precision.reduce_dtype = "bf16";
   EXPECT_EQ(tool_device_bytes_beyond_prediction("deepspeed", plan, m), 2 * elems);  // bf16 gradients only
   EXPECT_NE(memory_note(plan).find("its flat bf16 gradient partition ("), std::string::npos) << memory_note(plan);

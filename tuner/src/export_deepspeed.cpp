@@ -8,7 +8,6 @@
 
 #include "export_common.h"
 #include "text.h"
-#include "zeroplan/profiles/analytic.h"
 #include "zeroplan/profiles/pipeline.h"
 #include "zeroplan/tuner/exports.h"
 
@@ -162,6 +161,26 @@ ojson activation_checkpointing_section(const Plan& p) {
   return ac;
 }
 
+// What DeepSpeed's ZeRO-3 (stage3.py) holds all step that zeroplan's executor does not, measured on its CPU
+// accelerator (python.exports, docs/2): its flat gradient partition in the parameters' dtype
+// (grad_partitions_flat_buffer), with contiguous_gradients its gradient bucket of reduce_bucket_size elements
+// (ipg bucket.buffer), and in fp32 a second fp32 parameter partition for its optimizer
+// (fp32_partitioned_groups_flat). Nothing where it was not measured: stages 1-2 (under the prediction in
+// fp32), fp16, an offloaded optimizer.
+std::vector<std::pair<std::string, std::int64_t>> deepspeed_held_beyond_prediction(const Plan& p, const ModelProfile& model) {
+  const std::string& dtype = p.precision.param_dtype;
+  if (p.zero_stage != 3 || p.offload.optimizer || (dtype != "fp32" && dtype != "bf16")) return {};
+  const std::int64_t dp = p.data_parallel_size();
+  const std::int64_t elems = (model.total_params() + dp - 1) / dp;
+  const int bytes = exports::dtype_bytes(dtype);
+  std::vector<std::pair<std::string, std::int64_t>> held;
+  held.emplace_back(fmt::format("its flat {} gradient partition", dtype), elems * bytes);
+  if (p.flat_params)  // contiguous_gradients: stage 3's reduce bucket is one unit (zero_section)
+    held.emplace_back("its contiguous gradient bucket", std::max<std::int64_t>(1, exports::largest_unit_params(model)) * bytes);
+  if (dtype == "fp32") held.emplace_back("a second fp32 parameter partition for its optimizer", elems * 4);
+  return held;
+}
+
 // What the user does around the config: checkpointing in the model, the pipeline module, the launch.
 std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& model, const std::string& partition,
                                          std::int64_t train_batch) {
@@ -175,15 +194,22 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
   if (!p.flat_params && p.zero_stage >= 1)
     notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
-  if (const std::int64_t beyond = tool_device_bytes_beyond_prediction("deepspeed", p, model); beyond > 0) {
-    const bool fp32 = p.precision.param_dtype == "fp32";
+  if (const auto held = deepspeed_held_beyond_prediction(p, model); !held.empty()) {
+    std::int64_t beyond = 0;
+    std::vector<std::string> parts;
+    for (const auto& [what, bytes] : held) {
+      beyond += bytes;
+      parts.push_back(fmt::format("{} ({})", what, text::bytes(bytes)));
+    }
     notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 holds {} ({} B) per rank that zeroplan's own executor does not, "
-                                  "all step: its flat {} gradient partition{} ({} each). tune --for deepspeed counts "
-                                  "them in its prediction (\"{}\" in tune.json's device peak); `zeroplan simulate` of "
-                                  "plan.json predicts zeroplan's executor without them",
-                                  text::bytes(beyond), beyond, p.precision.param_dtype,
-                                  fp32 ? " and a second fp32 parameter partition for its optimizer" : "",
-                                  text::bytes(fp32 ? beyond / 2 : beyond), kDeepSpeedPartitionsName));
+                                  "all step: {}. tune --for deepspeed counts them in its prediction (\"{}\" in "
+                                  "tune.json's device peak); `zeroplan simulate` of plan.json predicts zeroplan's "
+                                  "executor without them",
+                                  text::bytes(beyond), beyond, fmt::join(parts, ", "), kDeepSpeedPartitionsName));
+    if (p.prefetch_ahead() > 0)
+      notes.emplace_back("memory: DeepSpeed's prefetch (stage3_prefetch_bucket_size) held more gathered parameters "
+                         "than zeroplan's prefetch of the next unit: 2.6 units more on a 3-layer Llama (python.exports' "
+                         "model, fp32 and bf16), not counted in the prediction; leave headroom or set the bucket to 0");
   }
   if (p.pipeline_stages > 1) {
     notes.push_back(fmt::format("pipeline: model = deepspeed.pipe.PipelineModule(layers=units, num_stages={}, "
@@ -205,11 +231,10 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
 }  // namespace
 
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& p, const ModelProfile& model) {
-  const std::string& dtype = p.precision.param_dtype;
-  if (tool != "deepspeed" || p.zero_stage != 3 || p.offload.optimizer || (dtype != "fp32" && dtype != "bf16")) return 0;
-  const std::int64_t dp = p.data_parallel_size();
-  const std::int64_t elems = (model.total_params() + dp - 1) / dp;
-  return elems * (dtype_bytes(dtype) + (dtype == "fp32" ? 4 : 0));  // the gradient partition (+ the fp32 copy)
+  if (tool != "deepspeed") return 0;
+  std::int64_t bytes = 0;
+  for (const auto& held : deepspeed_held_beyond_prediction(p, model)) bytes += held.second;
+  return bytes;
 }
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {

@@ -31,10 +31,11 @@ Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 
 // Device bytes per rank a tool holds all step beyond what zeroplan predicts for its own executor on `plan`,
 // measured (python.exports, docs/2): DeepSpeed's ZeRO-3 without optimizer offload keeps a flat gradient
-// partition in the parameters' dtype all step (grad_partitions_flat_buffer), and in fp32 a second fp32
-// parameter partition for its optimizer (fp32_partitioned_groups_flat): ceil(params / data-parallel ranks)
-// elements each. 0 for every other tool and plan: DeepSpeed's stages 1-2 in fp32 peaked under zeroplan's
-// prediction; fp16 and offloaded optimizers are not measured, so not claimed.
+// partition in the parameters' dtype all step (grad_partitions_flat_buffer: ceil(params / data-parallel ranks)
+// elements), with contiguous_gradients (flat_params) a gradient bucket of one unit, and in fp32 a second fp32
+// parameter partition for its optimizer (fp32_partitioned_groups_flat). 0 for every other tool and plan:
+// DeepSpeed's stages 1-2 in fp32 peaked under zeroplan's prediction; fp16 and offloaded optimizers are not
+// measured, so not claimed. The DeepSpeed export's notes list the parts.
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
 // The name of those bytes in a prediction's resident list.
 inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's own ZeRO-3 partitions";
