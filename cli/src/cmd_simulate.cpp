@@ -10,12 +10,13 @@
 #include "zeroplan/profiles/json_io.h"
 #include "zeroplan/sim/errors.h"
 #include "zeroplan/sim/simulate.h"
+#include "zeroplan/tuner/exports.h"
 
 namespace zeroplan::cli {
 namespace {
 
 struct SimulateArgs {
-  std::string model, cluster, trace, output;
+  std::string model, cluster, trace, output, for_tool;
   PlanArgs plan;
   bool explain = false;
 };
@@ -65,6 +66,7 @@ int run_simulate(const SimulateArgs& a, const Globals& g) {
   Plan plan = cli::plan_from_args(a.plan);
   validate(plan, model);
   sim::Simulation s = sim::simulate_step(model, cluster, plan);
+  if (!a.for_tool.empty()) tuner::add_tool_memory(s.prediction, a.for_tool, plan, model);
   if (!a.trace.empty()) {
     std::ofstream out(a.trace, std::ios::binary);
     out << s.trace_json();
@@ -93,6 +95,10 @@ Action add_simulate(CLI::App& app, const Globals& globals) {
   app.add_option("--global-batch", a->plan.global_batch, "Samples per optimizer step");
   app.add_option("--trace", a->trace, "Write the simulated step as a Chrome trace (Perfetto)")->check(output_path());
   app.add_flag("--explain", a->explain, "List the memory at each pool's peak by category");
+  app.add_option("--for", a->for_tool,
+                 "Predict this tool running the plan: the device peak counts what it holds beyond zeroplan's executor "
+                 "(deepspeed: its own ZeRO-3 partitions), as tune --for does")
+      ->check(CLI::IsMember(tuner::export_tools()));
   app.add_option("-o,--output", a->output, "Write the Prediction here")->check(output_path());
   return [a, &globals] { return run_simulate(*a, globals); };  // errors: main.cpp's one map
 }

@@ -154,7 +154,7 @@ Action add_tune(CLI::App& app, const Globals& globals) {
   app.add_option("--for", a->constraints.for_tool,
                  "Only plans this tool can express (its export writes a config): deepspeed, fsdp2 (the train_fsdp2.py "
                  "script), accelerate, fairscale, zeroplan")
-      ->check(CLI::IsMember({"deepspeed", "fsdp2", "accelerate", "fairscale", "zeroplan"}));
+      ->check(CLI::IsMember(tuner::export_tools()));
   app.add_option("--device-headroom", a->constraints.device_headroom_fraction, "Share of device memory kept free [0,1)");
   app.add_option("--device-headroom-bytes", a->constraints.device_headroom_bytes, "Device bytes kept free");
   app.add_option("--host-headroom", a->constraints.host_headroom_fraction, "Share of host memory kept free [0,1)");

@@ -1,6 +1,7 @@
 #include "zeroplan/tuner/constraints.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 #include "text.h"
 #include "zeroplan/profiles/errors.h"
 #include "zeroplan/profiles/knobs.h"
+#include "zeroplan/tuner/exports.h"
 
 namespace zeroplan::tuner {
 namespace {
@@ -165,10 +167,9 @@ void apply_fixed(Plan& p, const std::string& key, const std::string& v) {
 
 void validate(const TuneConstraints& c) {
   if (c.global_batch < 1) throw SchemaError(fmt::format("tune: global_batch must be >= 1 (got {})", c.global_batch));
-  static const std::set<std::string> tools{"", "deepspeed", "fsdp2", "accelerate", "fairscale", "zeroplan"};
-  if (!tools.count(c.for_tool))
-    throw SchemaError(fmt::format("tune: --for {}: unknown tool (deepspeed, fsdp2, accelerate, fairscale, zeroplan)",
-                                  c.for_tool));
+  const auto& tools = export_tools();
+  if (!c.for_tool.empty() && std::find(tools.begin(), tools.end(), c.for_tool) == tools.end())
+    throw SchemaError(fmt::format("tune: --for {}: unknown tool ({})", c.for_tool, fmt::join(tools, ", ")));
   if (c.world_size < 0) throw SchemaError(fmt::format("tune: world_size must be >= 0 (got {})", c.world_size));
   if (c.nodes < 0) throw SchemaError(fmt::format("tune: nodes must be >= 0 (got {})", c.nodes));
   auto fraction = [](const char* what, double f) {

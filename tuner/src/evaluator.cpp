@@ -1,7 +1,5 @@
 #include "zeroplan/tuner/evaluator.h"
 
-#include <algorithm>
-
 #include "zeroplan/tuner/exports.h"
 
 #include "zeroplan/profiles/errors.h"
@@ -43,23 +41,17 @@ class ToolMemory final : public Evaluator {
       : inner_(inner), tool_(std::move(tool)), model_(model) {}
   Prediction simulate(const Plan& plan) const override {
     Prediction p = inner_.simulate(plan);
-    if (const std::int64_t extra = beyond(plan); extra > 0) {
-      p.device.peak_bytes += extra;
-      const ResidentItem item{"optimizer", kDeepSpeedPartitionsName, extra};
-      auto& r = p.device.resident;
-      r.insert(std::find_if(r.begin(), r.end(), [&](const ResidentItem& i) { return i.bytes < extra; }), item);
-    }
+    add_tool_memory(p, tool_, plan, model_);
     return p;
   }
   MemoryBytes memory_lower_bound(const Plan& plan) const override {
     MemoryBytes b = inner_.memory_lower_bound(plan);
-    b.device += beyond(plan);
+    b.device += tool_device_bytes_beyond_prediction(tool_, plan, model_);
     return b;
   }
   double step_time_lower_bound(const Plan& plan) const override { return inner_.step_time_lower_bound(plan); }
 
  private:
-  std::int64_t beyond(const Plan& plan) const { return tool_device_bytes_beyond_prediction(tool_, plan, model_); }
   const Evaluator& inner_;
   std::string tool_;
   const ModelProfile& model_;

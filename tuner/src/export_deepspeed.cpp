@@ -1,5 +1,7 @@
 // DeepSpeed ds_config.json. Every value is written out (DeepSpeed's defaults differ between its docs and
 // its code); what DeepSpeed cannot express is listed instead of approximated.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -203,8 +205,8 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
     }
     notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 holds {} ({} B) per rank that zeroplan's own executor does not, "
                                   "all step: {}. tune --for deepspeed counts them in its prediction (\"{}\" in "
-                                  "tune.json's device peak); `zeroplan simulate` of plan.json predicts zeroplan's "
-                                  "executor without them",
+                                  "tune.json's device peak), and so does `zeroplan simulate --for deepspeed` of "
+                                  "plan.json (without --for it predicts zeroplan's executor)",
                                   text::bytes(beyond), beyond, fmt::join(parts, ", "), kDeepSpeedPartitionsName));
     if (p.prefetch_ahead() > 0)
       notes.emplace_back("memory: DeepSpeed's prefetch (stage3_prefetch_bucket_size) held more gathered parameters "
@@ -235,6 +237,17 @@ std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const 
   std::int64_t bytes = 0;
   for (const auto& held : deepspeed_held_beyond_prediction(p, model)) bytes += held.second;
   return bytes;
+}
+
+void add_tool_memory(Prediction& pred, const std::string& tool, const Plan& plan, const ModelProfile& model) {
+  const std::int64_t extra = tool_device_bytes_beyond_prediction(tool, plan, model);
+  if (extra <= 0) return;
+  pred.device.peak_bytes += extra;
+  auto& r = pred.device.resident;
+  r.insert(std::find_if(r.begin(), r.end(), [&](const ResidentItem& i) { return i.bytes < extra; }),
+           ResidentItem{"optimizer", kDeepSpeedPartitionsName, extra});
+  pred.notes.push_back(fmt::format("the device peak counts {} ({}) that DeepSpeed holds beyond zeroplan's executor "
+                                   "(--for {})", kDeepSpeedPartitionsName, text::bytes(extra), tool));
 }
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {

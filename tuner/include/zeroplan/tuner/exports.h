@@ -8,6 +8,7 @@
 #include "zeroplan/profiles/cluster.h"
 #include "zeroplan/profiles/model_profile.h"
 #include "zeroplan/profiles/plan.h"
+#include "zeroplan/profiles/prediction.h"
 
 namespace zeroplan::tuner {
 
@@ -39,6 +40,15 @@ Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
 // The name of those bytes in a prediction's resident list.
 inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's own ZeRO-3 partitions";
+// Adds them to `p`'s device peak, as a resident item (largest first) and a note; nothing when there are none.
+// tune --for TOOL predicts with them (with_tool_memory, evaluator.h), and so does simulate --for TOOL.
+void add_tool_memory(Prediction& p, const std::string& tool, const Plan& plan, const ModelProfile& model);
+
+// The tools of --for (tune and simulate), each with an export.
+inline const std::vector<std::string>& export_tools() {
+  static const std::vector<std::string> tools{"deepspeed", "fsdp2", "accelerate", "fairscale", "zeroplan"};
+  return tools;
+}
 
 // Accelerate config for FSDP1 (fsdp_sharding_strategy 1 FULL_SHARD / 2 SHARD_GRAD_OP / 3 NO_SHARD,
 // fsdp_offload_params, fsdp_auto_wrap_policy, fsdp_transformer_layer_cls_to_wrap, ...), for a cluster whose
