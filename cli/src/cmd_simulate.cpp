@@ -75,7 +75,12 @@ int run_simulate(const SimulateArgs& a, const Globals& g) {
   }
   if (!g.quiet) {
     print_summary(s.prediction);
-    if (a.explain) fmt::print(stderr, "{}", s.explain_text());
+    if (a.explain) {
+      fmt::print(stderr, "{}", s.explain_text());
+      if (const std::int64_t extra = a.for_tool.empty() ? 0 : tuner::tool_device_bytes_beyond_prediction(a.for_tool, plan, model))
+        fmt::print(stderr, "device peak with --for {}: + {} B of \"{}\" (held all step; in the Prediction's resident "
+                   "list)\n", a.for_tool, extra, tuner::kDeepSpeedPartitionsName);
+    }
   }
   if (!a.output.empty()) write_document(a.output, s.prediction);
   if (g.json) fmt::print("{}", to_json_string(s.prediction));

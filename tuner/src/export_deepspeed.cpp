@@ -246,8 +246,8 @@ void add_tool_memory(Prediction& pred, const std::string& tool, const Plan& plan
   auto& r = pred.device.resident;
   r.insert(std::find_if(r.begin(), r.end(), [&](const ResidentItem& i) { return i.bytes < extra; }),
            ResidentItem{"optimizer", kDeepSpeedPartitionsName, extra});
-  pred.notes.push_back(fmt::format("the device peak counts {} ({}) that DeepSpeed holds beyond zeroplan's executor "
-                                   "(--for {})", kDeepSpeedPartitionsName, text::bytes(extra), tool));
+  pred.notes.push_back(fmt::format("--for {}: the device peak counts what DeepSpeed holds beyond zeroplan's executor, "
+                                   "{} of \"{}\"", tool, text::bytes(extra), kDeepSpeedPartitionsName));
 }
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {
