@@ -66,7 +66,7 @@ int run_simulate(const SimulateArgs& a, const Globals& g) {
   Plan plan = cli::plan_from_args(a.plan);
   validate(plan, model);
   sim::Simulation s = sim::simulate_step(model, cluster, plan);
-  if (!a.for_tool.empty()) tuner::add_tool_memory(s.prediction, a.for_tool, plan, model);
+  const std::int64_t tool_bytes = a.for_tool.empty() ? 0 : tuner::add_tool_memory(s.prediction, a.for_tool, plan, model);
   if (!a.trace.empty()) {
     std::ofstream out(a.trace, std::ios::binary);
     out << s.trace_json();
@@ -77,9 +77,9 @@ int run_simulate(const SimulateArgs& a, const Globals& g) {
     print_summary(s.prediction);
     if (a.explain) {
       fmt::print(stderr, "{}", s.explain_text());
-      if (const std::int64_t extra = a.for_tool.empty() ? 0 : tuner::tool_device_bytes_beyond_prediction(a.for_tool, plan, model))
+      if (tool_bytes > 0)
         fmt::print(stderr, "device peak with --for {}: + {} B of \"{}\" (held all step; in the Prediction's resident "
-                   "list)\n", a.for_tool, extra, tuner::kDeepSpeedPartitionsName);
+                   "list)\n", a.for_tool, tool_bytes, tuner::kDeepSpeedPartitionsName);
     }
   }
   if (!a.output.empty()) write_document(a.output, s.prediction);

@@ -29,10 +29,6 @@ from . import _C
 from ._errors import ZeroplanError
 
 
-def _bytes(t) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
            types.BuiltinFunctionType, types.MethodType, torch.dtype, torch.device)
 

@@ -169,17 +169,22 @@ ojson activation_checkpointing_section(const Plan& p) {
 // (ipg bucket.buffer), and in fp32 a second fp32 parameter partition for its optimizer
 // (fp32_partitioned_groups_flat). Nothing where it was not measured: stages 1-2 (under the prediction in
 // fp32), fp16, an offloaded optimizer.
-std::vector<std::pair<std::string, std::int64_t>> deepspeed_held_beyond_prediction(const Plan& p, const ModelProfile& model) {
+struct DeepSpeedHeld {
+  std::int64_t gradients = 0;  // the flat gradient partition, in the parameters' dtype
+  std::int64_t bucket = 0;     // contiguous_gradients: stage 3's reduce bucket, one unit (zero_section)
+  std::int64_t fp32_copy = 0;  // fp32 only: the optimizer's own parameter partition
+  std::int64_t total() const { return gradients + bucket + fp32_copy; }
+};
+DeepSpeedHeld deepspeed_held_beyond_prediction(const Plan& p, const ModelProfile& model) {
   const std::string& dtype = p.precision.param_dtype;
   if (p.zero_stage != 3 || p.offload.optimizer || (dtype != "fp32" && dtype != "bf16")) return {};
   const std::int64_t dp = p.data_parallel_size();
   const std::int64_t elems = (model.total_params() + dp - 1) / dp;
   const int bytes = exports::dtype_bytes(dtype);
-  std::vector<std::pair<std::string, std::int64_t>> held;
-  held.emplace_back(fmt::format("its flat {} gradient partition", dtype), elems * bytes);
-  if (p.flat_params)  // contiguous_gradients: stage 3's reduce bucket is one unit (zero_section)
-    held.emplace_back("its contiguous gradient bucket", std::max<std::int64_t>(1, exports::largest_unit_params(model)) * bytes);
-  if (dtype == "fp32") held.emplace_back("a second fp32 parameter partition for its optimizer", elems * 4);
+  DeepSpeedHeld held;
+  held.gradients = elems * bytes;
+  if (p.flat_params) held.bucket = std::max<std::int64_t>(1, exports::largest_unit_params(model)) * bytes;
+  if (dtype == "fp32") held.fp32_copy = elems * 4;
   return held;
 }
 
@@ -196,18 +201,17 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
   if (!p.flat_params && p.zero_stage >= 1)
     notes.emplace_back("DeepSpeed's ZeRO optimizer always steps on flat partitions; the plan's per-tensor step is slower, "
                          "so DeepSpeed will be a little faster than predicted");
-  if (const auto held = deepspeed_held_beyond_prediction(p, model); !held.empty()) {
-    std::int64_t beyond = 0;
-    std::vector<std::string> parts;
-    for (const auto& [what, bytes] : held) {
-      beyond += bytes;
-      parts.push_back(fmt::format("{} ({})", what, text::bytes(bytes)));
-    }
+  if (const DeepSpeedHeld held = deepspeed_held_beyond_prediction(p, model); held.total() > 0) {
+    std::vector<std::string> parts{fmt::format("its flat {} gradient partition ({})", p.precision.param_dtype,
+                                               text::bytes(held.gradients))};
+    if (held.bucket > 0) parts.push_back(fmt::format("its contiguous gradient bucket ({})", text::bytes(held.bucket)));
+    if (held.fp32_copy > 0)
+      parts.push_back(fmt::format("a second fp32 parameter partition for its optimizer ({})", text::bytes(held.fp32_copy)));
     notes.push_back(fmt::format("memory: DeepSpeed's ZeRO-3 holds {} ({} B) per rank that zeroplan's own executor does not, "
                                   "all step: {}. tune --for deepspeed counts them in its prediction (\"{}\" in "
                                   "tune.json's device peak), and so does `zeroplan simulate --for deepspeed` of "
                                   "plan.json (without --for it predicts zeroplan's executor)",
-                                  text::bytes(beyond), beyond, fmt::join(parts, ", "), kDeepSpeedPartitionsName));
+                                  text::bytes(held.total()), held.total(), fmt::join(parts, ", "), kDeepSpeedPartitionsName));
     if (p.prefetch_ahead() > 0)
       notes.emplace_back("memory: DeepSpeed's prefetch (stage3_prefetch_bucket_size) held more gathered parameters "
                          "than zeroplan's prefetch of the next unit: 2.6 units more on a 3-layer Llama (python.exports' "
@@ -233,21 +237,19 @@ std::vector<std::string> deepspeed_notes(const Plan& p, const ModelProfile& mode
 }  // namespace
 
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& p, const ModelProfile& model) {
-  if (tool != "deepspeed") return 0;
-  std::int64_t bytes = 0;
-  for (const auto& held : deepspeed_held_beyond_prediction(p, model)) bytes += held.second;
-  return bytes;
+  return tool == "deepspeed" ? deepspeed_held_beyond_prediction(p, model).total() : 0;
 }
 
-void add_tool_memory(Prediction& pred, const std::string& tool, const Plan& plan, const ModelProfile& model) {
+std::int64_t add_tool_memory(Prediction& pred, const std::string& tool, const Plan& plan, const ModelProfile& model) {
   const std::int64_t extra = tool_device_bytes_beyond_prediction(tool, plan, model);
-  if (extra <= 0) return;
+  if (extra <= 0) return 0;
   pred.device.peak_bytes += extra;
   auto& r = pred.device.resident;
   r.insert(std::find_if(r.begin(), r.end(), [&](const ResidentItem& i) { return i.bytes < extra; }),
            ResidentItem{"optimizer", kDeepSpeedPartitionsName, extra});
   pred.notes.push_back(fmt::format("--for {}: the device peak counts what DeepSpeed holds beyond zeroplan's executor, "
                                    "{} of \"{}\"", tool, text::bytes(extra), kDeepSpeedPartitionsName));
+  return extra;
 }
 
 Export export_deepspeed(const Plan& p, const ModelProfile& model) {

@@ -40,9 +40,10 @@ Export export_deepspeed(const Plan& plan, const ModelProfile& model);
 std::int64_t tool_device_bytes_beyond_prediction(const std::string& tool, const Plan& plan, const ModelProfile& model);
 // The name of those bytes in a prediction's resident list.
 inline constexpr const char* kDeepSpeedPartitionsName = "DeepSpeed's own ZeRO-3 partitions";
-// Adds them to `p`'s device peak, as a resident item (largest first) and a note; nothing when there are none.
-// tune --for TOOL predicts with them (with_tool_memory, evaluator.h), and so does simulate --for TOOL.
-void add_tool_memory(Prediction& p, const std::string& tool, const Plan& plan, const ModelProfile& model);
+// Adds them to `p`'s device peak, as a resident item (largest first) and a note, and returns them; nothing
+// (0) when there are none. tune --for TOOL predicts with them (with_tool_memory, evaluator.h), and so does
+// simulate --for TOOL.
+std::int64_t add_tool_memory(Prediction& p, const std::string& tool, const Plan& plan, const ModelProfile& model);
 
 // The tools of --for (tune and simulate), each with an export.
 inline const std::vector<std::string>& export_tools() {
